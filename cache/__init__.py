@@ -1,0 +1,1 @@
+"""The embedding cache (a later issue)."""

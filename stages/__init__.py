@@ -1,0 +1,1 @@
+"""Stage servers (encoder, prefill, decode, colocated) and the engine they run."""

@@ -1,0 +1,70 @@
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL: M-RoPE positions, merged patches, Qwen3-VL deepstack."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from stages.engine.models.base import ModelAdapter
+from stages.engine.multimodal import ImageEmbedding, ImageInput
+
+
+class QwenVLAdapter(ModelAdapter):
+    family = "qwen_vl"
+    model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+    @property
+    def text_model(self) -> nn.Module:
+        return self.model.model.language_model
+
+    @property
+    def image_token_id(self) -> int:
+        return self.config.image_token_id
+
+    @property
+    def merge_size(self) -> int:
+        return self.config.vision_config.spatial_merge_size
+
+    @property
+    def position_rows(self) -> int:
+        return 3
+
+    def num_image_tokens(self, image: ImageInput) -> int:
+        return math.prod(image.grid_thw) // self.merge_size**2
+
+    @torch.inference_mode()
+    def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
+        if not images:
+            return []
+        out = self.model.model.get_image_features(
+            pixel_values=torch.cat([im.pixel_values for im in images]),
+            image_grid_thw=torch.tensor([im.grid_thw for im in images]),
+        )
+        deepstack = getattr(out, "deepstack_features", None)
+        return [
+            ImageEmbedding(
+                embeds=embeds,
+                grid_thw=im.grid_thw,
+                deepstack=torch.stack([layer[i] for layer in deepstack]) if deepstack else None,
+            )
+            for i, (im, embeds) in enumerate(zip(images, out.pooler_output))
+        ]
+
+    def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
+        ids = torch.tensor([token_ids])
+        positions, delta = self.model.model.get_rope_index(
+            ids,
+            mm_token_type_ids=(ids == self.image_token_id).int(),
+            image_grid_thw=torch.tensor(grids) if grids else None,
+        )
+        return positions[:, 0], int(delta.item())
+
+    def layer_hook(self, layer: int, hidden: torch.Tensor, image_rows: torch.Tensor, embeddings: list[ImageEmbedding]) -> torch.Tensor:
+        if not embeddings or embeddings[0].deepstack is None or layer >= embeddings[0].deepstack.shape[0]:
+            return hidden
+        features = torch.cat([e.deepstack[layer] for e in embeddings]).to(hidden.dtype)
+        hidden = hidden.clone()
+        hidden[0, image_rows] = hidden[0, image_rows] + features
+        return hidden

@@ -1,0 +1,71 @@
+"""One generation request inside an engine: its prompt, its KV blocks, its output so far.
+
+A request's ``status`` only moves forward: WAITING -> RUNNING -> FINISHED. The scheduler moves it;
+the engine appends tokens. Blocks are reserved for the whole request (prompt plus ``max_tokens``)
+when it starts running and are freed exactly once when it finishes or is aborted.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from stages.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from stages.engine.multimodal import Prompt
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # cancelled by the client or by a failure elsewhere
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    status: RequestStatus = RequestStatus.WAITING
+    blocks: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in the pool
+    rope_delta: int = 0  # M-RoPE: decode position = tokens so far + rope_delta
+    finish_reason: FinishReason | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.output_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Token slots this request may ever need: prompt plus every output token but the last."""
+        return self.prompt_len + self.params.max_tokens - 1
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt.token_ids[-1]
+
+    def advance(self, status: RequestStatus) -> None:
+        if status < self.status:
+            raise ValueError(f"request {self.request_id}: status may not move from {self.status.name} to {status.name}")
+        self.status = status
+
+    def finish(self, reason: FinishReason) -> None:
+        self.finish_reason = self.finish_reason or reason
+        self.advance(RequestStatus.FINISHED)

@@ -1,0 +1,548 @@
+"""The room handshake: codec, compatibility checks, and real ZeroMQ endpoints over 127.0.0.1.
+
+Ports are picked by the OS at bind time (port 0), so runs never collide. Every test has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from transfer.bootstrap import (
+    BootstrapClient,
+    BootstrapClosed,
+    BootstrapServer,
+    HandshakeError,
+    HandshakeTimeout,
+)
+from transfer.messages import (
+    PROTOCOL_VERSION,
+    Abort,
+    Accepted,
+    Fingerprint,
+    KVFailed,
+    KVReady,
+    KVRequest,
+    Ping,
+    Pong,
+    ProtocolError,
+    Rejected,
+    VersionMismatch,
+    check_compatible,
+    decode,
+    encode,
+    model_identity,
+)
+from transfer.rooms import RoomClosed, RoomTable
+
+pytestmark = pytest.mark.timeout(30)
+aio = pytest.mark.asyncio
+
+FP = Fingerprint(
+    model="qwen2_vl-0123456789abcdef",
+    backend="mooncake",
+    dtype="bfloat16",
+    block_size=16,
+    num_layers=4,
+    num_kv_heads=2,
+    head_dim=64,
+    block_bytes=4 * 2 * 16 * 2 * 64 * 2,
+)
+HOST = "127.0.0.1"
+
+
+def kv_request(room: int, fp: Fingerprint = FP, **changes: object) -> KVRequest:
+    req = KVRequest(
+        room=room, fingerprint=fp, block_ids=[3, 4], prompt_tokens=20, descriptor=b"\x00pool", decode_id="d0"
+    )
+    return msgspec.structs.replace(req, **changes)
+
+
+def first_token(room: int) -> int:
+    return room % 100_003
+
+
+# ---------------------------------------------------------------------------------------------------
+# Codec
+
+
+ALL_MESSAGES = [
+    kv_request(2**63 - 1),
+    Abort(room=1, reason="client disconnected", sent_at=12.5),
+    Ping(nonce=99),
+    Accepted(room=1),
+    Rejected(room=1, reason="block size differs"),
+    KVReady(room=1, first_token=42, rope_delta=-3, prompt_tokens=20),
+    KVFailed(room=1, reason="prefill out of memory"),
+    Pong(nonce=99, fingerprint=FP),
+]
+
+
+@pytest.mark.parametrize("msg", ALL_MESSAGES, ids=lambda m: type(m).__name__)
+def test_codec_round_trip(msg: object) -> None:
+    data = encode(msg)  # type: ignore[arg-type]
+    assert isinstance(data, bytes)
+    back = decode(data)
+    assert back == msg and type(back) is type(msg)
+    assert back.version == PROTOCOL_VERSION
+
+
+GARBAGE = [
+    b"",
+    b"\xc1",
+    b"\x00" * 10,
+    b"hello, prefill",
+    bytes(random.Random(0).getrandbits(8) for _ in range(200)),
+    msgspec.msgpack.encode([1, 2, 3]),
+    msgspec.msgpack.encode({"room": 1}),
+    msgspec.msgpack.encode({"type": "Nope", "room": 1}),
+    msgspec.msgpack.encode({"type": "KVReady", "room": "one", "first_token": 1, "rope_delta": 0, "prompt_tokens": 1}),
+    msgspec.msgpack.encode({"type": "Accepted"}),
+    msgspec.msgpack.encode({"type": "Pong", "nonce": 1, "fingerprint": {**msgspec.to_builtins(FP), "block_size": 0}}),
+    encode(Accepted(room=1))[:-1],
+]
+
+
+@pytest.mark.parametrize("data", GARBAGE)
+def test_garbage_is_a_protocol_error(data: bytes) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(data)
+    assert not isinstance(info.value, VersionMismatch)
+
+
+def test_other_version_is_a_version_mismatch_with_room() -> None:
+    with pytest.raises(VersionMismatch) as info:
+        decode(encode(kv_request(7, version=2)))
+    assert (info.value.peer_version, info.value.room) == (2, 7)
+    # A newer peer's frame that this version cannot even parse still reads as a version mismatch.
+    with pytest.raises(VersionMismatch) as info:
+        decode(msgspec.msgpack.encode({"type": "KVRequest2", "version": 3, "room": 8}))
+    assert (info.value.peer_version, info.value.room) == (3, 8)
+
+
+def test_model_identity_ignores_paths_and_names() -> None:
+    config = {"model_type": "llama", "num_hidden_layers": 2, "_name_or_path": "/a", "text_config": {"dtype": "x"}}
+    moved = {**config, "_name_or_path": "/elsewhere/copy", "transformers_version": "5.0", "text_config": {}}
+    assert model_identity("llama", config) == model_identity("llama", moved)
+    assert model_identity("llama", config).startswith("llama-")
+    assert model_identity("llama", config) != model_identity("llama", {**config, "num_hidden_layers": 3})
+
+
+def test_fingerprint_validates() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        dataclasses.replace(FP, block_size=0)
+    with pytest.raises(ValueError, match="dtype"):
+        dataclasses.replace(FP, dtype="")
+
+
+MISMATCHES = [
+    ("model", "llava-fedcba9876543210",
+     "model differs: prefill qwen2_vl-0123456789abcdef, decode llava-fedcba9876543210; "
+     "serve the same checkpoint (--model) on prefill and decode"),
+    ("backend", "nixl",
+     "transfer backend differs: prefill mooncake, decode nixl; start both with the same --transfer-backend"),
+    ("dtype", "float16", "KV dtype differs: prefill bfloat16, decode float16; start both with the same --dtype"),
+    ("block_size", 32, "block size differs: prefill 16, decode 32; start both with the same --block-size"),
+    ("num_layers", 8,
+     "layer count differs: prefill 4, decode 8; "
+     "serve the same checkpoint (--model) with the same release on prefill and decode"),
+    ("num_kv_heads", 8,
+     "KV head count differs: prefill 2, decode 8; "
+     "serve the same checkpoint (--model) with the same release on prefill and decode"),
+    ("head_dim", 128,
+     "head dim differs: prefill 64, decode 128; "
+     "serve the same checkpoint (--model) with the same release on prefill and decode"),
+    ("block_bytes", 1,
+     "KV block bytes differ: prefill 32768, decode 1; run the same release on prefill and decode "
+     "(KV pool layouts differ)"),
+]
+
+
+def test_check_compatible_pure() -> None:
+    assert check_compatible(FP, dataclasses.replace(FP)) is None
+    both = dataclasses.replace(FP, dtype="float16", block_size=32)
+    assert check_compatible(FP, both) == (
+        "KV dtype differs: prefill bfloat16, decode float16; start both with the same --dtype | "
+        "block size differs: prefill 16, decode 32; start both with the same --block-size"
+    )
+    # Another model explains its other shapes; only the model is named.
+    other = dataclasses.replace(FP, model="llama-1", num_layers=32, head_dim=128)
+    assert check_compatible(FP, other).startswith("model differs:")  # type: ignore[union-attr]
+    assert "layer count" not in check_compatible(FP, other)  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Endpoints
+
+
+@asynccontextmanager
+async def prefill(fp: Fingerprint = FP, **kw: object) -> AsyncIterator[BootstrapServer]:
+    server = BootstrapServer(fp, HOST, 0, **kw)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def decode_client() -> AsyncIterator[BootstrapClient]:
+    client = BootstrapClient()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+class FakePrefill:
+    """The owner of a BootstrapServer reduced to pairing: answers KVReady once both halves are in,
+    acknowledges aborts, and (when told) expires unpaired rooms the way prefill's server should."""
+
+    def __init__(self, server: BootstrapServer, *, expire_deadline_s: float | None = None) -> None:
+        self.server = server
+        self.table: RoomTable[str, KVRequest] = RoomTable()
+        self.aborts: list[Abort] = []
+        self.expired: list[int] = []
+        self.expire_deadline_s = expire_deadline_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> FakePrefill:
+        self._tasks.append(asyncio.create_task(self._serve()))
+        if self.expire_deadline_s is not None:
+            self._tasks.append(asyncio.create_task(self._expire_every(0.05)))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def http(self, room: int) -> None:
+        """P's own request for ``room`` arrives from the router."""
+        entry = self.table.add_local(room, "prompt", time.monotonic())
+        if entry is not None:
+            await self._finish(room)
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                event = await self.server.recv()
+            except BootstrapClosed:
+                return
+            if isinstance(event, Abort):
+                self.aborts.append(event)
+                self.table.remove(event.room, reason=f"aborted by decode: {event.reason}")
+                await self.server.send_failed(event.room, f"aborted by decode: {event.reason}")
+            elif self.table.add_remote(event.room, event, time.monotonic()) is not None:
+                await self._finish(event.room)
+
+    async def _finish(self, room: int) -> None:
+        entry = self.table.remove(room)
+        assert entry is not None and entry.remote is not None
+        await asyncio.sleep(random.random() * 0.01)  # "prefill and transfer"
+        await self.server.send_ready(
+            room, first_token=first_token(room), rope_delta=-(room % 7), prompt_tokens=entry.remote.prompt_tokens
+        )
+
+    async def _expire_every(self, period_s: float) -> None:
+        assert self.expire_deadline_s is not None
+        while True:
+            await asyncio.sleep(period_s)
+            for entry in self.table.expire(time.monotonic(), self.expire_deadline_s):
+                self.expired.append(entry.room)
+                if entry.remote is not None:
+                    assert entry.state.reason is not None
+                    await self.server.send_failed(entry.room, entry.state.reason)
+
+
+@aio
+@pytest.mark.parametrize("order", ["decode_first", "prefill_first", "concurrent"])
+async def test_handshake_in_any_order(order: str) -> None:
+    room = 1234567
+    async with prefill() as server, FakePrefill(server) as owner, decode_client() as client:
+        if order == "prefill_first":
+            await owner.http(room)
+            await client.request_kv(HOST, server.port, kv_request(room))
+        elif order == "decode_first":
+            await client.request_kv(HOST, server.port, kv_request(room))
+            assert client.state(room).status.name == "WaitingForInput"  # type: ignore[union-attr]
+            await owner.http(room)
+        else:
+            await asyncio.gather(client.request_kv(HOST, server.port, kv_request(room)), owner.http(room))
+        ready = await client.wait_ready(room, timeout_s=5)
+        assert (ready.room, ready.first_token, ready.rope_delta, ready.prompt_tokens) == (room, first_token(room),
+                                                                                           -(room % 7), 20)
+        assert ready.sent_at > 0
+        assert client.state(room) is None and server.rooms == frozenset()
+        assert await client.abort(room, "already done") is True
+
+
+@aio
+async def test_sixteen_rooms_route_to_the_right_decode() -> None:
+    rng = random.Random(1)
+    rooms = [rng.getrandbits(63) for _ in range(16)]
+    async with prefill() as server, FakePrefill(server) as owner, decode_client() as d0, decode_client() as d1:
+        owner_of = {room: (d0 if i % 2 else d1) for i, room in enumerate(rooms)}
+
+        async def one_decode_room(room: int) -> tuple[int, KVReady]:
+            client = owner_of[room]
+            await client.request_kv(HOST, server.port, kv_request(room, decode_id=f"d{id(client)}"))
+            return room, await client.wait_ready(room, timeout_s=10)
+
+        async def one_prefill_room(room: int) -> None:
+            await asyncio.sleep(rng.random() * 0.05)
+            await owner.http(room)
+
+        results = await asyncio.gather(*map(one_decode_room, rooms), *map(one_prefill_room, rooms))
+        got = dict(r for r in results if r is not None)
+        assert set(got) == set(rooms)
+        for room, ready in got.items():
+            assert ready.room == room and ready.first_token == first_token(room)
+        assert server.rooms == frozenset() and len(owner.table) == 0
+        assert len(d0._links) == len(d1._links) == 1  # one socket per prefill address, shared by rooms
+
+
+@aio
+@pytest.mark.parametrize(("field", "value", "expected"), MISMATCHES, ids=[m[0] for m in MISMATCHES])
+async def test_fingerprint_mismatch_is_rejected_with_the_fix(field: str, value: object, expected: str) -> None:
+    async with prefill() as server, FakePrefill(server), decode_client() as client:
+        theirs = dataclasses.replace(FP, **{field: value})
+        with pytest.raises(HandshakeError) as info:
+            await client.request_kv(HOST, server.port, kv_request(5, fp=theirs), accept_timeout_s=5)
+        assert str(info.value) == f"prefill {HOST}:{server.port} rejected room 5: {expected}"
+        assert info.value.room == 5 and not isinstance(info.value, HandshakeTimeout)
+        assert client.state(5) is None and server.rooms == frozenset()
+        assert await client.abort(5, "cleanup") is True  # rejected: blocks are safe at once
+
+
+@aio
+async def test_version_mismatch_is_rejected_by_prefill() -> None:
+    async with prefill() as server, FakePrefill(server), decode_client() as client:
+        with pytest.raises(HandshakeError) as info:
+            await client.request_kv(HOST, server.port, kv_request(6, version=2))
+        assert str(info.value) == (
+            f"prefill {HOST}:{server.port} rejected room 6: "
+            "protocol version differs: prefill 1, decode 2; run the same release on prefill and decode"
+        )
+        assert server.bad_frames == 1
+
+
+@asynccontextmanager
+async def raw_router() -> AsyncIterator[tuple[zmq.asyncio.Socket, int]]:
+    """A bare ROUTER standing in for a prefill that misbehaves."""
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port(f"tcp://{HOST}")
+    try:
+        yield sock, port
+    finally:
+        ctx.destroy(linger=0)
+
+
+@aio
+async def test_version_mismatch_from_prefill_reaches_decode() -> None:
+    async with raw_router() as (sock, port), decode_client() as client:
+        pending = asyncio.create_task(client.request_kv(HOST, port, kv_request(8)))
+        identity, _ = await sock.recv_multipart()
+        await sock.send_multipart([identity, encode(Accepted(room=8, version=2))])
+        with pytest.raises(HandshakeError) as info:
+            await pending
+        assert str(info.value) == (
+            "protocol version differs: decode 1, prefill 2; run the same release on decode and prefill"
+        )
+
+
+@aio
+async def test_invalid_requests_are_rejected() -> None:
+    async with prefill(max_rooms=1) as server, FakePrefill(server), decode_client() as d0, decode_client() as d1:
+        with pytest.raises(HandshakeError, match=r"decode reserved 1 blocks of 16 tokens \(16 slots\) for a 20-token"):
+            await d0.request_kv(HOST, server.port, kv_request(1, block_ids=[0]))
+        await d0.request_kv(HOST, server.port, kv_request(2))
+        with pytest.raises(HandshakeError, match="room 2 is already in flight on this decode"):
+            await d0.request_kv(HOST, server.port, kv_request(2))
+        with pytest.raises(HandshakeError, match="room 2 is already in flight on this prefill"):
+            await d1.request_kv(HOST, server.port, kv_request(2))
+        with pytest.raises(HandshakeError, match=r"is full \(1 rooms in flight\)"):
+            await d1.request_kv(HOST, server.port, kv_request(3))
+        assert server.rooms == frozenset({2})
+
+
+@aio
+async def test_partner_never_arrives_is_expired_and_reported() -> None:
+    async with prefill() as server, FakePrefill(server, expire_deadline_s=0.2) as owner, decode_client() as client:
+        await client.request_kv(HOST, server.port, kv_request(11))  # P's own request never comes
+        await owner.http(12)  # decode's KV request never comes
+        with pytest.raises(HandshakeError) as info:
+            await client.wait_ready(11, timeout_s=5)
+        assert str(info.value) == (
+            f"prefill {HOST}:{server.port} failed room 11: "
+            "partner never arrived within 0.2 s (prefill's own request missing)"
+        )
+        assert await client.abort(11, "cleanup") is True
+        for _ in range(100):
+            if 12 in owner.expired:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(owner.expired) == [11, 12]
+        with pytest.raises(RoomClosed, match="decode's KV request missing"):
+            owner.table.add_remote(12, kv_request(12), time.monotonic())
+
+
+@aio
+async def test_decode_abort_reaches_prefill_and_is_acknowledged() -> None:
+    async with prefill() as server, FakePrefill(server) as owner, decode_client() as client:
+        await client.request_kv(HOST, server.port, kv_request(21))
+        waiter = asyncio.create_task(client.wait_ready(21, timeout_s=5))
+        assert await client.abort(21, "client disconnected", settle_timeout_s=5) is True
+        assert owner.aborts == [Abort(room=21, reason="client disconnected", sent_at=owner.aborts[0].sent_at)]
+        with pytest.raises(HandshakeError, match="room 21 aborted by decode: client disconnected"):
+            await waiter
+        with pytest.raises(RoomClosed, match="aborted by decode: client disconnected"):
+            await owner.http(21)  # P's own request, late: refused at once
+        assert server.rooms == frozenset() and client.state(21) is None
+
+
+@aio
+async def test_abort_unconfirmed_by_prefill_returns_false() -> None:
+    async with prefill() as server, decode_client() as client:  # nobody consumes server.recv()
+        await client.request_kv(HOST, server.port, kv_request(22))
+        started = time.monotonic()
+        assert await client.abort(22, "timeout", settle_timeout_s=0.3) is False
+        assert 0.25 < time.monotonic() - started < 2
+        assert isinstance(await server.recv(), KVRequest)
+        abort = await asyncio.wait_for(server.recv(), 2)
+        assert isinstance(abort, Abort) and abort.room == 22
+
+
+@aio
+async def test_prefill_failure_reaches_wait_ready() -> None:
+    async with prefill() as server, decode_client() as client:
+        await client.request_kv(HOST, server.port, kv_request(31))
+        req = await server.recv()
+        assert isinstance(req, KVRequest) and req.descriptor == b"\x00pool" and req.block_ids == [3, 4]
+        assert await server.send_failed(31, "prefill out of memory") is True
+        with pytest.raises(HandshakeError) as info:
+            await client.wait_ready(31, timeout_s=5)
+        assert str(info.value) == f"prefill {HOST}:{server.port} failed room 31: prefill out of memory"
+        assert await server.send_ready(31, first_token=1, rope_delta=0, prompt_tokens=20) is False  # answered
+        assert await client.abort(31, "cleanup", settle_timeout_s=0.1) is True
+
+
+@aio
+async def test_wait_ready_times_out_within_its_deadline() -> None:
+    async with prefill() as server, FakePrefill(server) as owner, decode_client() as client:
+        await client.request_kv(HOST, server.port, kv_request(41))
+        started = time.monotonic()
+        with pytest.raises(HandshakeTimeout, match=r"no KV from prefill .* for room 41 within 0.3 s \(connected\)"):
+            await client.wait_ready(41, timeout_s=0.3)
+        assert 0.25 < time.monotonic() - started < 2
+        assert await client.abort(41, "timeout") is True  # P acknowledges; blocks are safe
+        assert [a.room for a in owner.aborts] == [41]
+
+
+@aio
+async def test_prefill_dies_and_decode_waits_end_with_a_clear_error() -> None:
+    async with decode_client() as client:
+        server = BootstrapServer(FP, HOST, 0)
+        await server.start()
+        port = server.port
+        for room in (51, 52):
+            await client.request_kv(HOST, port, kv_request(room))
+        waits = [asyncio.create_task(client.wait_ready(room, timeout_s=3)) for room in (51, 52)]
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await server.close()
+        for room, wait in zip((51, 52), waits):
+            with pytest.raises(HandshakeError) as info:
+                await wait
+            assert str(info.value) == (
+                f"lost connection to prefill {HOST}:{port} (it stopped or crashed) with room {room} in flight"
+            )
+        assert time.monotonic() - started < 3
+        assert await client.abort(51, "prefill died", settle_timeout_s=0.2) is False  # nobody to confirm
+        with pytest.raises(BootstrapClosed):
+            await server.recv()
+
+
+@aio
+async def test_prefill_not_up_fails_request_within_deadline() -> None:
+    async with raw_router() as (_, port):
+        pass  # the port is free again: nothing listens there
+    async with decode_client() as client:
+        started = time.monotonic()
+        expected = r"could not send room 61 to prefill .* within 0.3 s \(not connected: is prefill up"
+        with pytest.raises(HandshakeTimeout, match=expected):
+            await client.request_kv(HOST, port, kv_request(61), accept_timeout_s=0.3)
+        assert time.monotonic() - started < 2
+        assert client.state(61) is None
+        assert await client.abort(61, "cleanup") is True  # never sent: blocks are safe
+
+
+@aio
+async def test_prefill_that_never_answers_fails_request_within_deadline() -> None:
+    async with raw_router() as (sock, port), decode_client() as client:
+        with pytest.raises(HandshakeTimeout, match=r"did not accept room 62 within 0.3 s \(connected\)"):
+            await client.request_kv(HOST, port, kv_request(62), accept_timeout_s=0.3)
+        assert await sock.recv_multipart()  # the request did leave: blocks are not safe yet
+        assert await client.abort(62, "timeout", settle_timeout_s=0.2) is False
+
+
+@aio
+async def test_server_survives_garbage() -> None:
+    async with prefill(max_message_bytes=1 << 16) as server, FakePrefill(server) as owner:
+        ctx = zmq.asyncio.Context()
+        try:
+            raw = ctx.socket(zmq.DEALER)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.connect(f"tcp://{HOST}:{server.port}")
+            for data in GARBAGE:
+                await raw.send(data)
+            await raw.send_multipart([b"two", b"frames"])
+            await raw.send(encode(KVReady(room=1, first_token=1, rope_delta=0, prompt_tokens=1)))  # wrong way
+            await raw.send(encode(Abort(room=99, reason="never had it")))
+            reply = decode(await asyncio.wait_for(raw.recv(), 5))
+            assert reply == KVFailed(room=99, reason="prefill has no room 99 in flight", sent_at=reply.sent_at)
+            oversized = ctx.socket(zmq.DEALER)
+            oversized.setsockopt(zmq.LINGER, 0)
+            oversized.connect(f"tcp://{HOST}:{server.port}")
+            await oversized.send(b"\x00" * (1 << 17))  # over MAXMSGSIZE: zmq drops that connection
+        finally:
+            ctx.destroy(linger=0)
+        assert server.bad_frames == len(GARBAGE) + 2
+        async with decode_client() as client:  # still serving
+            pong = await client.ping(HOST, server.port, timeout_s=5)
+            assert pong.fingerprint == FP
+            await client.request_kv(HOST, server.port, kv_request(71))
+            await owner.http(71)
+            assert (await client.wait_ready(71, timeout_s=5)).first_token == first_token(71)
+
+
+@aio
+async def test_ping_times_out_when_nobody_answers() -> None:
+    async with raw_router() as (_, port), decode_client() as client:
+        with pytest.raises(HandshakeTimeout, match=r"no pong from prefill .* within 0.2 s"):
+            await client.ping(HOST, port, timeout_s=0.2)
+
+
+@aio
+async def test_closing_the_client_ends_its_waits() -> None:
+    async with prefill() as server:
+        client = BootstrapClient()
+        await client.request_kv(HOST, server.port, kv_request(81))
+        waiter = asyncio.create_task(client.wait_ready(81, timeout_s=5))
+        await asyncio.sleep(0)
+        await client.close()
+        with pytest.raises(HandshakeError, match="decode's bootstrap client closed"):
+            await waiter
+        with pytest.raises(HandshakeError, match="closed"):
+            await client.request_kv(HOST, server.port, kv_request(82))

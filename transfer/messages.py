@@ -1,0 +1,297 @@
+"""Wire messages of the room handshake between a decode server (D) and a prefill server (P).
+
+Every message is a small frozen msgspec ``Struct`` in one tagged union, serialized as msgpack by one
+codec (``encode`` / ``decode``). Nothing here is pickled and nothing is decoded by position: a frame
+is a msgpack map whose ``type`` key names the struct, so fields can be added with defaults without
+breaking older peers of the same protocol version.
+
+Grouped by the process that receives them:
+
+- to prefill (sent by D's ``BootstrapClient``): ``KVRequest``, ``Abort``, ``Ping``;
+- to decode (sent by P's ``BootstrapServer``): ``Accepted``, ``Rejected``, ``KVReady``, ``KVFailed``,
+  ``Pong``.
+
+Every message carries ``version`` (``PROTOCOL_VERSION`` of the sender) and ``sent_at`` (sender's
+wall clock, seconds since the epoch; 0.0 when unset), which the endpoints fill in on send. A
+``KVRequest`` also carries D's ``Fingerprint``; P refuses a request whose version or fingerprint
+differs, with an error that names the setting to change (``check_compatible``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_ROOM = 2**63 - 1  # rooms are random 63-bit ints drawn by the router
+
+# Keys of a Hugging Face config that name where or how it was saved, not what the model is.
+_CONFIG_KEYS_IGNORED = frozenset(
+    {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype"}
+)
+
+
+class ProtocolError(Exception):
+    """A frame that is not a valid message of this protocol (garbled, unknown type, bad fields)."""
+
+
+class VersionMismatch(ProtocolError):
+    """A frame from a peer that speaks another protocol version.
+
+    ``room`` is the frame's room when it could be read (so the receiver can answer for that room),
+    else None.
+    """
+
+    def __init__(self, peer_version: int, room: int | None) -> None:
+        super().__init__(f"peer speaks protocol version {peer_version}, this process {PROTOCOL_VERSION}")
+        self.peer_version = peer_version
+        self.room = room
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compatibility fingerprint
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What must be equal on P and D for P's KV to be valid in D's blocks.
+
+    ``model`` is a name- and path-independent identity of the checkpoint (see ``model_identity``);
+    ``backend`` is the transfer backend's registry name (the request's descriptor is only meaningful
+    to the same backend); ``block_bytes`` is the size of one block of the registered KV pool, which
+    catches pool layouts that differ even when every shape field agrees.
+    """
+
+    model: str
+    backend: str
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_bytes: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("model", "backend", "dtype"):
+                if not (isinstance(value, str) and value):
+                    raise ValueError(f"Fingerprint.{f.name} must be a non-empty string, got {value!r}")
+            elif not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"Fingerprint.{f.name} must be a positive int, got {value!r}")
+
+
+def model_identity(model_type: str, config: Mapping[str, Any]) -> str:
+    """``"<model_type>-<16 hex digits>"``: a hash of the model config without names, paths, dtype.
+
+    Two copies of one checkpoint at different paths give the same identity; a checkpoint with any
+    architectural difference (layers, heads, vocab, rope settings, ...) gives another.
+    """
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): strip(v) for k, v in value.items() if k not in _CONFIG_KEYS_IGNORED}
+        if isinstance(value, list | tuple):
+            return [strip(v) for v in value]
+        return value
+
+    canonical = json.dumps(strip(config), sort_keys=True, separators=(",", ":"), default=str)
+    return f"{model_type}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+_SAME_CHECKPOINT = "serve the same checkpoint (--model) with the same release on {a} and {b}"
+# (field, what to call it, how to fix it); checked in this order.
+_FIELD_HINTS: tuple[tuple[str, str, str], ...] = (
+    ("model", "model differs", "serve the same checkpoint (--model) on {a} and {b}"),
+    ("backend", "transfer backend differs", "start both with the same --transfer-backend"),
+    ("dtype", "KV dtype differs", "start both with the same --dtype"),
+    ("block_size", "block size differs", "start both with the same --block-size"),
+    ("num_layers", "layer count differs", _SAME_CHECKPOINT),
+    ("num_kv_heads", "KV head count differs", _SAME_CHECKPOINT),
+    ("head_dim", "head dim differs", _SAME_CHECKPOINT),
+    ("block_bytes", "KV block bytes differ", "run the same release on {a} and {b} (KV pool layouts differ)"),
+)
+# A different model already explains different shapes; do not list those too.
+_IMPLIED_BY_MODEL = frozenset({"num_layers", "num_kv_heads", "head_dim", "block_bytes"})
+
+
+def check_version(mine: int, theirs: int, *, mine_role: str = "prefill", theirs_role: str = "decode") -> str | None:
+    """None when the protocol versions match, else an error naming the fix."""
+    if mine == theirs:
+        return None
+    return (
+        f"protocol version differs: {mine_role} {mine}, {theirs_role} {theirs}; "
+        f"run the same release on {mine_role} and {theirs_role}"
+    )
+
+
+def check_compatible(
+    mine: Fingerprint, theirs: Fingerprint, *, mine_role: str = "prefill", theirs_role: str = "decode"
+) -> str | None:
+    """None when P's KV fits D's pool, else one error per differing field, joined by `` | ``.
+
+    Each error names the field, both settings and the setting to change, e.g.
+    ``block size differs: prefill 16, decode 32; start both with the same --block-size``.
+    """
+    errors = []
+    model_differs = mine.model != theirs.model
+    for name, what, fix in _FIELD_HINTS:
+        a, b = getattr(mine, name), getattr(theirs, name)
+        if a == b or (model_differs and name in _IMPLIED_BY_MODEL):
+            continue
+        hint = fix.format(a=mine_role, b=theirs_role)
+        errors.append(f"{what}: {mine_role} {a}, {theirs_role} {b}; {hint}")
+    return " | ".join(errors) or None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Messages
+
+
+class _Message(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+    version: int = PROTOCOL_VERSION
+    sent_at: float = 0.0
+
+
+# To prefill ------------------------------------------------------------------------------------------
+
+
+class KVRequest(_Message, frozen=True, kw_only=True):
+    """D has reserved ``block_ids`` for room ``room`` and asks P to write the prompt's KV into them.
+
+    ``descriptor`` is opaque here: the transfer backend's description of D's registered KV pool (its
+    address and memory handle). ``prompt_tokens`` is D's prompt length; P checks that the blocks hold
+    it and, once it has built its own prompt, that both lengths agree. ``decode_id`` names the D
+    process in logs and timelines.
+    """
+
+    room: int
+    fingerprint: Fingerprint
+    block_ids: list[int]
+    prompt_tokens: int
+    descriptor: bytes
+    decode_id: str
+
+
+class Abort(_Message, frozen=True, kw_only=True):
+    """D gives up on ``room`` (client disconnect, timeout). P stops and answers with ``KVFailed``."""
+
+    room: int
+    reason: str
+
+
+class Ping(_Message, frozen=True, kw_only=True):
+    """Health probe; P answers ``Pong`` with the same nonce."""
+
+    nonce: int
+
+
+# To decode -------------------------------------------------------------------------------------------
+
+
+class Accepted(_Message, frozen=True, kw_only=True):
+    """P validated D's ``KVRequest`` for ``room`` and will answer it with ``KVReady`` or ``KVFailed``."""
+
+    room: int
+
+
+class Rejected(_Message, frozen=True, kw_only=True):
+    """P refused D's ``KVRequest``; P will not touch D's blocks for ``room``."""
+
+    room: int
+    reason: str
+
+
+class KVReady(_Message, frozen=True, kw_only=True):
+    """P has written the whole prompt's KV into D's blocks; D may start decoding ``room``.
+
+    ``first_token`` is the token P sampled from the prompt; ``rope_delta`` is the per-request M-RoPE
+    position delta (0 for models without M-RoPE); ``prompt_tokens`` is P's prompt length.
+    """
+
+    room: int
+    first_token: int
+    rope_delta: int
+    prompt_tokens: int
+
+
+class KVFailed(_Message, frozen=True, kw_only=True):
+    """P failed ``room`` (or acknowledges D's ``Abort``); P no longer writes into D's blocks."""
+
+    room: int
+    reason: str
+
+
+class Pong(_Message, frozen=True, kw_only=True):
+    """Answer to ``Ping``; carries P's fingerprint so D can check compatibility before any request."""
+
+    nonce: int
+    fingerprint: Fingerprint
+
+
+ToPrefill = Union[KVRequest, Abort, Ping]
+ToDecode = Union[Accepted, Rejected, KVReady, KVFailed, Pong]
+Message = Union[ToPrefill, ToDecode]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    """One frame for ``msg``."""
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """The message in ``data``.
+
+    Raises ``VersionMismatch`` for a frame of another protocol version (even one whose fields this
+    version cannot parse) and ``ProtocolError`` for anything else that is not a valid message.
+    """
+    try:
+        msg = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        _raise_if_other_version(data)
+        raise ProtocolError(f"invalid frame ({len(data)} bytes): {e}") from None
+    if msg.version != PROTOCOL_VERSION:
+        raise VersionMismatch(msg.version, getattr(msg, "room", None))
+    return msg
+
+
+def _raise_if_other_version(data: bytes) -> None:
+    try:
+        raw = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return
+    if not isinstance(raw, dict):
+        return
+    version, room = raw.get("version"), raw.get("room")
+    if isinstance(version, int) and version != PROTOCOL_VERSION:
+        valid_room = isinstance(room, int) and 0 <= room <= MAX_ROOM
+        raise VersionMismatch(version, room if valid_room else None)
+
+
+def check_kv_request(req: KVRequest, mine: Fingerprint) -> str | None:
+    """None when P can serve ``req``, else why not (the ``Rejected`` reason). Pure; no state."""
+    if reason := check_version(PROTOCOL_VERSION, req.version):
+        return reason
+    if reason := check_compatible(mine, req.fingerprint):
+        return reason
+    if not 0 <= req.room <= MAX_ROOM:
+        return f"room {req.room} is not a 63-bit non-negative int"
+    if req.prompt_tokens <= 0:
+        return f"prompt_tokens must be > 0, got {req.prompt_tokens}"
+    if any(b < 0 for b in req.block_ids) or len(set(req.block_ids)) != len(req.block_ids):
+        return "block_ids must be distinct non-negative ints"
+    capacity = len(req.block_ids) * mine.block_size
+    if capacity < req.prompt_tokens:
+        return (
+            f"decode reserved {len(req.block_ids)} blocks of {mine.block_size} tokens "
+            f"({capacity} slots) for a {req.prompt_tokens}-token prompt"
+        )
+    return None

@@ -1,0 +1,35 @@
+"""Hugging Face ``generate()`` on the same checkpoint and the same prompt: the reference for parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from stages.engine.multimodal import Prompt
+
+
+def random_image(width: int, height: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def load_reference(model_dir) -> torch.nn.Module:
+    return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt: Prompt, image_token_id: int, max_new_tokens: int) -> list[int]:
+    """Greedy continuation of ``prompt`` (our token ids and preprocessed pixels) by ``model.generate``,
+    forced to run ``max_new_tokens`` steps so every position is compared."""
+    ids = torch.tensor([prompt.token_ids])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if prompt.images and prompt.images[0].grid_thw is not None:
+        inputs["pixel_values"] = torch.cat([im.pixel_values for im in prompt.images])
+        inputs["image_grid_thw"] = torch.tensor([im.grid_thw for im in prompt.images])
+        inputs["mm_token_type_ids"] = (ids == image_token_id).int()
+    elif prompt.images:
+        inputs["pixel_values"] = torch.stack([im.pixel_values for im in prompt.images])
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()

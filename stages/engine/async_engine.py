@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.multimodal import Prompt
@@ -22,6 +23,7 @@ from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread blocks on its command queue before looking again
 
 
@@ -81,6 +83,12 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps and return its result (or raise its error)."""
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(("call", fn, future))
+        return await future
+
     # --- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -113,6 +121,15 @@ class AsyncEngine:
             except Exception as exc:  # checked before queueing; this is a last line of defence
                 log.exception("request %s refused", request_id)
                 self._publish([RequestOutput(request_id, "", [], FinishReason.ABORT, len(prompt.token_ids), 0, str(exc))])
+        elif kind == "call":
+            fn, future = args
+            loop = future.get_loop()
+            try:
+                result = fn(self.engine)
+            except Exception as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
         elif kind == "abort":
             output = self.engine.abort(args[0])
             if output is not None:
@@ -124,3 +141,12 @@ class AsyncEngine:
             if stream is not None:
                 loop, outputs_queue = stream
                 loop.call_soon_threadsafe(outputs_queue.put_nowait, output)
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.done():  # the caller gave up (cancelled); nothing to deliver
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

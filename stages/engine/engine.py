@@ -44,6 +44,8 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    rope_delta: int = 0
+    blocks: list[int] | None = None  # a finished hand-off request's blocks, now owned by the caller
 
     @property
     def finished(self) -> bool:
@@ -88,12 +90,39 @@ class Engine:
             )
         self.scheduler.check_fits(Request("check", prompt, params))
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> Request:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
+        """Queue a request for prefill and decode. With ``hand_off`` (prefill servers) it stops after the
+        first token and its final output carries its blocks, which the caller frees with ``free_blocks``."""
         self.check_request(prompt, params)
-        request = Request(request_id, prompt, params)
+        request = Request(request_id, prompt, params, hand_off=hand_off)
         self.scheduler.add(request)
         self._track(request)
         return request
+
+    def reserve_blocks(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """Blocks for a whole request whose prompt KV will be written from elsewhere (decode servers).
+        Raises ValueError if it can never fit, MemoryError if not enough blocks are free now."""
+        probe = Request("reserve", prompt, params)
+        self.check_request(prompt, params)
+        return self.allocator.allocate(self.scheduler.blocks_needed(probe))
+
+    def free_blocks(self, blocks: list[int]) -> None:
+        self.allocator.free(blocks)
+
+    def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
+                      first_token: int, rope_delta: int) -> RequestOutput:
+        """Start decoding a request whose prompt KV is already in ``blocks`` (from ``reserve_blocks``)
+        and whose first token came with it. The engine now owns the blocks."""
+        request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
+                          rope_delta=rope_delta)
+        self._track(request)
+        self.scheduler.add_running(request)
+        output = self._append(request, first_token)
+        if output.finished:
+            self.scheduler.running.remove(request)
+            self.free_blocks(request.blocks)
+            request.blocks = []
+        return output
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.scheduler.abort(request_id)
@@ -153,7 +182,7 @@ class Engine:
         text = detokenizer.add(visible)
         if stop_token or detokenizer.stopped:
             return self._finish(request, FinishReason.STOP, text, visible)
-        if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if request.hand_off or len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return self._finish(request, FinishReason.LENGTH, text + detokenizer.add([], final=True), visible)
         return self._output(request, text, visible)
 
@@ -165,8 +194,9 @@ class Engine:
         return self._output(request, text, tokens or [], error)
 
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:
+        handed = request.hand_off and request.finish_reason not in (None, FinishReason.ABORT)
         return RequestOutput(request.request_id, text, tokens, request.finish_reason, request.prompt_len,
-                             len(request.output_ids), error)
+                             len(request.output_ids), error, request.rope_delta, request.blocks if handed else None)
 
     def _fail(self, batch: ScheduledBatch, error: str) -> list[RequestOutput]:
         outputs = [self._finish(request, FinishReason.ABORT, error=error) for request in batch.requests]

@@ -41,6 +41,9 @@ class Request:
     num_computed: int = 0  # tokens whose KV is in the pool
     rope_delta: int = 0  # M-RoPE: decode position = tokens so far + rope_delta
     finish_reason: FinishReason | None = None
+    # Prefill-only (a prefill server's request): when it finishes normally its blocks are not freed
+    # but handed to the caller, who moves the KV to a decode server and then frees them.
+    hand_off: bool = False
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 

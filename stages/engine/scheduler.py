@@ -114,6 +114,8 @@ class Scheduler:
         return None
 
     def _release(self, request: Request) -> None:
+        if request.hand_off and request.finish_reason is not FinishReason.ABORT:
+            return  # the blocks now belong to whoever moves the KV (Engine.free_blocks)
         if request.blocks:
             self.allocator.free(request.blocks)
             request.blocks = []

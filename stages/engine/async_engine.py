@@ -61,14 +61,27 @@ class AsyncEngine:
         return EngineStats(self.engine.scheduler.num_waiting, self.engine.scheduler.num_running,
                            allocator.num_used, allocator.num_blocks)
 
-    async def generate(self, request_id: str, prompt: Prompt, params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Yield outputs until the request finishes. Raises ValueError for a request that can never run."""
+    def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
+                 hand_off: bool = False) -> AsyncIterator[RequestOutput]:
+        """Yield outputs until the request finishes. Raises ValueError for a request that can never run.
+        ``hand_off``: prefill only; the final output carries the blocks (see ``Engine.add_request``)."""
         self.engine.check_request(prompt, params)
+        return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, hand_off) and None)
+
+    def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
+                           first_token: int, rope_delta: int) -> AsyncIterator[RequestOutput]:
+        """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s.
+        The engine owns ``blocks`` from the moment the command runs."""
+        return self._stream(
+            request_id, lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_token, rope_delta)
+        )
+
+    async def _stream(self, request_id: str, start: Callable[[Engine], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id}")
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), outputs)
-        self._commands.put(("add", request_id, prompt, params))
+        self._commands.put(("start", request_id, start))
         finished = False
         try:
             while not finished:
@@ -114,13 +127,16 @@ class AsyncEngine:
 
     def _apply(self, command: tuple) -> None:
         kind, *args = command
-        if kind == "add":
-            request_id, prompt, params = args
+        if kind == "start":
+            request_id, start = args
             try:
-                self.engine.add_request(request_id, prompt, params)
+                first = start(self.engine)
             except Exception as exc:  # checked before queueing; this is a last line of defence
                 log.exception("request %s refused", request_id)
-                self._publish([RequestOutput(request_id, "", [], FinishReason.ABORT, len(prompt.token_ids), 0, str(exc))])
+                self._publish([RequestOutput(request_id, "", [], FinishReason.ABORT, 0, 0, str(exc))])
+            else:
+                if first is not None:
+                    self._publish([first])
         elif kind == "call":
             fn, future = args
             loop = future.get_loop()

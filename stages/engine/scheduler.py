@@ -52,7 +52,9 @@ class Scheduler:
         self.running: list[Request] = []
 
     def blocks_needed(self, request: Request) -> int:
-        return blocks_for_tokens(request.max_total_tokens, self.allocator.block_size)
+        """Prompt plus every output token but the last; a hand-off (prefill-only) request needs the prompt only."""
+        tokens = request.prompt_len if request.hand_off else request.max_total_tokens
+        return blocks_for_tokens(tokens, self.allocator.block_size)
 
     def check_fits(self, request: Request) -> None:
         """Raise ValueError if the request could never be admitted, however long it waited."""

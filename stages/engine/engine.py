@@ -38,8 +38,8 @@ class RequestOutput:
     """What one step produced for one request: new text and tokens, and how it ended if it did."""
 
     request_id: str
-    text: str
-    token_ids: list[int]
+    text: str  # new visible text (stop tokens and stop strings are not shown)
+    token_ids: list[int]  # tokens sampled this step, shown or not
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
@@ -181,10 +181,10 @@ class Engine:
         detokenizer = self._detokenizers[request.request_id]
         text = detokenizer.add(visible)
         if stop_token or detokenizer.stopped:
-            return self._finish(request, FinishReason.STOP, text, visible)
+            return self._finish(request, FinishReason.STOP, text, [token])
         if request.hand_off or len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return self._finish(request, FinishReason.LENGTH, text + detokenizer.add([], final=True), visible)
-        return self._output(request, text, visible)
+            return self._finish(request, FinishReason.LENGTH, text + detokenizer.add([], final=True), [token])
+        return self._output(request, text, [token])
 
     def _finish(self, request: Request, reason: FinishReason, text: str = "", tokens: list[int] | None = None,
                 error: str | None = None) -> RequestOutput:

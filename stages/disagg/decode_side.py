@@ -1,0 +1,106 @@
+"""The decode side of a room: reserve blocks, ask the prefill for the KV, then decode.
+
+``DecodeCoordinator.generate`` is what the decode server runs for a request carrying a bootstrap
+room: it reserves KV blocks for the whole request, sends the prefill's bootstrap endpoint a
+``KVRequest`` (block ids + this process's transfer descriptor), waits for ``KVReady`` within
+``kv_timeout_s``, and hands the request to the engine, which decodes from the first token on.
+
+If anything fails before the hand-over (rejected handshake, prefill failure or death, timeout,
+client disconnect), the room is aborted at the prefill and the blocks are freed once the prefill
+confirms that nothing more will be written into them. Without that confirmation they are held for
+``QUARANTINE_S`` first, so a late write can never land in another request's KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+
+from stages.disagg.config import DisaggConfig
+from stages.disagg.errors import DisaggError, bad_gateway, timed_out, unavailable
+from stages.engine.async_engine import AsyncEngine
+from stages.engine.engine import RequestOutput
+from stages.engine.multimodal import Prompt
+from stages.engine.sampling_params import SamplingParams
+from transfer.base import TransferBackend
+from transfer.bootstrap import BootstrapClient, HandshakeError, HandshakeTimeout
+from transfer.messages import Fingerprint, KVRequest
+
+log = logging.getLogger(__name__)
+QUARANTINE_S = 30.0
+
+
+class DecodeCoordinator:
+    def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
+                 config: DisaggConfig) -> None:
+        self.engine = engine
+        self.fingerprint = fingerprint
+        self.config = config
+        self.descriptor = backend.descriptor()
+        self.client = BootstrapClient()
+        self.decode_id = f"decode-{os.getpid()}"
+        self._cleanups: set[asyncio.Task] = set()
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self.client.close()
+
+    async def generate(self, room: int, host: str, port: int, prompt: Prompt,
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives."""
+        blocks = await self._reserve(prompt, params)
+        try:
+            request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks,
+                                prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
+                                decode_id=self.decode_id)
+            await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
+            ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s)
+        except BaseException as exc:
+            self._clean_up_later(room, blocks, _reason(exc))
+            if isinstance(exc, HandshakeTimeout):
+                raise timed_out(f"bootstrap room {room}: {exc}") from exc
+            if isinstance(exc, HandshakeError):
+                raise bad_gateway(f"bootstrap room {room}: {exc}") from exc
+            raise
+        async for output in self.engine.generate_prefilled(
+            f"room-{room}", prompt, params, blocks, ready.first_token, ready.rope_delta
+        ):
+            yield output
+
+    async def _reserve(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_blocks(prompt, params)))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:  # the blocks may still arrive: free them when they do
+            call.add_done_callback(lambda done: done.exception() is None and self._free_soon(done.result()))
+            raise
+        except MemoryError as exc:
+            raise unavailable(f"the decode's KV pool has no room for this request now ({exc}); retry later") from exc
+
+    def _clean_up_later(self, room: int, blocks: list[int], reason: str) -> None:
+        task = asyncio.ensure_future(self._clean_up(room, blocks, reason))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _clean_up(self, room: int, blocks: list[int], reason: str) -> None:
+        settled = await self.client.abort(room, reason)
+        if not settled:
+            log.warning("room %d: prefill did not confirm the abort; holding %d blocks for %g s",
+                        room, len(blocks), QUARANTINE_S)
+            await asyncio.sleep(QUARANTINE_S)
+        await self.engine.call(lambda engine: engine.free_blocks(blocks))
+
+    def _free_soon(self, blocks: list[int]) -> None:
+        task = asyncio.ensure_future(self.engine.call(lambda engine: engine.free_blocks(blocks)))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return "the decode's client went away"
+    if isinstance(exc, DisaggError | HandshakeError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,200 @@
+"""The prefill side of a room: pair, prefill, write the KV into the decode's blocks, report.
+
+``PrefillCoordinator`` runs in the prefill server's event loop beside its ``AsyncEngine``. For
+each room it pairs the server's own HTTP request (``prefill()``) with the decode's ``KVRequest``
+(arriving on the bootstrap endpoint), in either order, within ``pair_timeout_s``. A paired room
+is prefilled inside the engine's continuous batch as a hand-off request; its KV blocks are then
+written into the decode's blocks by the transfer backend (on a worker thread), freed, and the
+decode is sent ``KVReady`` (first token, rope delta). Every room ends with exactly one answer to
+the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP request.
+
+An ``Abort`` from the decode stops a room that has not been prefilled yet; a write already in
+flight is finished first, so ``KVFailed`` is only sent once nothing more can land in the
+decode's blocks (the decode may then reuse them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from stages.disagg.config import DisaggConfig
+from stages.disagg.errors import DisaggError, bad_gateway, conflict, timed_out
+from stages.engine.async_engine import AsyncEngine
+from stages.engine.block_allocator import blocks_for_tokens
+from stages.engine.multimodal import Prompt
+from stages.engine.sampling_params import SamplingParams
+from transfer.base import TransferBackend, block_ops
+from transfer.bootstrap import BootstrapServer
+from transfer.messages import Abort, Fingerprint, KVRequest
+from transfer.rooms import DuplicateRoom, Entry, RoomClosed, RoomTable
+
+log = logging.getLogger(__name__)
+EXPIRE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    room: int
+    first_token: int
+    text: str
+    rope_delta: int
+    prompt_tokens: int
+    kv_bytes: int
+    transfer_s: float
+
+
+@dataclass
+class _Local:
+    prompt: Prompt
+    params: SamplingParams
+    result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class PrefillCoordinator:
+    def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
+                 config: DisaggConfig) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.config = config
+        self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
+        self.table: RoomTable[_Local, KVRequest] = RoomTable()
+        self._running: dict[int, asyncio.Task] = {}
+        self._aborted: dict[int, str] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def bootstrap_port(self) -> int:
+        return self.server.port
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._expire())]
+
+    async def close(self) -> None:
+        for task in [*self._tasks, *self._running.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        await self.server.close()
+
+    async def prefill(self, room: int, prompt: Prompt, params: SamplingParams) -> PrefillResult:
+        """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError."""
+        local = _Local(prompt, params)
+        try:
+            entry = self.table.add_local(room, local, time.monotonic())
+        except (DuplicateRoom, RoomClosed) as exc:
+            raise conflict(f"bootstrap room {room}: {exc}") from exc
+        if entry is not None:
+            self._start(entry)
+        deadline = self.config.pair_timeout_s + self.config.kv_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(local.result), deadline)
+        except asyncio.TimeoutError:
+            await self._abort(room, f"prefill did not finish within {deadline:g} s")
+            raise timed_out(f"bootstrap room {room}: prefill did not finish within {deadline:g} s") from None
+        except asyncio.CancelledError:
+            await self._abort(room, "the prefill's client went away")
+            raise
+
+    # --- bootstrap endpoint --------------------------------------------------------------------
+    async def _receive(self) -> None:
+        while True:
+            message = await self.server.recv()
+            if isinstance(message, Abort):
+                await self._abort(message.room, f"decode aborted: {message.reason}")
+                continue
+            try:
+                entry = self.table.add_remote(message.room, message, time.monotonic())
+            except (DuplicateRoom, RoomClosed) as exc:
+                await self.server.send_failed(message.room, str(exc))
+                continue
+            if entry is not None:
+                self._start(entry)
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            for entry in self.table.expire(time.monotonic(), self.config.pair_timeout_s):
+                reason = entry.state.reason
+                if entry.remote is not None:
+                    await self.server.send_failed(entry.room, reason)
+                if entry.local is not None and not entry.local.result.done():
+                    entry.local.result.set_exception(timed_out(f"bootstrap room {entry.room}: {reason}"))
+
+    async def _abort(self, room: int, reason: str) -> None:
+        """Stop a room wherever it is. Paired rooms stop at their next safe point (see ``_run``)."""
+        if room in self._running:
+            self._aborted.setdefault(room, reason)
+            self.engine.abort(_request_id(room))
+            return
+        entry = self.table.get(room)
+        if entry is None:
+            return
+        self.table.remove(room, reason)
+        if entry.remote is not None:
+            await self.server.send_failed(room, reason)
+        if entry.local is not None and not entry.local.result.done():
+            entry.local.result.set_exception(bad_gateway(f"bootstrap room {room}: {reason}"))
+
+    # --- one paired room -------------------------------------------------------------------------
+    def _start(self, entry: Entry) -> None:
+        self._running[entry.room] = asyncio.create_task(self._run(entry))
+
+    async def _run(self, entry: Entry) -> None:
+        room, local, remote = entry.room, entry.local, entry.remote
+        blocks: list[int] | None = None
+        try:
+            self._check_pair(room, local, remote)
+            last = None
+            async for last in self.engine.generate(_request_id(room), local.prompt, local.params, hand_off=True):
+                pass
+            if last is None or last.blocks is None:
+                raise bad_gateway(self._aborted.get(room) or f"prefill failed: {last.error if last else 'no output'}")
+            blocks = last.blocks
+            if self.config.fault == "prefill-exit-after-forward":
+                os._exit(17)
+            started = time.perf_counter()
+            moved = await asyncio.to_thread(self._write, remote, blocks)
+            elapsed = time.perf_counter() - started
+            if room in self._aborted:
+                raise bad_gateway(self._aborted[room])
+            await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
+                                         prompt_tokens=last.prompt_tokens)
+            local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
+                                                  last.prompt_tokens, moved, elapsed))
+        except Exception as exc:
+            error = exc if isinstance(exc, DisaggError) else bad_gateway(f"KV transfer failed: {exc}")
+            log.warning("room %d failed: %s", room, error)
+            await self.server.send_failed(room, str(error))
+            if not local.result.done():
+                local.result.set_exception(error)
+        finally:
+            if blocks is not None:
+                await self.engine.call(lambda engine: engine.free_blocks(blocks))
+            self._running.pop(room, None)
+            self._aborted.pop(room, None)
+            if self.table.get(room) is not None:
+                self.table.remove(room)
+
+    def _check_pair(self, room: int, local: _Local, remote: KVRequest) -> None:
+        prompt_tokens = len(local.prompt.token_ids)
+        if remote.prompt_tokens != prompt_tokens:
+            raise bad_gateway(
+                f"bootstrap room {room}: the decode built a {remote.prompt_tokens}-token prompt, the prefill "
+                f"{prompt_tokens}; both must get the same request and run the same model and chat template"
+            )
+        if len(remote.block_ids) < blocks_for_tokens(prompt_tokens, self.engine.engine.layout.block_size):
+            raise bad_gateway(f"bootstrap room {room}: the decode reserved too few blocks for {prompt_tokens} tokens")
+
+    def _write(self, remote: KVRequest, blocks: list[int]) -> int:
+        """Worker thread: move the prompt's blocks into the decode's. Returns bytes moved."""
+        peer = self.backend.connect(remote.descriptor)
+        ops = block_ops(blocks, remote.block_ids[: len(blocks)], self.engine.engine.layout.block_bytes)
+        return self.backend.write(peer, ops)
+
+
+def _request_id(room: int) -> str:
+    return f"room-{room}"

@@ -15,10 +15,11 @@ class DisaggConfig:
     pair_timeout_s: float = 10.0  # a room's other half (HTTP request or KV request) must arrive within this
     kv_timeout_s: float = 30.0  # decode: KV request sent -> KV ready (queueing + prefill + transfer)
     accept_timeout_s: float = 5.0  # decode: KV request sent -> accepted or rejected by the prefill
+    abort_grace_s: float = 30.0  # decode: hold an aborted room's blocks this long if the prefill never confirms
     fault: str = ""  # test-only fault injection (EPD_TEST_FAULT), e.g. "prefill-exit-after-forward"
 
     def __post_init__(self) -> None:
-        for name in ("pair_timeout_s", "kv_timeout_s", "accept_timeout_s"):
+        for name in ("pair_timeout_s", "kv_timeout_s", "accept_timeout_s", "abort_grace_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.bootstrap_port < 65536:

@@ -8,7 +8,7 @@ room: it reserves KV blocks for the whole request, sends the prefill's bootstrap
 If anything fails before the hand-over (rejected handshake, prefill failure or death, timeout,
 client disconnect), the room is aborted at the prefill and the blocks are freed once the prefill
 confirms that nothing more will be written into them. Without that confirmation they are held for
-``QUARANTINE_S`` first, so a late write can never land in another request's KV.
+``abort_grace_s`` first, so a late write can never land in another request's KV.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from transfer.bootstrap import BootstrapClient, HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
 
 log = logging.getLogger(__name__)
-QUARANTINE_S = 30.0
 
 
 class DecodeCoordinator:
@@ -88,8 +87,8 @@ class DecodeCoordinator:
         settled = await self.client.abort(room, reason)
         if not settled:
             log.warning("room %d: prefill did not confirm the abort; holding %d blocks for %g s",
-                        room, len(blocks), QUARANTINE_S)
-            await asyncio.sleep(QUARANTINE_S)
+                        room, len(blocks), self.config.abort_grace_s)
+            await asyncio.sleep(self.config.abort_grace_s)
         await self.engine.call(lambda engine: engine.free_blocks(blocks))
 
     def _free_soon(self, blocks: list[int]) -> None:

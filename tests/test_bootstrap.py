@@ -149,7 +149,7 @@ MISMATCHES = [
      "model differs: prefill qwen2_vl-0123456789abcdef, decode llava-fedcba9876543210; "
      "serve the same checkpoint (--model) on prefill and decode"),
     ("backend", "nixl",
-     "transfer backend differs: prefill mooncake, decode nixl; start both with the same --transfer-backend"),
+     "transfer backend differs: prefill mooncake, decode nixl; start both with the same --transfer"),
     ("dtype", "float16", "KV dtype differs: prefill bfloat16, decode float16; start both with the same --dtype"),
     ("block_size", 32, "block size differs: prefill 16, decode 32; start both with the same --block-size"),
     ("num_layers", 8,

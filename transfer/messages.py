@@ -108,7 +108,7 @@ _SAME_CHECKPOINT = "serve the same checkpoint (--model) with the same release on
 # (field, what to call it, how to fix it); checked in this order.
 _FIELD_HINTS: tuple[tuple[str, str, str], ...] = (
     ("model", "model differs", "serve the same checkpoint (--model) on {a} and {b}"),
-    ("backend", "transfer backend differs", "start both with the same --transfer-backend"),
+    ("backend", "transfer backend differs", "start both with the same --transfer"),
     ("dtype", "KV dtype differs", "start both with the same --dtype"),
     ("block_size", "block size differs", "start both with the same --block-size"),
     ("num_layers", "layer count differs", _SAME_CHECKPOINT),

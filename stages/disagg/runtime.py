@@ -1,0 +1,35 @@
+"""Start-up shared by the prefill and decode servers: the engine, the transfer backend, the fingerprint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stages.disagg.config import fingerprint
+from stages.engine.async_engine import AsyncEngine
+from stages.engine.config import EngineConfig
+from stages.engine.engine import Engine
+from transfer.base import TransferBackend, TransferConfig
+from transfer.messages import Fingerprint
+from transfer.registry import create_backend
+
+
+@dataclass
+class StageRuntime:
+    """What a prefill or decode process owns for its whole life. ``close()`` releases it in order."""
+
+    engine: AsyncEngine
+    backend: TransferBackend
+    fingerprint: Fingerprint
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.backend.release()  # after the engine stops: the pool stays allocated until then
+
+
+def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: TransferConfig,
+                  on_step=None) -> StageRuntime:
+    """Load the model, allocate the KV pool, register it once with the transfer backend."""
+    engine = Engine(engine_config)
+    backend = create_backend(transfer, transfer_config)
+    backend.register(engine.pool.data_ptr, engine.pool.nbytes)
+    return StageRuntime(AsyncEngine(engine, on_step=on_step), backend, fingerprint(engine, transfer))

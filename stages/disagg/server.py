@@ -9,6 +9,7 @@ content is the first token and whose ``finish_reason`` is ``length``. Both add `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -147,7 +148,7 @@ def build(config: StageServerConfig) -> FastAPI:
             "transfer_backend": config.transfer,
             "fingerprint": {k: getattr(runtime.fingerprint, k) for k in runtime.fingerprint.__dataclass_fields__},
             "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
-            "transfer": runtime.backend.stats.__dict__ if hasattr(runtime.backend, "stats") else None,
+            "transfer": dataclasses.asdict(runtime.backend.stats()),
         }
         if isinstance(coordinator, PrefillCoordinator):
             info["bootstrap"] = {"host": config.disagg.bootstrap_host, "port": coordinator.bootstrap_port}

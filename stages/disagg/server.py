@@ -148,7 +148,7 @@ def build(config: StageServerConfig) -> FastAPI:
             "transfer_backend": config.transfer,
             "fingerprint": {k: getattr(runtime.fingerprint, k) for k in runtime.fingerprint.__dataclass_fields__},
             "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
-            "transfer": dataclasses.asdict(runtime.backend.stats()),
+            "transfer": dataclasses.asdict(runtime.backend.stats),
         }
         if isinstance(coordinator, PrefillCoordinator):
             info["bootstrap"] = {"host": config.disagg.bootstrap_host, "port": coordinator.bootstrap_port}

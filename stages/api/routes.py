@@ -1,0 +1,222 @@
+"""The OpenAI-compatible HTTP layer over an ``AsyncEngine``: ``/v1/chat/completions`` (stream and
+non-stream), ``/v1/models``, ``/health`` and ``/metrics``.
+
+Request conversion lives in ``chat``, the wire shapes in ``schemas``, errors in ``errors``; this
+module only wires them to routes and owns the request's lifetime: a request is aborted in the
+engine whenever its response ends early (client disconnect, stream closed, engine failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from stages.api.chat import prepare
+from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, validation_error
+from stages.api.images import ImageLimits
+from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
+from stages.engine.async_engine import AsyncEngine
+from stages.engine.engine import RequestOutput
+from stages.engine.multimodal import Prompt
+from stages.engine.request import FinishReason
+from stages.engine.sampling_params import SamplingParams
+from stages.metrics import Metrics, RequestTimer
+
+# request id, prompt, sampling parameters, the request body -> the request's outputs
+Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], AsyncIterator[RequestOutput]]
+LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
+
+
+def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = ImageLimits(),
+               metrics: Metrics | None = None, owned_by: str = "epd-stage",
+               generate: Generate | None = None, lifespan=None) -> FastAPI:
+    """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
+    passes a ``lifespan`` that does. ``generate`` produces a request's outputs (default: the engine
+    runs it whole); prefill and decode servers pass their room coordinator's instead."""
+    metrics = metrics or Metrics()
+    created = int(time.time())
+    generate = generate or (lambda request_id, prompt, params, body: engine.generate(request_id, prompt, params))
+    app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        if not engine.alive:
+            raise engine_unavailable()
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card(model_name, created, owned_by)]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.refresh(engine.stats())
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
+        body = parse_request(await request.body())
+        if body.model is not None and body.model != model_name:
+            raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
+                           param="model", code="model_not_found")
+        if not engine.alive:
+            raise engine_unavailable()
+        prompt, params = await run_in_threadpool(prepare, engine.engine, body, limits)
+        call = _Call(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer)
+        try:
+            outputs = _guarded(engine, generate(call.id, prompt, params, body))
+        except ValueError as exc:  # already checked by prepare(); the engine checks again
+            raise bad_request(str(exc)) from None
+        if body.stream:
+            return _ClosingStreamingResponse(_sse(call, outputs, body.include_usage), media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _unless_disconnected(request, _complete(call, outputs))
+
+    return app
+
+
+def parse_request(raw: bytes) -> ChatCompletionRequest:
+    """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+@dataclass
+class _Call:
+    id: str
+    created: int
+    model: str
+    timer: RequestTimer
+
+    def record(self, last: RequestOutput | None) -> None:
+        """Count the request once: how it finished, or ``abort`` if it ended before finishing."""
+        if last is None:
+            reason = "abort"
+        elif last.error is not None:
+            reason = "error"
+        else:
+            reason = last.finish_reason.value if last.finish_reason is not None else "abort"
+        self.timer.finish(reason, last.prompt_tokens if last else 0, last.completion_tokens if last else 0)
+
+
+def _failed(output: RequestOutput) -> bool:
+    return output.error is not None or output.finish_reason is FinishReason.ABORT
+
+
+def _engine_error(output: RequestOutput | None) -> APIError:
+    reason = (output.error if output else None) or "the request was aborted"
+    return APIError(500, f"The engine failed on this request: {reason}", code="engine_error")
+
+
+async def _complete(call: _Call, outputs: AsyncIterator[RequestOutput]) -> JSONResponse:
+    pieces: list[str] = []
+    last: RequestOutput | None = None
+    try:
+        async for last in outputs:
+            call.timer.tokens(last.completion_tokens)
+            pieces.append(last.text)
+    finally:
+        call.record(last)
+    if last is None or _failed(last):
+        raise _engine_error(last)
+    return JSONResponse(completion(call.id, call.created, call.model, "".join(pieces), last.finish_reason.value,
+                                   last.prompt_tokens, last.completion_tokens))
+
+
+async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage: bool) -> AsyncIterator[str]:
+    def event(body: dict) -> str:
+        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    def piece(delta: dict | None, finish_reason: str | None = None, usage_body: dict | None = None) -> str:
+        return event(chunk(call.id, call.created, call.model, delta, finish_reason,
+                           with_usage=include_usage, usage_body=usage_body))
+
+    last: RequestOutput | None = None
+    try:
+        yield piece({"role": "assistant", "content": ""})
+        async for last in outputs:
+            call.timer.tokens(last.completion_tokens)
+            if _failed(last):
+                raise _engine_error(last)
+            if last.text:
+                yield piece({"content": last.text})
+            if last.finish_reason is not None:
+                yield piece({}, last.finish_reason.value)
+        if include_usage and last is not None:
+            yield piece(None, usage_body=usage(last.prompt_tokens, last.completion_tokens))
+    except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
+        yield event(exc.body())
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        call.record(last)
+    yield "data: [DONE]\n\n"
+
+
+async def _guarded(engine: AsyncEngine, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """Yield the engine's outputs for one request, raising 503 if the engine thread dies while we wait
+    (nothing would ever feed the request's queue again). Closing this closes ``outputs``, which
+    aborts the request in the engine if it has not finished."""
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(outputs))  # type: ignore[call-overload]
+            try:
+                while not (await asyncio.wait({step}, timeout=LIVENESS_CHECK_S))[0]:
+                    if not engine.alive:
+                        raise engine_unavailable()
+            finally:
+                if not step.done():
+                    step.cancel()
+                    await asyncio.wait({step})
+            if step.cancelled() or isinstance(step.exception(), StopAsyncIteration):
+                return
+            yield step.result()
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
+async def _unless_disconnected(request: Request, work: Coroutine) -> Response:
+    """Await ``work``, cancelling it (which aborts its request in the engine) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task})
+    return Response(status_code=499)  # nobody will read it
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Closes its body generator however the response ends. A client disconnect cancels Starlette's
+    send task and leaves the generator suspended; closing it aborts the request in the engine."""
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]

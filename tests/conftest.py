@@ -1,0 +1,95 @@
+"""Shared fixtures: generated tiny models, and real server subprocesses on free loopback ports.
+
+``tiny_model(variant="qwen2_vl") -> Path``   (session scope)
+    A random-weight tiny checkpoint of a variant in ``tests.generated_models.VARIANTS`` (qwen2_vl,
+    qwen2_5_vl, qwen3_vl, llava, llava_siglip_qwen2), built once per machine and generator version.
+
+``start_server(role, *flags, timeout_s=180) -> ServerProcess``   (module scope)
+    Runs ``python -m stages.cli serve ROLE *flags --port <free port>``, waits for /health, and stops
+    it when the module's tests are done. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
+    (``url + "/v1"``, for the openai client), ``server.log()`` (its output so far).
+
+A module starts its server once, in its own module-scoped fixture:
+
+    @pytest.fixture(scope="module")
+    def server(start_server, tiny_model):
+        return start_server("colocated", "--model", str(tiny_model("qwen2_vl")))
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stages.cli import free_port, stop_process, wait_healthy
+
+REPO = Path(__file__).resolve().parents[1]
+START_ATTEMPTS = 2  # a free port can be taken between probing it and the server binding it
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[[str], Path]:
+    from tests.generated_models import model_dir
+
+    return lambda variant="qwen2_vl": model_dir(variant, "tiny")
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: dict | None = None) -> ServerProcess:
+    """Start ``stage serve ROLE`` on a free port and wait until it is healthy (or fail with its log)."""
+    for attempt in range(START_ATTEMPTS):
+        port = free_port()
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stages.cli", "serve", role, *flags, "--port", str(port)],
+                cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
+        try:
+            wait_healthy(server.url, proc, timeout_s)
+            return server
+        except (RuntimeError, TimeoutError) as exc:
+            server.stop()
+            if attempt + 1 == START_ATTEMPTS or "address already in use" not in server.log().lower():
+                raise RuntimeError(f"{exc}; server log:\n{server.log()[-4000:]}") from None
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    servers: list[ServerProcess] = []
+    logs = tmp_path_factory.mktemp("server-logs")
+
+    def start(role: str, *flags: str, timeout_s: float = 180.0, env: dict | None = None) -> ServerProcess:
+        server = launch(role, list(flags), logs / f"{role}-{len(servers)}.log", timeout_s, env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

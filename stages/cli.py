@@ -2,7 +2,7 @@
 
     stage serve colocated --model DIR [--host 127.0.0.1] [--port 8000] [...]
     stage make-model --family qwen2_vl --size tiny --out DIR
-    stage demo [--family qwen2_vl] [--workdir DIR]
+    stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
 
 ``serve`` takes one role per subcommand; a role is one entry in ``SERVE_ROLES`` (a function adding
 its flags and a function running it), so prefill, decode and encoder servers plug in the same way.
@@ -172,31 +172,55 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """Colocated: one server. PD: a prefill and a decode server joined by one bootstrap room, the same
+    request sent to both at once (as SGLang's PD router does); the decode's answer is the reply."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
     from openai import OpenAI
 
     workdir = Path(args.workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     model = ensure_model(workdir / f"{args.family}-{args.size}", args.family, args.size)
-    port = free_port()
-    log_path = workdir / "server.log"
-    print(f"starting `stage serve colocated` on 127.0.0.1:{port} (log: {log_path})", flush=True)
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "colocated", "--model", str(model),
-                                 "--port", str(port)], stdout=log_file, stderr=subprocess.STDOUT)
+    roles = ["colocated"] if args.mode == "colocated" else ["prefill", "decode"]
+    bootstrap_port = free_port()
+    servers: list[tuple[str, str, subprocess.Popen, Path]] = []
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, args.timeout)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
-        reply = client.chat.completions.create(
+        for role in roles:
+            port, log_path = free_port(), workdir / f"{role}.log"
+            flags = ["--model", str(model), "--port", str(port)]
+            if role != "colocated":
+                flags += ["--transfer", args.transfer]
+            if role == "prefill":
+                flags += ["--bootstrap-port", str(bootstrap_port)]
+            print(f"starting `stage serve {role}` on 127.0.0.1:{port} (log: {log_path})", flush=True)
+            with open(log_path, "wb") as log_file:
+                proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", role, *flags],
+                                        stdout=log_file, stderr=subprocess.STDOUT)
+            servers.append((role, f"http://127.0.0.1:{port}", proc, log_path))
+        for _, url, proc, log_path in servers:
+            wait_healthy(url, proc, args.timeout)
+        clients = [OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
+                   for _, url, _, _ in servers]
+        extra = {}
+        if args.mode == "pd":
+            extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port,
+                     "bootstrap_room": random.getrandbits(63)}
+        ask = lambda client: client.chat.completions.create(  # noqa: E731
             model=client.models.list().data[0].id,
             messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": demo_image_url()}},
                 {"type": "text", "text": "What is in this picture?"}]}],
-            max_tokens=args.max_tokens, temperature=0)
+            max_tokens=args.max_tokens, temperature=0, extra_body=extra)
+        with ThreadPoolExecutor(len(clients)) as pool:
+            reply = list(pool.map(ask, clients))[-1]
     except (RuntimeError, TimeoutError):
-        print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
+        for _, _, _, log_path in servers:
+            print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
         raise
     finally:
-        stop_process(proc)
+        for _, _, proc, _ in servers:
+            stop_process(proc)
     print(f"answer ({reply.choices[0].finish_reason}): {reply.choices[0].message.content!r}")
     print(f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
           "(a random-weight model: the words are noise, the plumbing is real)")
@@ -292,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", choices=SIZES, default="tiny", help="model size")
     demo.add_argument("--workdir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "epd-stage"),
                       help="where the model is kept (made once) and the server log written")
+    demo.add_argument("--mode", choices=["colocated", "pd"], default="colocated",
+                      help="one colocated server, or a prefill and a decode server with KV moved between them")
+    demo.add_argument("--transfer", choices=["mooncake", "nixl"], default="mooncake", help="KV transfer (pd mode)")
     demo.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     demo.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server and the answer")
     demo.set_defaults(run=_demo)

@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP layer shared by the stage servers that answer chat requests.
+
+``routes.create_app`` builds the app; ``chat`` converts requests, ``schemas`` holds the wire shapes,
+``images`` decodes image URLs within ``ImageLimits``, ``errors`` makes every failure OpenAI-shaped.
+Import from the submodules (this package imports nothing, so the CLI stays fast to start).
+"""

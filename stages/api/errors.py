@@ -1,0 +1,102 @@
+"""OpenAI-style errors: one exception type for the API layer and the FastAPI handlers that turn
+every non-2xx response (ours, FastAPI's 404/405, pydantic's validation errors, crashes) into
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 500: "server_error", 503: "server_error"}
+_FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's union member tags
+
+
+class APIError(Exception):
+    """Raised anywhere under a route; becomes an OpenAI-style error response."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def too_large(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(413, message, param=param, code=code)
+
+
+def engine_unavailable() -> APIError:
+    return APIError(503, "The engine is not running; this server cannot take requests.", code="engine_unavailable")
+
+
+def param_name(loc: tuple) -> str | None:
+    """('body', 'messages', 0, 'content', 'list[...]', 1, 'image_url') -> 'messages[0].content[1].image_url'."""
+    name = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif _FIELD.match(part) and part not in _TYPE_TAGS:
+            name += f".{part}" if name else part
+    return name or None
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """The most specific of pydantic's errors (a union reports one per member; the deepest is the useful one)."""
+    if not errors:
+        return bad_request("Invalid request body.")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
+    error = max(errors, key=lambda e: len(e.get("loc", ())))
+    param = param_name(tuple(error.get("loc", ())))
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if error.get("type") == "missing" and param:
+        return bad_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    where = f"Invalid value for '{param}': " if param else "Invalid request body: "
+    return bad_request(where + message, param=param, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(list(exc.errors())).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = APIError(exc.status_code, str(exc.detail), code=code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error").response()

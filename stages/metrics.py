@@ -1,0 +1,89 @@
+"""Prometheus metrics of one stage server, on its own ``CollectorRegistry`` (so several servers, or
+several test apps, can live in one process). Names carry the ``epd_`` prefix shared by the router
+and every stage.
+
+Request metrics are observed by the HTTP layer through ``RequestTimer``; the batch size is observed
+on the engine thread through ``observe_step`` (``AsyncEngine``'s ``on_step``); queue and KV gauges
+are refreshed from ``AsyncEngine.stats()`` when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from stages.engine.async_engine import EngineStats
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("epd_time_to_first_token_seconds", "Time from request arrival to its first token.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("epd_time_per_output_token_seconds",
+                              "Mean time per output token after the first, one observation per request.",
+                              buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("epd_e2e_request_latency_seconds", "Time from request arrival to its last token.",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("epd_requests", "Finished requests by finish reason.", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("epd_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generation_tokens = Counter("epd_generation_tokens", "Generated tokens.", registry=r)
+        self.queue_depth = Gauge("epd_queue_depth", "Requests waiting to be scheduled.", registry=r)
+        self.running = Gauge("epd_running_requests", "Requests in the running batch.", registry=r)
+        self.batch_size = Histogram("epd_batch_size", "Requests per engine step.", buckets=_BATCH_BUCKETS, registry=r)
+        self.kv_blocks_used = Gauge("epd_kv_blocks_used", "KV cache blocks in use.", registry=r)
+        self.kv_blocks_total = Gauge("epd_kv_blocks_total", "KV cache blocks in the pool.", registry=r)
+        for reason in FINISH_REASONS:
+            self.requests.labels(finish_reason=reason)
+
+    def observe_step(self, batch_size: int) -> None:
+        """Called on the engine thread after each step; must never raise."""
+        self.batch_size.observe(batch_size)
+
+    def refresh(self, stats: EngineStats) -> None:
+        self.queue_depth.set(stats.waiting)
+        self.running.set(stats.running)
+        self.kv_blocks_used.set(stats.blocks_used)
+        self.kv_blocks_total.set(stats.blocks_total)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+class RequestTimer:
+    """Times one request from arrival; ``finish`` records it exactly once (later calls do nothing)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.start = time.monotonic()
+        self.first_token_at: float | None = None
+        self.done = False
+
+    def tokens(self, completion_tokens: int) -> None:
+        if self.first_token_at is None and completion_tokens > 0:
+            self.first_token_at = time.monotonic()
+            self.metrics.ttft.observe(self.first_token_at - self.start)
+
+    def finish(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if self.done:
+            return
+        self.done = True
+        m, now = self.metrics, time.monotonic()
+        m.requests.labels(finish_reason=reason).inc()
+        m.prompt_tokens.inc(prompt_tokens)
+        m.generation_tokens.inc(completion_tokens)
+        if reason in ("stop", "length"):
+            m.e2e.observe(now - self.start)
+            if self.first_token_at is not None and completion_tokens > 1:
+                m.tpot.observe((now - self.first_token_at) / (completion_tokens - 1))

@@ -1,0 +1,173 @@
+"""NIXL backend (``nixl``, UCX plugin, DRAM descriptors).
+
+Library facts this file relies on (1.5.1):
+- It uses the bindings (``nixl._bindings``) rather than the ``nixl._api.nixl_agent`` wrapper: the
+  wrapper hard-codes the progress thread's delay to 0, and that thread then busy-polls a whole core
+  even when idle. Here it sleeps PROGRESS_DELAY_US between polls (2% of a core idle). Without a
+  progress thread at all, transfers to a peer never complete (it must progress connection set-up).
+- Errors are exceptions (``nixlNotFoundError`` for unknown peers or unregistered ranges,
+  ``nixlRemoteDisconnectError`` for a dead peer, raised by ``postXferReq`` within milliseconds),
+  not status codes; ``postXferReq``/``getXferStatus`` return SUCCESS or IN_PROG and never block.
+- To a stalled peer a transfer stays IN_PROG forever; write() stops polling at its deadline and
+  ``releaseXferReq`` cancels it. Writes carry no notification (nothing on the target reads them).
+- An agent still alive when the interpreter exits segfaults in its destructor, so every backend is
+  released at exit (atexit) if its owner has not done it.
+- UCX picks its transports itself (shared memory on one host; UCX_TLS restricts them), so
+  ``TransferConfig.protocol`` is accepted but not used, and ``host`` is not needed: the agent
+  metadata in the descriptor carries UCX's own addresses. ``device`` becomes ``ucx_devices``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+import uuid
+import weakref
+
+import msgspec
+import nixl  # noqa: F401  (loads the CUDA-flavoured wheel and exposes it as nixl._bindings)
+import nixl._bindings as nb
+import numpy as np
+
+from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
+                           TransferError, WriteOp, decode_descriptor)
+
+log = logging.getLogger(__name__)
+PROGRESS_DELAY_US = 100  # progress-thread sleep between polls
+POLL_MIN_S, POLL_MAX_S = 20e-6, 1e-3  # write() polls the transfer state with this backoff
+
+
+class NixlDescriptor(RegionDescriptor, frozen=True, kw_only=True):
+    agent: str
+    metadata: bytes  # the agent's UCX metadata (worker addresses, memory keys)
+
+
+class NixlBackend(TransferBackend):
+    """One NIXL agent per process (unique name), UCX backend, one registered DRAM region. A write is
+    one transfer request with a descriptor pair per op, polled until done or the deadline."""
+
+    name = "nixl"
+    protocols = ("tcp", "rdma", "ucx")
+
+    def __init__(self, config: TransferConfig) -> None:
+        super().__init__(config)
+        agent_config = nb.nixlAgentConfig()
+        agent_config.useProgThread = True
+        agent_config.pthrDelay = PROGRESS_DELAY_US
+        agent_config.syncMode = nb.NIXL_THREAD_SYNC_RW  # concurrent transfers from several threads
+        self.agent_name = f"epd-{uuid.uuid4().hex}"
+        try:
+            self._agent: nb.nixlAgent | None = nb.nixlAgent(self.agent_name, agent_config)
+            params = {"ucx_devices": config.device} if config.device else {}
+            self._ucx = self._agent.createBackend("UCX", params)
+        except Exception as exc:
+            raise TransferError(f"nixl: cannot start an agent with the UCX backend ({exc!r}); "
+                                f"check TransferConfig.device") from exc
+        self._reg: nb.nixlRegDList | None = None
+        self._leaked: list[int] = []  # transfer handles whose release failed; retried at release()
+        atexit.register(_release_at_exit, weakref.ref(self))  # an agent alive at interpreter exit segfaults
+
+    def _register(self, ptr: int, length: int) -> None:
+        reg = nb.nixlRegDList(nb.DRAM_SEG, [(ptr, length, 0, "")])
+        try:
+            self._live().registerMem(reg, [self._ucx])
+        except Exception as exc:
+            raise TransferError(f"nixl: registerMem({ptr:#x}, {length}) failed: {exc!r}") from exc
+        self._reg = reg
+
+    def _descriptor(self) -> bytes:
+        assert self.region is not None
+        return msgspec.msgpack.encode(NixlDescriptor(
+            backend=self.name, version=DESCRIPTOR_VERSION, base=self.region[0], length=self.region[1],
+            agent=self.agent_name, metadata=self._live().getLocalMD()))
+
+    def _connect(self, peer_descriptor: bytes) -> Peer:
+        desc = decode_descriptor(peer_descriptor, self.name, NixlDescriptor)
+        try:
+            loaded = self._live().loadRemoteMD(desc.metadata).decode()
+        except Exception as exc:
+            raise TransferError(f"nixl: cannot load the metadata of agent {desc.agent}: {exc!r}") from exc
+        if loaded != desc.agent:
+            raise TransferError(f"nixl: descriptor names agent {desc.agent} but its metadata is {loaded}'s")
+        return Peer(self.name, desc.agent, desc.base, desc.length)
+
+    def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
+        agent = self._live()
+        assert self.region is not None
+        table = np.array([(op.local_offset, op.remote_offset, op.length) for op in ops], dtype=np.uint64)
+        zeros = np.zeros(len(ops), dtype=np.uint64)
+        local = np.stack([table[:, 0] + np.uint64(self.region[0]), table[:, 2], zeros], axis=1)
+        remote = np.stack([table[:, 1] + np.uint64(peer.base), table[:, 2], zeros], axis=1)
+        try:
+            handle = agent.createXferReq(nb.NIXL_WRITE, nb.nixlXferDList(nb.DRAM_SEG, local),
+                                         nb.nixlXferDList(nb.DRAM_SEG, remote), peer.key, "", [self._ucx])
+        except Exception as exc:
+            raise TransferError(f"nixl: cannot create a transfer to {peer.key}: {exc!r}") from exc
+        try:
+            self._run(agent, handle, peer, deadline)
+        except TransferError as exc:
+            exc.in_flight = not self._release_handle(agent, handle)
+            raise
+        self._release_handle(agent, handle)
+
+    def _run(self, agent: nb.nixlAgent, handle: int, peer: Peer, deadline: float) -> None:
+        poll = POLL_MIN_S
+        try:
+            status = agent.postXferReq(handle, "")
+            while status == nb.NIXL_IN_PROG:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferError(f"nixl: write to {peer.key} not done within TransferConfig.timeout_s "
+                                        f"({self.config.timeout_s}s); peer stalled?")
+                time.sleep(min(poll, left))
+                poll = min(poll * 2, POLL_MAX_S)
+                status = agent.getXferStatus(handle)
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise TransferError(f"nixl: write to {peer.key} failed: {exc!r}") from exc
+        if status != nb.NIXL_SUCCESS:
+            raise TransferError(f"nixl: write to {peer.key} ended with {status}")
+
+    def _release_handle(self, agent: nb.nixlAgent, handle: int) -> bool:
+        """Free a transfer handle, cancelling it if still running; False if NIXL could not."""
+        try:
+            agent.releaseXferReq(handle)
+            return True
+        except Exception as exc:
+            log.warning("nixl: releaseXferReq failed (%r); retrying at release()", exc)
+            self._leaked.append(handle)
+            return False
+
+    def _release(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is None:
+            return
+        for handle in self._leaked:
+            try:
+                agent.releaseXferReq(handle)
+            except Exception as exc:
+                log.warning("nixl: transfer handle still busy at release: %r", exc)
+        for peer in self._peers.values():
+            try:
+                agent.invalidateRemoteMD(peer.key)
+            except Exception as exc:
+                log.warning("nixl: invalidateRemoteMD(%s) failed: %r", peer.key, exc)
+        if self._reg is not None:
+            try:
+                agent.deregisterMem(self._reg, [self._ucx])
+            except Exception as exc:
+                log.warning("nixl: deregisterMem failed: %r", exc)
+        # Dropping the last reference destroys the agent and joins its progress thread.
+
+    def _live(self) -> nb.nixlAgent:
+        if self._agent is None:
+            raise TransferError("nixl: backend already released")
+        return self._agent
+
+
+def _release_at_exit(ref: weakref.ref[NixlBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        backend.release()

@@ -21,7 +21,7 @@ def load_reference(model_dir) -> torch.nn.Module:
 
 def hf_greedy(model, prompt: Prompt, image_token_id: int, max_new_tokens: int) -> list[int]:
     """Greedy continuation of ``prompt`` (our token ids and preprocessed pixels) by ``model.generate``,
-    forced to run ``max_new_tokens`` steps so every position is compared."""
+    up to ``max_new_tokens`` or the end-of-sequence token, which is included."""
     ids = torch.tensor([prompt.token_ids])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if prompt.images and prompt.images[0].grid_thw is not None:
@@ -31,5 +31,5 @@ def hf_greedy(model, prompt: Prompt, image_token_id: int, max_new_tokens: int) -
     elif prompt.images:
         inputs["pixel_values"] = torch.stack([im.pixel_values for im in prompt.images])
     with torch.inference_mode():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, ids.shape[1]:].tolist()

@@ -104,14 +104,20 @@ class AsyncEngine:
 
     # --- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._drain_commands(block=not self.engine.has_work())
-            if not self.engine.has_work():
-                continue
-            outputs = self.engine.step()
-            if self._on_step is not None:
-                self._on_step(len(outputs))
-            self._publish(outputs)
+        try:
+            while not self._stop.is_set():
+                self._drain_commands(block=not self.engine.has_work())
+                if not self.engine.has_work():
+                    continue
+                outputs = self.engine.step()
+                if self._on_step is not None:
+                    self._on_step(len(outputs))
+                self._publish(outputs)
+        except BaseException as exc:  # never leave a waiting request without an answer
+            log.exception("engine thread died")
+            error = f"engine thread died: {type(exc).__name__}: {exc}"
+            self._publish([RequestOutput(rid, "", [], FinishReason.ABORT, 0, 0, error) for rid in list(self._streams)])
+            raise
 
     def _drain_commands(self, block: bool) -> None:
         try:

@@ -23,13 +23,20 @@ def drain(engine: Engine, limit: int = 64) -> None:
     raise AssertionError("engine did not finish")
 
 
-@pytest.mark.parametrize("variant", ["qwen3_vl", "llava"])
-def test_prefill_here_decode_there_equals_colocated(variant):
+@pytest.mark.parametrize(
+    "variant, params",
+    [
+        ("qwen3_vl", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)),
+        ("llava", SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)),
+        ("qwen2_vl", SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)),
+    ],
+    ids=["qwen3_vl-greedy", "llava-greedy", "qwen2_vl-seeded"],
+)
+def test_prefill_here_decode_there_equals_colocated(variant, params):
     config = EngineConfig(model=str(model_dir(variant)), kv_cache_mib=16)
     prefill, decode = Engine(config), Engine(config)
     parts = [{"type": "image"}, {"type": "text", "text": "what is this?"}]
     build = lambda: prefill.prompts.build([{"role": "user", "content": parts}], [random_image(80, 64, seed=5)])
-    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
     colocated = prefill.add_request("colocated", build(), params)
     drain(prefill)

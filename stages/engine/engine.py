@@ -116,6 +116,8 @@ class Engine:
         request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
                           rope_delta=rope_delta)
         self._track(request)
+        if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
+            self._skip_draw(self._generators[request_id])
         self.scheduler.add_running(request)
         output = self._append(request, first_token)
         if output.finished:
@@ -168,6 +170,11 @@ class Engine:
         logits = self.runner.forward(prefills, decodes)
         requests = prefills + decodes
         return sample(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests])
+
+    def _skip_draw(self, generator: torch.Generator) -> None:
+        """Advance ``generator`` exactly as one ``sample()`` draw over this vocabulary does, so a seeded
+        request continues on the decode server with the numbers it would have used colocated."""
+        torch.multinomial(torch.ones(self.adapter.lm_head.out_features), 1, generator=generator)
 
     def _track(self, request: Request) -> None:
         self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.params.stop)

@@ -32,15 +32,17 @@ import msgspec
 
 DESCRIPTOR_VERSION = 1
 PROTOCOLS = ("tcp", "rdma", "ucx")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 
 @dataclass(frozen=True)
 class TransferConfig:
     """Settings of one backend. ``host`` is the address peers use to reach this process (Mooncake
     advertises it; NIXL's UCX metadata carries its own addresses). ``protocol``: Mooncake "tcp" or
-    "rdma"; NIXL lets UCX pick its transports and accepts any. ``device``: RDMA device names
-    (Mooncake's device filter, NIXL's ``ucx_devices``); empty = all. ``timeout_s`` bounds every write."""
+    "rdma"; NIXL "tcp" (UCX without InfiniBand), "rdma" or "ucx" (UCX's own choice). ``device``: RDMA
+    device names (Mooncake's device filter, NIXL's ``ucx_devices``); empty = all. ``timeout_s``
+    bounds every write."""
 
     host: str = "127.0.0.1"
     protocol: str = "tcp"
@@ -288,7 +290,9 @@ class TransferBackend(ABC):
         every op lies inside both regions (TransferError, and nothing is written, if one does not), then
         moves all of them as one batch. Raises TransferError on any failure, and within
         ``config.timeout_s`` (plus scheduling slack) when the peer is dead or stalled. After a failure
-        the remote blocks hold unspecified bytes; see ``TransferError.in_flight``.
+        the remote blocks hold unspecified bytes. Once write() has returned or raised, nothing more
+        lands in them, unless the TransferError says ``in_flight`` (a library call that could not be
+        cancelled outlived the deadline; Mooncake only): then bytes may land until that call ends.
         """
         ops = coalesce(ops)
         with self._lock:
@@ -314,7 +318,8 @@ class TransferBackend(ABC):
         """Deregister the region, forget the peers and stop the library. Idempotent, thread-safe.
 
         Called once at shutdown. Waits up to ``config.timeout_s`` for writes in progress; writes started
-        afterwards raise TransferError. The caller may free the region once this returns.
+        afterwards raise TransferError. The caller may free the region once this returns (unless a
+        backend logged abandoned library calls still running: then keep it until the process exits).
         """
         with self._lock:
             if self._released:

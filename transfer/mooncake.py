@@ -8,7 +8,9 @@ Library facts this file relies on (0.3.13):
   least 5, default 30, plus 1 ns per byte). Before the first write to a target it opens the
   target's segment with a socket handshake that a stalled (not dead) peer holds for about 60 s.
   Neither can be cancelled, so each batch runs on a worker thread and write() stops waiting at its
-  deadline (TransferError with ``in_flight=True``); the call ends on its own later.
+  deadline (TransferError with ``in_flight=True``); the call ends on its own later (at once when the
+  peer dies). A process that exits while such a call still runs aborts ("terminate called without
+  an active exception"); release() waits up to ``timeout_s`` for them.
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).

@@ -10,24 +10,25 @@ Library facts this file relies on (1.5.1):
   not status codes; ``postXferReq``/``getXferStatus`` return SUCCESS or IN_PROG and never block.
 - To a stalled peer a transfer stays IN_PROG forever; write() stops polling at its deadline and
   ``releaseXferReq`` cancels it. Writes carry no notification (nothing on the target reads them).
-- An agent still alive when the interpreter exits segfaults in its destructor, so every backend is
-  released at exit (atexit) if its owner has not done it.
-- UCX picks its transports itself (shared memory on one host; UCX_TLS restricts them), so
-  ``TransferConfig.protocol`` is accepted but not used, and ``host`` is not needed: the agent
-  metadata in the descriptor carries UCX's own addresses. ``device`` becomes ``ucx_devices``.
+- The bundled UCX's InfiniBand modules pull in the system's libibverbs next to the wheel's own
+  copy (when ``libibverbs1`` is installed, as Mooncake needs); the two libnl copies then crash the
+  process at exit (SIGSEGV in ``rtnl_tc_unregister``, exit code 139 after a clean run). So
+  protocol "tcp" (the default) sets ``UCX_MODULES=^ib`` unless the environment sets it: UCX without
+  InfiniBand, i.e. shared memory, CMA and TCP. "rdma" and "ucx" leave UCX's full transport choice.
+  UCX reads this once per process, at the first agent's backend creation.
+- ``host`` is not needed: the agent metadata in the descriptor carries UCX's own addresses.
+  ``device`` becomes the UCX backend's ``ucx_devices``.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
+import os
 import time
 import uuid
-import weakref
 
 import msgspec
-import nixl  # noqa: F401  (loads the CUDA-flavoured wheel and exposes it as nixl._bindings)
-import nixl._bindings as nb
+import nixl._bindings as nb  # nixl/__init__ picks the wheel flavour (nixl_cu12/cu13) and aliases it
 import numpy as np
 
 from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
@@ -45,13 +46,16 @@ class NixlDescriptor(RegionDescriptor, frozen=True, kw_only=True):
 
 class NixlBackend(TransferBackend):
     """One NIXL agent per process (unique name), UCX backend, one registered DRAM region. A write is
-    one transfer request with a descriptor pair per op, polled until done or the deadline."""
+    one transfer request with a descriptor pair per op, polled until done or the deadline.
+    ``protocol``: "tcp" = UCX without InfiniBand; "rdma" / "ucx" = UCX's own choice."""
 
     name = "nixl"
     protocols = ("tcp", "rdma", "ucx")
 
     def __init__(self, config: TransferConfig) -> None:
         super().__init__(config)
+        if config.protocol == "tcp":
+            os.environ.setdefault("UCX_MODULES", "^ib")  # no InfiniBand: see the module docstring
         agent_config = nb.nixlAgentConfig()
         agent_config.useProgThread = True
         agent_config.pthrDelay = PROGRESS_DELAY_US
@@ -66,7 +70,6 @@ class NixlBackend(TransferBackend):
                                 f"check TransferConfig.device") from exc
         self._reg: nb.nixlRegDList | None = None
         self._leaked: list[int] = []  # transfer handles whose release failed; retried at release()
-        atexit.register(_release_at_exit, weakref.ref(self))  # an agent alive at interpreter exit segfaults
 
     def _register(self, ptr: int, length: int) -> None:
         reg = nb.nixlRegDList(nb.DRAM_SEG, [(ptr, length, 0, "")])
@@ -166,8 +169,3 @@ class NixlBackend(TransferBackend):
             raise TransferError("nixl: backend already released")
         return self._agent
 
-
-def _release_at_exit(ref: weakref.ref[NixlBackend]) -> None:
-    backend = ref()
-    if backend is not None:
-        backend.release()

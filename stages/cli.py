@@ -107,6 +107,8 @@ def _disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
     d = _defaults(DisaggConfig)
     g = parser.add_argument_group("disaggregation")
     g.add_argument("--transfer", choices=["mooncake", "nixl"], default="mooncake", help="KV transfer backend")
+    g.add_argument("--transfer-host", default=None,
+                   help="address peers dial for KV transfer; default: --host (must be set when --host is a wildcard)")
     g.add_argument("--transfer-protocol", default="tcp", help="mooncake: tcp or rdma")
     g.add_argument("--transfer-device", default="", help="RDMA device names (mooncake rdma)")
     g.add_argument("--transfer-timeout-s", type=float, default=10.0, help="deadline of one KV write")
@@ -142,7 +144,7 @@ def _serve_disagg(args: argparse.Namespace, role: str) -> int:
         )
         config = StageServerConfig(
             role=role, engine=engine_config(args), transfer=args.transfer,
-            transfer_config=TransferConfig(host=args.host, protocol=args.transfer_protocol,
+            transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
             disagg=disagg, host=args.host, port=args.port, served_model_name=args.served_model_name,
             limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),

@@ -53,7 +53,8 @@ class TransferConfig:
         if not _is_host(self.host):
             raise ValueError(f"TransferConfig.host must be an IP address or a hostname, got {self.host!r}")
         if _is_unspecified(self.host):
-            raise ValueError(f"TransferConfig.host {self.host!r} is a wildcard; give the address peers should dial")
+            raise ValueError(f"transfer host {self.host!r} is a wildcard; give the address peers should dial "
+                             "(--transfer-host)")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"TransferConfig.protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if not isinstance(self.device, str) or any(c.isspace() for c in self.device):

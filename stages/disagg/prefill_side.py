@@ -34,6 +34,7 @@ from transfer.rooms import DuplicateRoom, Entry, RoomClosed, RoomTable
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 0.5
+IN_FLIGHT_SLACK_S = 5.0  # after a write timed out with bytes possibly in flight, wait this much longer
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,12 @@ class PrefillCoordinator:
         except Exception as exc:
             error = exc if isinstance(exc, DisaggError) else bad_gateway(f"KV transfer failed: {exc}")
             log.warning("room %d failed: %s", room, error)
-            await self.server.send_failed(room, str(error))
             if not local.result.done():
                 local.result.set_exception(error)
+            if getattr(exc, "in_flight", False):
+                # the library may still be writing into the decode's blocks: answer only once it cannot
+                await asyncio.sleep(self.backend.config.timeout_s + IN_FLIGHT_SLACK_S)
+            await self.server.send_failed(room, str(error))
         finally:
             if blocks is not None:
                 await self.engine.call(lambda engine: engine.free_blocks(blocks))

@@ -58,3 +58,46 @@ def test_prefill_here_decode_there_equals_colocated(variant, params):
     assert first.token_ids == colocated.output_ids[:1]
     assert request.output_ids == colocated.output_ids and len(request.output_ids) == 10
     assert decode.allocator.num_used == 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16))
+
+
+def test_a_failing_step_fails_its_requests_and_frees_their_blocks(engine, monkeypatch):
+    good = engine.prompts.build([{"role": "user", "content": "fine"}], [])
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    engine.add_request("first", good, params)
+    engine.step()  # "first" is decoding now
+    engine.add_request("second", good, params)
+
+    def boom(prefills, decodes):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine.runner, "forward", boom)
+    outputs = {o.request_id: o for o in engine.step()}
+    monkeypatch.undo()
+    assert {o.error for o in outputs.values()} == {"RuntimeError: boom"} and set(outputs) == {"first", "second"}
+    assert engine.allocator.num_used == 0 and not engine.has_work()
+    engine.add_request("after", good, params)  # the engine still serves
+    drain(engine)
+    assert engine.allocator.num_used == 0
+
+
+def test_placeholders_must_match_the_images(engine):
+    prompt = engine.prompts.build([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+                                  [random_image(64, 64, seed=1)])
+    prompt.images.clear()
+    with pytest.raises(ValueError, match="prompt has 4 image placeholder tokens but its images fill 0"):
+        engine.add_request("broken", prompt, SamplingParams(max_tokens=4))
+    assert not engine.has_work()
+
+
+def test_prefilled_request_that_ends_at_once_frees_its_blocks(engine):
+    prompt = engine.prompts.build([{"role": "user", "content": "one token"}], [])
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    blocks = engine.reserve_blocks(prompt, params)
+    output = engine.add_prefilled("one", prompt, params, blocks, first_token=7, rope_delta=0)
+    assert output.finished and output.completion_tokens == 1
+    assert engine.allocator.num_used == 0 and not engine.has_work()

@@ -88,6 +88,11 @@ class Engine:
                 f"{total} tokens ({len(prompt.token_ids)} in the messages, {params.max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
+        placeholders = prompt.token_ids.count(self.adapter.image_token_id)
+        filled = sum(e.num_tokens for e in prompt.embeddings) if prompt.embeddings is not None else sum(
+            im.num_tokens for im in prompt.images)
+        if placeholders != filled:
+            raise ValueError(f"prompt has {placeholders} image placeholder tokens but its images fill {filled}")
         self.scheduler.check_fits(Request("check", prompt, params))
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
@@ -120,10 +125,7 @@ class Engine:
             self._skip_draw(self._generators[request_id])
         self.scheduler.add_running(request)
         output = self._append(request, first_token)
-        if output.finished:
-            self.scheduler.running.remove(request)
-            self.free_blocks(request.blocks)
-            request.blocks = []
+        self.scheduler.reap()  # done already (a stop token or max_tokens=1): blocks go back now
         return output
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -207,12 +209,7 @@ class Engine:
 
     def _fail(self, batch: ScheduledBatch, error: str) -> list[RequestOutput]:
         outputs = [self._finish(request, FinishReason.ABORT, error=error) for request in batch.requests]
-        for request in batch.decodes:
-            self.scheduler.running.remove(request)
-        for request in batch.requests:
-            if request.blocks:
-                self.allocator.free(request.blocks)
-                request.blocks = []
+        self.scheduler.after_step(batch)
         return outputs
 
 

@@ -97,12 +97,15 @@ class Scheduler:
         for request in batch.prefills:
             if request.status is RequestStatus.RUNNING:
                 self.running.append(request)
+            else:  # finished in its prefill step
+                self._release(request)
+        self.reap()
+
+    def reap(self) -> None:
+        """Drop finished requests from the running set and release their blocks."""
         for request in [r for r in self.running if r.status is RequestStatus.FINISHED]:
             self.running.remove(request)
             self._release(request)
-        for request in batch.prefills:
-            if request.status is RequestStatus.FINISHED and request.blocks:
-                self._release(request)
 
     def abort(self, request_id: str) -> Request | None:
         """Finish a request wherever it is; its blocks are freed now. Returns it, or None if unknown."""

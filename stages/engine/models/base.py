@@ -40,11 +40,6 @@ class ModelAdapter(ABC):
     @abstractmethod
     def image_token_id(self) -> int: ...
 
-    @property
-    def image_token(self) -> str:
-        """The placeholder string the chat template writes once per image."""
-        raise NotImplementedError
-
     # --- rules -----------------------------------------------------------------------------
     @abstractmethod
     def num_image_tokens(self, image: ImageInput) -> int:

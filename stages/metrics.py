@@ -10,12 +10,14 @@ are refreshed from ``AsyncEngine.stats()`` when /metrics is scraped.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
     from stages.engine.async_engine import EngineStats
+    from transfer.base import TransferStats
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -43,6 +45,14 @@ class Metrics:
         self.kv_blocks_total = Gauge("epd_kv_blocks_total", "KV cache blocks in the pool.", registry=r)
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)
+
+    def watch_transfer(self, backend: str, stats: Callable[[], TransferStats]) -> None:
+        """Export a transfer backend's counters (read at scrape time) as epd_kv_transfer_* gauges."""
+        labels = {"backend": backend}
+        for field, help_text in (("bytes", "Bytes of KV written to peers."), ("seconds", "Seconds spent writing KV."),
+                                 ("writes", "KV writes to peers."), ("failures", "Failed KV writes.")):
+            gauge = Gauge(f"epd_kv_transfer_{field}", help_text, ["backend"], registry=self.registry)
+            gauge.labels(**labels).set_function(lambda field=field: getattr(stats(), field))
 
     def observe_step(self, batch_size: int) -> None:
         """Called on the engine thread after each step; must never raise."""

@@ -101,6 +101,9 @@ async def test_pd_equals_colocated(pair, colocated, case):
     assert c.json()["choices"][0]["message"]["content"].startswith(p.json()["choices"][0]["message"]["content"])
     info = httpx.get(f"{pair.prefill.url}/server_info").json()
     assert info["role"] == "prefill" and info["transfer"]["bytes"] > 0 and info["bootstrap"]["port"] == pair.bootstrap_port
+    metrics = httpx.get(f"{pair.prefill.url}/metrics").text
+    transfer = info["transfer_backend"]
+    assert f'epd_kv_transfer_bytes{{backend="{transfer}"}} {float(info["transfer"]["bytes"])}' in metrics
     wait_blocks_free(pair.prefill, pair.decode)
 
 

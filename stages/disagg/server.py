@@ -117,6 +117,7 @@ def build(config: StageServerConfig) -> FastAPI:
 
     metrics = Metrics()
     runtime = start_runtime(config.engine, config.transfer, config.transfer_config, on_step=metrics.observe_step)
+    metrics.watch_transfer(config.transfer, lambda: runtime.backend.stats)
     state: dict = {}
 
     async def generate(*args):

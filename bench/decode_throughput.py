@@ -142,11 +142,15 @@ def machine_info() -> dict:
     }
 
 
-def start_server(model: Path, port: int, threads: int, cores: set[int], log_path: Path, extra: list[str]):
+def start_server(model: Path, port: int, threads: int, cores: set[int], log_path: Path, extra: list[str],
+                 extra_env: list[str] = ()):
     cmd = [sys.executable, "-m", "stages.cli", "serve", "colocated", "--model", str(model), "--port", str(port),
            "--threads", str(threads), "--log-level", "warning", *extra]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    for item in extra_env:  # KEY=VALUE; PYTHONPATH is prepended (e.g. a scratch copy of the engine to A/B)
+        key, _, value = item.partition("=")
+        env[key] = os.pathsep.join([value, env[key]]) if key == "PYTHONPATH" else value
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
@@ -182,7 +186,7 @@ def scrape_metrics(base: str) -> dict[str, float]:
 
 
 # --- HF baseline -----------------------------------------------------------------------------
-def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int) -> dict:
+def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int, repeat: int = 1) -> dict:
     import torch
     from transformers import AutoImageProcessor, AutoTokenizer
 
@@ -222,28 +226,35 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int)
         return out.shape[1] - inputs["input_ids"].shape[1], elapsed, inputs["input_ids"].shape[1]
 
     run(0)  # warm-up
-    tokens = seconds = 0.0
-    cpu0 = time.process_time()
-    per_request = []
-    for index in range(n_requests):
-        generated, elapsed, prompt_len = run(index)
-        tokens += generated
-        seconds += elapsed
-        per_request.append({"prompt_tokens": prompt_len, "completion_tokens": generated, "seconds": round(elapsed, 4)})
-    cpu = time.process_time() - cpu0
+    runs = []
+    for _ in range(repeat):
+        tokens = seconds = 0.0
+        cpu0 = time.process_time()
+        per_request = []
+        for index in range(n_requests):
+            generated, elapsed, prompt_len = run(index)
+            tokens += generated
+            seconds += elapsed
+            per_request.append({"prompt_tokens": prompt_len, "completion_tokens": generated,
+                                "seconds": round(elapsed, 4)})
+        cpu = time.process_time() - cpu0
+        runs.append({
+            "requests": n_requests,
+            "completion_tokens": int(tokens),
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2),
+            "ms_per_token": round(1000 * seconds / tokens, 2),
+            "cpu_s": round(cpu, 2),
+            "cpu_share": round(cpu / seconds, 2),  # < 1: this process waited for its core (other load)
+            "tokens_per_cpu_s": round(tokens / cpu, 1),
+            "loadavg_1m": loadavg(),
+            "per_request": per_request,
+        })
     del model, adapter
-    return {
-        "cpu_s": round(cpu, 2),
-        "cpu_share": round(cpu / seconds, 2),  # < 1: this process waited for its core (other load)
-        "tokens_per_cpu_s": round(tokens / cpu, 1),
-        "requests": n_requests,
-        "completion_tokens": int(tokens),
-        "seconds": round(seconds, 3),
-        "tokens_per_s": round(tokens / seconds, 2),
-        "ms_per_token": round(1000 * seconds / tokens, 2),
-        "load_s": round(load_s, 2),
-        "per_request": per_request,
-    }
+    best = dict(max(runs, key=lambda r: r["tokens_per_s"]))
+    best["tokens_per_cpu_s"] = max(r["tokens_per_cpu_s"] for r in runs)
+    best.update(load_s=round(load_s, 2), runs=[{k: v for k, v in r.items() if k != "per_request"} for r in runs])
+    return best
 
 
 # --- our server ------------------------------------------------------------------------------
@@ -314,6 +325,27 @@ def py_spy_summary(raw_path: Path, top: int = 25) -> dict:
     return {"samples": total, "threads_pct": pct(threads), "self_pct": pct(own), "inclusive_pct": pct(inclusive)}
 
 
+def measure_level(base: str, model_name: str, pid: int, concurrency: int, n: int, args) -> dict:
+    """One timed run at ``concurrency``, with the server's steps (from /metrics) and CPU time (from /proc)."""
+    before = scrape_metrics(base)
+    cpu_before, load_before = cpu_seconds(pid), loadavg()
+    run = asyncio.run(run_level(base, model_name, concurrency, n, args.max_tokens, args.request_timeout))
+    server_cpu = cpu_seconds(pid) - cpu_before
+    after = scrape_metrics(base)
+    steps = after.get("epd_batch_size_count", 0) - before.get("epd_batch_size_count", 0)
+    batched = after.get("epd_batch_size_sum", 0) - before.get("epd_batch_size_sum", 0)
+    run.update(
+        server_cpu_s=round(server_cpu, 2),
+        server_cpu_share=round(server_cpu / run["wall_s"], 2),  # < 1: idle gaps or other load on its core
+        tokens_per_server_cpu_s=round(run["completion_tokens"] / server_cpu, 1) if server_cpu else None,
+        loadavg_1m=[load_before, loadavg()],
+        engine_steps=int(steps),
+        mean_batch=round(batched / steps, 2) if steps else None,
+        ms_per_step=round(1000 * run["wall_s"] / steps, 2) if steps else None,
+    )
+    return run
+
+
 # --- report ----------------------------------------------------------------------------------
 def print_table(hf: dict, levels: list[dict]) -> None:
     """Wall-clock tokens/s (the measure) plus the CPU share each side got and tokens per CPU-second
@@ -377,8 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-cores", default="1", help="CPU cores the server process is pinned to ('' : no pinning)")
     p.add_argument("--client-cores", default="0", help="CPU cores of this process: client and HF ('' : no pinning)")
     p.add_argument("--server-arg", action="append", default=[], help="extra flag for `stage serve colocated` (repeat)")
+    p.add_argument("--server-env", action="append", default=[],
+                   help="KEY=VALUE for the server's environment (repeat); PYTHONPATH=DIR is prepended")
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="timed runs per level and for HF; the best (highest tokens/s) of each is reported, all are kept")
     p.add_argument("--py-spy", action="store_true", help="record the server with py-spy during the largest level")
     p.add_argument("--quick", action="store_true", help="smoke run: 16 tokens, fewer requests")
     p.add_argument("--out", default=str(RESULTS / "decode_throughput.json"), help="JSON path (PNG written next to it)")
@@ -391,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens = min(args.max_tokens, 16)
         args.max_requests = min(args.max_requests, 32)
         args.hf_requests = min(args.hf_requests, 2)
+        args.repeat = 1
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     server_cores, client_cores = parse_cores(args.server_cores), parse_cores(args.client_cores)
     if client_cores:
@@ -407,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = out.with_name(out.stem + "_server.log")
-    proc, cmd = start_server(model, port, args.threads, server_cores, log_path, args.server_arg)
+    proc, cmd = start_server(model, port, args.threads, server_cores, log_path, args.server_arg, args.server_env)
     print(f"server pid {proc.pid} on cores {sorted(server_cores) or 'any'}; client/HF pid {os.getpid()} on cores "
           f"{sorted(client_cores) or 'any'}; log {log_path}", flush=True)
     results: list[dict] = []
@@ -422,54 +459,48 @@ def main(argv: list[str] | None = None) -> int:
         model_name = model.resolve().name
         print(f"server healthy after {time.time() - started:.1f} s; HF baseline ({args.hf_requests} requests, "
               f"server idle) ...", flush=True)
-        hf = hf_baseline(model, args.hf_requests, args.max_tokens, args.threads)
+        hf = hf_baseline(model, args.hf_requests, args.max_tokens, args.threads, args.repeat)
         print(f"HF: {hf['tokens_per_s']:.1f} tok/s ({hf['ms_per_token']:.1f} ms/token incl. prefill), "
               f"CPU share {hf['cpu_share']}, load {loadavg()}", flush=True)
 
         asyncio.run(run_level(base, model_name, 2, 2, args.max_tokens, args.request_timeout))  # warm-up
         for concurrency in levels:
             n = requests_for(concurrency, args.max_requests)
-            before = scrape_metrics(base)
-            cpu_before, load_before = cpu_seconds(proc.pid), loadavg()
-            spy = None
-            if args.py_spy and concurrency == max(levels) and py_spy:
-                raw = out.with_name(out.stem + f"_pyspy_c{concurrency}.txt")
-                spy = (subprocess.Popen([py_spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
-                                         "--threads", "--output", str(raw), "--nonblocking"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), raw)
-                time.sleep(1.0)  # let py-spy attach
-            level = asyncio.run(run_level(base, model_name, concurrency, n, args.max_tokens, args.request_timeout))
-            if spy is not None:
-                spy[0].send_signal(signal.SIGINT)
-                try:
-                    spy[0].wait(30)
-                except subprocess.TimeoutExpired:
-                    spy[0].kill()
-                if spy[1].exists():
-                    profile = {"concurrency": concurrency, "raw": str(spy[1]), **py_spy_summary(spy[1])}
-            after = scrape_metrics(base)
-            server_cpu = cpu_seconds(proc.pid) - cpu_before
-            level["server_cpu_s"] = round(server_cpu, 2)
-            level["server_cpu_share"] = round(server_cpu / level["wall_s"], 2)
-            level["tokens_per_server_cpu_s"] = round(level["completion_tokens"] / server_cpu, 1) if server_cpu else None
-            level["loadavg_1m"] = [load_before, loadavg()]
-            steps = after.get("epd_batch_size_count", 0) - before.get("epd_batch_size_count", 0)
-            batched = after.get("epd_batch_size_sum", 0) - before.get("epd_batch_size_sum", 0)
-            level["engine_steps"] = int(steps)
-            level["mean_batch"] = round(batched / steps, 2) if steps else None
-            level["ms_per_step"] = round(1000 * level["wall_s"] / steps, 2) if steps else None
+            runs = []
+            for attempt in range(args.repeat):
+                spy = None
+                if args.py_spy and concurrency == max(levels) and attempt == 0 and py_spy:
+                    raw = out.with_name(out.stem + f"_pyspy_c{concurrency}.txt")
+                    spy = (subprocess.Popen([py_spy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate",
+                                             "100", "--threads", "--output", str(raw), "--nonblocking"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), raw)
+                    time.sleep(1.0)  # let py-spy attach
+                run = measure_level(base, model_name, proc.pid, concurrency, n, args)
+                run["py_spy"] = spy is not None
+                if spy is not None:
+                    spy[0].send_signal(signal.SIGINT)
+                    try:
+                        spy[0].wait(30)
+                    except subprocess.TimeoutExpired:
+                        spy[0].kill()
+                    if spy[1].exists():
+                        profile = {"concurrency": concurrency, "raw": str(spy[1]), **py_spy_summary(spy[1])}
+                runs.append(run)
+                print(f"C={concurrency:>3} run {attempt + 1}/{args.repeat}: {n} requests, {run['tokens_per_s']:.1f} tok/s, "
+                      f"{run['engine_steps']} steps, mean batch {run['mean_batch']}, {run['ms_per_step']} ms/step, "
+                      f"server CPU share {run['server_cpu_share']}, load {run['loadavg_1m']}", flush=True)
+            level = dict(max(runs, key=lambda r: r["tokens_per_s"]))
+            level["tokens_per_server_cpu_s"] = max((r["tokens_per_server_cpu_s"] or 0) for r in runs) or None
             level["ratio_vs_hf"] = round(level["tokens_per_s"] / hf["tokens_per_s"], 2)
             if level["tokens_per_server_cpu_s"]:
                 level["cpu_normalized_ratio_vs_hf"] = round(level["tokens_per_server_cpu_s"] / hf["tokens_per_cpu_s"], 2)
+            level["runs"] = runs
             results.append(level)
-            print(f"C={concurrency:>3}: {n} requests, {level['tokens_per_s']:.1f} tok/s ({level['ratio_vs_hf']:.2f}x HF), "
-                  f"{level['engine_steps']} steps, mean batch {level['mean_batch']}, {level['ms_per_step']} ms/step, "
-                  f"server CPU share {level['server_cpu_share']}, load {level['loadavg_1m']}",
-                  flush=True)
+            print(f"C={concurrency:>3}: best {level['tokens_per_s']:.1f} tok/s ({level['ratio_vs_hf']:.2f}x HF)", flush=True)
     finally:
         stop_process(proc)
 
-    top = max(results, key=lambda r: r["concurrency"])
+    at_goal = [r for r in results if r["concurrency"] == 32]
     report = {
         "benchmark": "decode_throughput",
         "machine": info,
@@ -481,14 +512,17 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "family": args.family, "size": args.size, "model_dir": str(model), "max_tokens": args.max_tokens,
             "image": "64x64 PNG data: URL", "temperature": 0, "ignore_eos": True, "stream": False,
-            "levels": levels, "max_requests": args.max_requests, "hf_requests": args.hf_requests,
+            "levels": levels, "server_env": args.server_env, "max_requests": args.max_requests, "hf_requests": args.hf_requests,
+            "repeat": args.repeat, "reported": "best of `repeat` runs per side (highest tokens/s); all runs kept",
             "quick": args.quick, "server_cmd": cmd,
         },
         "hf": hf,
         "ours": results,
         "ratios_vs_hf": {str(r["concurrency"]): r["ratio_vs_hf"] for r in results},
         "goal": {"ratio": TARGET_RATIO, "at_streams": 32,
-                 "met": bool(top["concurrency"] >= 32 and top["ratio_vs_hf"] >= TARGET_RATIO)},
+                 "met": bool(at_goal[0]["ratio_vs_hf"] >= TARGET_RATIO) if at_goal else None,
+                 "met_cpu_normalized": bool((at_goal[0].get("cpu_normalized_ratio_vs_hf") or 0) >= TARGET_RATIO)
+                 if at_goal else None},
         "py_spy": profile,
         "total_s": round(time.time() - started, 1),
     }
@@ -497,7 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     plot(hf, results, png, f"{args.family}-{args.size}, {args.max_tokens} tokens/request, "
                            f"{args.threads} torch thread(s), server on core {args.server_cores or 'any'}")
     print_table(hf, results)
-    print(f"goal {TARGET_RATIO:.0f}x HF at 32 streams: {'met' if report['goal']['met'] else 'NOT met'}")
+    goal = report["goal"]
+    if goal["met"] is None:
+        print(f"goal {TARGET_RATIO:.0f}x HF at 32 streams: not measured (32 not in --concurrency)")
+    else:
+        print(f"goal {TARGET_RATIO:.0f}x HF at 32 streams: {'met' if goal['met'] else 'NOT met'} (wall clock), "
+              f"{'met' if goal['met_cpu_normalized'] else 'NOT met'} (per CPU-second)")
     print(f"wrote {out} and {png} ({report['total_s']} s)")
     return 0
 

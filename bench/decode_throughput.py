@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeat = 1
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     server_cores, client_cores = parse_cores(args.server_cores), parse_cores(args.client_cores)
+    cpus_available = sorted(os.sched_getaffinity(0))  # before this process pins itself
     if client_cores:
         os.sched_setaffinity(0, client_cores)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -455,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # this process's own imports (torch, transformers) overlap with the server's model load on another core
         info = machine_info()
+        info["cpus_available"] = cpus_available
         wait_healthy(base, proc, args.startup_timeout)
         model_name = model.resolve().name
         print(f"server healthy after {time.time() - started:.1f} s; HF baseline ({args.hf_requests} requests, "

@@ -16,7 +16,8 @@ TTFT = time from sending the request to the first SSE chunk whose delta carries 
 (the server's first chunk, role only, does not count). For PD the client sends the same body with
 ``bootstrap_host/port`` and a random 63-bit ``bootstrap_room`` to the prefill and the decode at the
 same moment (as a PD router does) and times the decode's stream, which is the reply. Per workload:
-one untimed warm-up, then ``--requests`` (6) requests, one at a time, workloads interleaved; median,
+one untimed warm-up, then ``--requests`` (6) requests, one at a time with ``--gap-s`` (0.25 s) idle
+before each, workloads interleaved; median,
 p90 and min; ratio PD / colocated of the medians. Each PD request also records the prefill's KV
 write time and bytes (the delta of ``/server_info`` ``transfer`` between requests), and each PD
 reply is compared with the colocated reply of the same workload (greedy: identical text expected).
@@ -227,15 +228,16 @@ async def _one_request(client, servers: dict[str, Server], body: dict, bootstrap
 
 
 async def measure(servers: dict[str, Server], bodies: dict[str, dict], requests: int, bootstrap_port: int | None,
-                  timeout_s: float) -> dict[str, list[dict]]:
+                  timeout_s: float, gap_s: float) -> dict[str, list[dict]]:
     import httpx
 
     samples: dict[str, list[dict]] = {w: [] for w in bodies}
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         for workload, body in bodies.items():  # warm-up: one of each, untimed
             samples[workload].append({**await one_request(client, servers, body, bootstrap_port), "warmup": True})
-        for _ in range(requests):  # interleaved, one request at a time
+        for _ in range(requests):  # interleaved, one request at a time, an idle gap between them
             for workload, body in bodies.items():
+                await asyncio.sleep(gap_s)
                 samples[workload].append(await one_request(client, servers, body, bootstrap_port))
     return samples
 
@@ -339,7 +341,7 @@ def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]
         cpu0 = {r: s.cpu() for r, s in servers.items()}
         client_cpu0, stat0, load0, t0 = time.process_time(), proc_stat(), loadavg(), time.perf_counter()
         procs0 = process_cpu()
-        samples = asyncio.run(measure(servers, bodies, args.requests, bootstrap_port, args.request_timeout))
+        samples = asyncio.run(measure(servers, bodies, args.requests, bootstrap_port, args.request_timeout, args.gap_s))
         wall = time.perf_counter() - t0
         busy = core_busy(stat0, proc_stat())
         server_cpu = {r: round(s.cpu() - cpu0[r], 2) for r, s in servers.items()}
@@ -408,35 +410,31 @@ def print_table(phases: list[dict], workloads: list[str]) -> None:
 
 
 def plot(phases: list[dict], workloads: list[str], path: Path, title: str) -> None:
+    """One panel per workload (own y scale): TTFT median per system, bar to p90, KV write hatched, PD/colocated."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = next((p for p in phases if p["phase"] == "colocated"), None)
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    width = 0.8 / len(phases)
     colors = {"colocated": "grey", "pd-mooncake": "tab:blue", "pd-nixl": "tab:orange"}
-    for j, phase in enumerate(phases):
-        xs = [i + (j - (len(phases) - 1) / 2) * width for i in range(len(workloads))]
-        med = [phase["workloads"][w]["ttft_ms_median"] for w in workloads]
-        p90 = [phase["workloads"][w]["ttft_ms_p90"] - m for w, m in zip(workloads, med)]
-        ax.bar(xs, med, width, yerr=[[0] * len(med), p90], capsize=3, color=colors.get(phase["phase"]),
-               label=phase["phase"])
-        if "kv_write_ms_median" in phase["workloads"][workloads[0]]:
-            kv = [phase["workloads"][w]["kv_write_ms_median"] for w in workloads]
-            ax.bar(xs, kv, width, color="black", alpha=0.35, hatch="//",
-                   label="KV write (in PD bars)" if j == len(phases) - 1 else None)
-        for x, w, m in zip(xs, workloads, med):
+    fig, axes = plt.subplots(1, len(workloads), figsize=(3.6 * len(workloads), 4.2), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for i, phase in enumerate(phases):
+            s = phase["workloads"][w]
+            ax.bar(i, s["ttft_ms_median"], 0.7, yerr=[[0], [s["ttft_ms_p90"] - s["ttft_ms_median"]]], capsize=3,
+                   color=colors.get(phase["phase"]))
+            if "kv_write_ms_median" in s:
+                ax.bar(i, s["kv_write_ms_median"], 0.7, color="black", alpha=0.4, hatch="//")
+            label = f"{s['ttft_ms_median']:.0f} ms"
             if base and phase is not base:
-                ax.annotate(f"{m / base['workloads'][w]['ttft_ms_median']:.2f}x", (x, m), textcoords="offset points",
-                            xytext=(0, 3), ha="center", fontsize=7)
-    ax.set_xticks(range(len(workloads)),
-                  [f"{w}\n({phases[0]['workloads'][w]['prompt_tokens']} tok)" for w in workloads])
-    ax.set_ylabel("TTFT ms (median, bar to p90)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+                label += f"\n{s['ttft_ms_median'] / base['workloads'][w]['ttft_ms_median']:.2f}x"
+            ax.text(i, s["ttft_ms_median"] / 2, label, ha="center", va="center", fontsize=8, color="white")
+        ax.set_xticks(range(len(phases)), [p["phase"] for p in phases], fontsize=8)
+        ax.set_title(f"{w} ({phases[0]['workloads'][w]['prompt_tokens']} prompt tokens)", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("TTFT ms (median, bar to p90; hatched: KV write)")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -457,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=6, help="timed requests per workload, phase and round")
     p.add_argument("--rounds", type=int, default=2, help="run the sequence of phases this many times (samples pooled)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
+    p.add_argument("--gap-s", type=float, default=0.25, help="idle time before each request (low load: the servers "
+                   "have finished the previous one)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of every server")
     p.add_argument("--colocated-cores", default="1", help="cores of the colocated server ('' : no pinning)")
     p.add_argument("--prefill-cores", default="0", help="cores of the prefill server")
@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "phases ran one after another, never at once; each server's pid is under phases[].runs[].servers",
         },
         "config": {"family": args.family, "size": args.size, "model_dir": str(model), "workloads": workloads,
-                   "text_2k_prompt_tokens": long_tokens, "requests": args.requests, "rounds": args.rounds, "max_tokens": args.max_tokens,
+                   "text_2k_prompt_tokens": long_tokens, "requests": args.requests, "rounds": args.rounds, "gap_s": args.gap_s, "max_tokens": args.max_tokens,
                    "stream": True, "temperature": 0, "ignore_eos": True, "backends": backends, "quick": args.quick,
                    "server_args": args.server_arg,
                    "ttft": "send -> first SSE chunk with non-empty delta content (the decode's stream for PD)"},

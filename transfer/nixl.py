@@ -29,7 +29,6 @@ import uuid
 
 import msgspec
 import nixl._bindings as nb  # nixl/__init__ picks the wheel flavour (nixl_cu12/cu13) and aliases it
-import numpy as np
 
 from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
@@ -98,10 +97,9 @@ class NixlBackend(TransferBackend):
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
         agent = self._live()
         assert self.region is not None
-        table = np.array([(op.local_offset, op.remote_offset, op.length) for op in ops], dtype=np.uint64)
-        zeros = np.zeros(len(ops), dtype=np.uint64)
-        local = np.stack([table[:, 0] + np.uint64(self.region[0]), table[:, 2], zeros], axis=1)
-        remote = np.stack([table[:, 1] + np.uint64(peer.base), table[:, 2], zeros], axis=1)
+        # (address, length, device id) tuples: cheaper to build than numpy arrays for the few ops a write has
+        local = [(self.region[0] + op.local_offset, op.length, 0) for op in ops]
+        remote = [(peer.base + op.remote_offset, op.length, 0) for op in ops]
         try:
             handle = agent.createXferReq(nb.NIXL_WRITE, nb.nixlXferDList(nb.DRAM_SEG, local),
                                          nb.nixlXferDList(nb.DRAM_SEG, remote), peer.key, "", [self._ucx])

@@ -198,3 +198,51 @@ async def test_decode_dies_before_the_write(start_server, model, pair):
     assert time.monotonic() - started < 15
     wait_blocks_free(pair.prefill)
     assert httpx.get(f"{pair.prefill.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("first", ["prefill", "decode"])
+async def test_either_half_may_come_first(pair, colocated, first):
+    body = pair.room(chat("who goes first", max_tokens=6))
+    urls = {"prefill": f"{pair.prefill.url}/v1/chat/completions", "decode": f"{pair.decode.url}/v1/chat/completions"}
+    second = "decode" if first == "prefill" else "prefill"
+    async with httpx.AsyncClient(timeout=60) as client:
+        early = asyncio.ensure_future(client.post(urls[first], json=body))
+        await asyncio.sleep(1.0)
+        late = await client.post(urls[second], json=body)
+        early = await early
+        reference = await client.post(f"{colocated.url}/v1/chat/completions", json=chat("who goes first", max_tokens=6))
+    answers = {first: early, second: late}
+    assert answers["prefill"].status_code == answers["decode"].status_code == 200
+    assert answers["decode"].json()["choices"][0]["message"]["content"] == \
+        reference.json()["choices"][0]["message"]["content"]
+    wait_blocks_free(pair.prefill, pair.decode)
+
+
+async def test_client_leaves_decode_while_it_waits_for_kv(pair):
+    body = pair.room(chat("never mind"))
+    async with httpx.AsyncClient(timeout=60) as client:
+        waiting = asyncio.ensure_future(client.post(f"{pair.decode.url}/v1/chat/completions", json=body))
+        await asyncio.sleep(1.0)  # the decode has reserved blocks and sent its KV request
+        assert blocks_used(pair.decode) > 0
+        waiting.cancel()  # the client hangs up
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        wait_blocks_free(pair.decode)  # the abort reached the prefill, which confirmed it
+        late = await client.post(f"{pair.prefill.url}/v1/chat/completions", json=body)
+    assert late.status_code == 409 and "aborted" in late.json()["error"]["message"]
+    wait_blocks_free(pair.prefill)
+
+
+async def test_prefill_dies_before_its_forward_pass(start_server, model, pair):
+    transfer = httpx.get(f"{pair.decode.url}/server_info").json()["transfer_backend"]
+    doomed, port = start_prefill(start_server, model, transfer)
+    body = pair.room(chat("too late"), port=port)
+    async with httpx.AsyncClient(timeout=60) as client:
+        waiting = asyncio.ensure_future(client.post(f"{pair.decode.url}/v1/chat/completions", json=body))
+        await asyncio.sleep(1.0)  # the KV request is at the prefill; its own request never comes
+        doomed.proc.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        response = await waiting
+    assert response.status_code == 502 and "lost connection to prefill" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 5
+    wait_blocks_free(pair.decode)

@@ -31,11 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import io
-import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -49,9 +45,25 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from stages.cli import ensure_model, free_port, stop_process, wait_healthy  # noqa: E402  (no torch import)
+from bench.common import (  # noqa: E402  (no torch import)
+    Server,
+    add_model_args,
+    add_output_args,
+    cpu_seconds,
+    image_url,
+    loadavg,
+    machine_info,
+    make_image,
+    make_parser,
+    output_path,
+    parse_cores,
+    pin_this_process,
+    pyplot,
+    resolve_model,
+    save_figure,
+    write_json,
+)
 
-RESULTS = REPO / "bench" / "results"
 QUESTIONS = (
     "What is in this picture?",
     "Describe the image in one sentence.",
@@ -66,24 +78,6 @@ TARGET_RATIO = 8.0  # the issue's goal at 32 streams
 
 
 # --- workload --------------------------------------------------------------------------------
-def make_image(index: int, size: int = 64):
-    """A small PNG: a gradient with a coloured square whose place and colour depend on ``index``."""
-    from PIL import Image, ImageDraw
-
-    image = Image.linear_gradient("L").resize((size, size)).convert("RGB")
-    draw = ImageDraw.Draw(image)
-    x = (index * 13) % (size // 2)
-    y = (index * 7) % (size // 2)
-    draw.rectangle((x, y, x + size // 3, y + size // 3), fill=((60 * index) % 256, 120, (255 - 40 * index) % 256))
-    return image
-
-
-def image_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 def workload(index: int):
     """(PIL image, question) of request ``index``; the same list drives the server and the HF baseline."""
     return make_image(index % 16), QUESTIONS[index % len(QUESTIONS)]
@@ -93,83 +87,7 @@ def requests_for(concurrency: int, max_requests: int) -> int:
     return max(8, min(2 * concurrency, max_requests), concurrency)
 
 
-# --- machine and processes -------------------------------------------------------------------
-def parse_cores(text: str) -> set[int]:
-    cores: set[int] = set()
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            cores.update(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            cores.add(int(part))
-    return cores
-
-
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    import torch
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpus_available": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "mem_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "git_commit": commit,
-    }
-
-
-def start_server(model: Path, port: int, threads: int, cores: set[int], log_path: Path, extra: list[str],
-                 extra_env: list[str] = ()):
-    cmd = [sys.executable, "-m", "stages.cli", "serve", "colocated", "--model", str(model), "--port", str(port),
-           "--threads", str(threads), "--log-level", "warning", *extra]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    for item in extra_env:  # KEY=VALUE; PYTHONPATH is prepended (e.g. a scratch copy of the engine to A/B)
-        key, _, value = item.partition("=")
-        env[key] = os.pathsep.join([value, env[key]]) if key == "PYTHONPATH" else value
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-    return proc, cmd
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def loadavg() -> float | None:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return None
-
-
+# --- server metrics --------------------------------------------------------------------------
 def scrape_metrics(base: str) -> dict[str, float]:
     """The server's Prometheus counters we use: steps and requests per step (batch-size histogram)."""
     import urllib.request
@@ -250,7 +168,7 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int,
             "loadavg_1m": loadavg(),
             "per_request": per_request,
         })
-    del model, adapter
+    model = adapter = None  # free the weights (cleared rather than del: the closures above use the names)
     best = dict(max(runs, key=lambda r: r["tokens_per_s"]))
     best["tokens_per_cpu_s"] = max(r["tokens_per_cpu_s"] for r in runs)
     best.update(load_s=round(load_s, 2), runs=[{k: v for k, v in r.items() if k != "per_request"} for r in runs])
@@ -366,11 +284,7 @@ def print_table(hf: dict, levels: list[dict]) -> None:
 
 
 def plot(hf: dict, levels: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [level["concurrency"] for level in levels]
     ys = [level["tokens_per_s"] for level in levels]
@@ -388,19 +302,13 @@ def plot(hf: dict, levels: list[dict], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --- main ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--family", default="qwen2_vl", help="model family (stages.modelgen.FAMILIES)")
-    p.add_argument("--size", default="small", help="model size preset")
-    p.add_argument("--model-dir", default=None, help="reuse this checkpoint; default: generated into the cache dir")
-    p.add_argument("--cache-dir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                                                       "epd-stage"), help="where generated checkpoints are kept")
+    p = make_parser(__doc__)
+    add_model_args(p)
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
     p.add_argument("--max-requests", type=int, default=64, help="upper bound on requests per concurrency level")
@@ -416,8 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=2,
                    help="timed runs per level and for HF; the best (highest tokens/s) of each is reported, all are kept")
     p.add_argument("--py-spy", action="store_true", help="record the server with py-spy during the largest level")
-    p.add_argument("--quick", action="store_true", help="smoke run: 16 tokens, fewer requests")
-    p.add_argument("--out", default=str(RESULTS / "decode_throughput.json"), help="JSON path (PNG written next to it)")
+    add_output_args(p, "decode_throughput", quick_help="smoke run: 16 tokens, fewer requests")
     return p
 
 
@@ -429,25 +336,19 @@ def main(argv: list[str] | None = None) -> int:
         args.hf_requests = min(args.hf_requests, 2)
         args.repeat = 1
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    server_cores, client_cores = parse_cores(args.server_cores), parse_cores(args.client_cores)
+    server_cores = parse_cores(args.server_cores)
     cpus_available = sorted(os.sched_getaffinity(0))  # before this process pins itself
-    if client_cores:
-        os.sched_setaffinity(0, client_cores)
+    client_cores = pin_this_process(args.client_cores)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(args)
 
-    if args.model_dir:
-        model = Path(args.model_dir)
-    else:
-        model = ensure_model(Path(args.cache_dir) / f"{args.family}-{args.size}", args.family, args.size)
+    model = resolve_model(args)
     started = time.time()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = out.with_name(out.stem + "_server.log")
-    proc, cmd = start_server(model, port, args.threads, server_cores, log_path, args.server_arg, args.server_env)
-    print(f"server pid {proc.pid} on cores {sorted(server_cores) or 'any'}; client/HF pid {os.getpid()} on cores "
-          f"{sorted(client_cores) or 'any'}; log {log_path}", flush=True)
+    server = Server("colocated", model, server_cores, args.threads, log_path, args.server_arg, args.server_env)
+    proc, base = server.proc, server.url
+    print(f"server pid {proc.pid} on cores {server_cores or 'any'}; client/HF pid {os.getpid()} on cores "
+          f"{client_cores or 'any'}; log {log_path}", flush=True)
     results: list[dict] = []
     profile = None
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
@@ -457,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         # this process's own imports (torch, transformers) overlap with the server's model load on another core
         info = machine_info()
         info["cpus_available"] = cpus_available
-        wait_healthy(base, proc, args.startup_timeout)
+        server.wait(args.startup_timeout)
         model_name = model.resolve().name
         print(f"server healthy after {time.time() - started:.1f} s; HF baseline ({args.hf_requests} requests, "
               f"server idle) ...", flush=True)
@@ -500,15 +401,15 @@ def main(argv: list[str] | None = None) -> int:
             results.append(level)
             print(f"C={concurrency:>3}: best {level['tokens_per_s']:.1f} tok/s ({level['ratio_vs_hf']:.2f}x HF)", flush=True)
     finally:
-        stop_process(proc)
+        server.stop()
 
     at_goal = [r for r in results if r["concurrency"] == 32]
     report = {
         "benchmark": "decode_throughput",
         "machine": info,
         "pinning": {
-            "server": {"pid": proc.pid, "cores": sorted(server_cores) or None, "torch_threads": args.threads},
-            "client_and_hf": {"pid": os.getpid(), "cores": sorted(client_cores) or None, "torch_threads": args.threads},
+            "server": {"pid": proc.pid, "cores": server_cores or None, "torch_threads": args.threads},
+            "client_and_hf": {"pid": os.getpid(), "cores": client_cores or None, "torch_threads": args.threads},
             "note": "HF generate ran in the client process while the server was idle",
         },
         "config": {
@@ -516,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             "image": "64x64 PNG data: URL", "temperature": 0, "ignore_eos": True, "stream": False,
             "levels": levels, "server_env": args.server_env, "max_requests": args.max_requests, "hf_requests": args.hf_requests,
             "repeat": args.repeat, "reported": "best of `repeat` runs per side (highest tokens/s); all runs kept",
-            "quick": args.quick, "server_cmd": cmd,
+            "quick": args.quick, "server_cmd": server.cmd,
         },
         "hf": hf,
         "ours": results,
@@ -528,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "py_spy": profile,
         "total_s": round(time.time() - started, 1),
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
     png = out.with_suffix(".png")
     plot(hf, results, png, f"{args.family}-{args.size}, {args.max_tokens} tokens/request, "
                            f"{args.threads} torch thread(s), server on core {args.server_cores or 'any'}")

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import multiprocessing as mp
 import os
 import random
@@ -69,11 +68,23 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from bench.decode_throughput import loadavg, machine_info, parse_cores
-from bench.ttft_pd import core_busy, proc_stat, process_cpu, top_processes
-from stages.cli import ensure_model
+from bench.common import (  # noqa: E402
+    CpuMeter,
+    add_model_args,
+    add_output_args,
+    loadavg,
+    machine_info,
+    make_parser,
+    output_path,
+    parse_cores,
+    percentile,
+    pin_this_process,
+    pyplot,
+    resolve_model,
+    save_figure,
+    write_json,
+)
 
-RESULTS = REPO / "bench" / "results"
 BACKENDS = ("mooncake", "nixl")
 GOAL_RATIO = 0.9  # ours / raw, bandwidth at the median
 POOL_HEADROOM = 2  # pools hold this many times the largest prompt's blocks (room to fragment)
@@ -259,11 +270,6 @@ class Paths:
 
 
 # --- measurement -----------------------------------------------------------------------------
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def reps_for(reps: int, nbytes: int) -> int:
     """More repetitions for the small cells (cheap, and the most disturbed by scheduling), fewer for 64 MiB."""
     if nbytes <= (4 << 20):
@@ -273,9 +279,9 @@ def reps_for(reps: int, nbytes: int) -> int:
 
 def summarize(times_s: list[float], nbytes: int) -> dict:
     median = statistics.median(times_s)
-    return {"n": len(times_s), "median_ms": round(1e3 * median, 4), "p90_ms": round(1e3 * pct(times_s, 0.9), 4),
+    return {"n": len(times_s), "median_ms": round(1e3 * median, 4), "p90_ms": round(1e3 * percentile(times_s, 0.9), 4),
             "min_ms": round(1e3 * min(times_s), 4), "gbps": round(nbytes / median / 1e9, 3),
-            "gbps_p90_time": round(nbytes / pct(times_s, 0.9) / 1e9, 3)}
+            "gbps_p90_time": round(nbytes / percentile(times_s, 0.9) / 1e9, 3)}
 
 
 def micro(fn, iters: int) -> float:
@@ -394,24 +400,6 @@ def fragmented_ids(n: int, pool_blocks: int, rng: random.Random, block_bytes: in
     raise RuntimeError("could not draw a fully fragmented block list")
 
 
-class CpuMeter:
-    """Wall, this process's CPU, the machine's and each core's busy fraction (/proc/stat) and the other
-    processes that used the CPU over an interval."""
-
-    def __init__(self, ours: set[int]) -> None:
-        self.ours = ours
-        self.t0, self.cpu0, self.stat0, self.load0 = time.perf_counter(), time.process_time(), proc_stat(), loadavg()
-        self.procs0 = process_cpu()
-
-    def done(self) -> dict:
-        busy = core_busy(self.stat0, proc_stat())
-        return {"wall_s": round(time.perf_counter() - self.t0, 2),
-                "initiator_cpu_s": round(time.process_time() - self.cpu0, 2),
-                "machine_busy_fraction": busy.pop("cpu", None), "core_busy_fraction": busy,
-                "loadavg_1m": [self.load0, loadavg()],
-                "other_processes": top_processes(self.procs0, process_cpu(), self.ours)}
-
-
 def run_backend(name: str, args, shape: dict, pool_blocks: int, src, dst, target_cores: list[int]) -> dict:
     from transfer.base import TransferConfig
     from transfer.registry import create_backend
@@ -428,7 +416,7 @@ def run_backend(name: str, args, shape: dict, pool_blocks: int, src, dst, target
         startup_s = time.perf_counter() - started
         print(f"[{name}] target pid {target.proc.pid} on cores {target_cores or 'any'}, up in {startup_s:.1f} s",
               flush=True)
-        meter = CpuMeter({os.getpid(), target.proc.pid})
+        meter = CpuMeter({os.getpid(), target.proc.pid}, cpu_key="initiator_cpu_s")
         target_cpu0 = target.ask("cpu")
         for tokens in args.tokens:
             n = -(-tokens // shape["block_size"])
@@ -521,11 +509,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
     colors = {"ours": "tab:blue", "raw": "tab:orange", "raw_sync": "tab:green", "raw_sleep_poll": "tab:green",
               "raw_in_thread": "tab:purple", "memcpy": "grey"}
@@ -551,19 +535,13 @@ def plot(results: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.17))
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight")
 
 
 # --- main ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--family", default="qwen2_vl", help="model family whose KV layout is used")
-    p.add_argument("--size", default="small", help="model size preset")
-    p.add_argument("--model-dir", default=None, help="reuse this checkpoint; default: generated into the cache dir")
-    p.add_argument("--cache-dir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                                                       "epd-stage"), help="where generated checkpoints are kept")
+    p = make_parser(__doc__)
+    add_model_args(p, family_help="model family whose KV layout is used")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated transfer backends")
     p.add_argument("--tokens", default="512,2048,8192", help="comma-separated prompt lengths")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -575,8 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-cores", default="1", help="cores of the target process; '' = no pinning")
     p.add_argument("--timeout", type=float, default=30.0, help="TransferConfig.timeout_s")
     p.add_argument("--seed", type=int, default=0, help="seed of the fragmented block lists and the path order")
-    p.add_argument("--quick", action="store_true", help="smoke run: 8 repetitions, 1 warm-up")
-    p.add_argument("--out", default=str(RESULTS / "kv_transfer.json"), help="JSON path (PNG written next to it)")
+    add_output_args(p, "kv_transfer", quick_help="smoke run: 8 repetitions, 1 warm-up")
     return p
 
 
@@ -586,15 +563,11 @@ def main(argv: list[str] | None = None) -> int:
         args.reps, args.warmup, args.micro_iters = min(args.reps, 8), 1, min(args.micro_iters, 50)
     args.tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     backends = [b for b in args.backends.split(",") if b.strip()]
-    initiator_cores, target_cores = sorted(parse_cores(args.initiator_cores)), sorted(parse_cores(args.target_cores))
-    if initiator_cores:
-        os.sched_setaffinity(0, initiator_cores)
+    initiator_cores, target_cores = pin_this_process(args.initiator_cores), parse_cores(args.target_cores)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(args)
     started = time.time()
-    model = Path(args.model_dir) if args.model_dir else ensure_model(
-        Path(args.cache_dir) / f"{args.family}-{args.size}", args.family, args.size)
+    model = resolve_model(args)
     shape = layout_shape(model, args.block_size)
 
     import torch
@@ -641,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                  "below": {k: v for k, v in goal.items() if v < GOAL_RATIO}},
         "total_s": round(time.time() - started, 1),
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
     png = out.with_suffix(".png")
     plot(results, png, f"KV move, {args.family}-{args.size} layout ({layout.block_bytes // 1024} KiB blocks), "
                        f"initiator core {args.initiator_cores or 'any'}, target core {args.target_cores or 'any'}")

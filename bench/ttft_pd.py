@@ -39,11 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,17 +50,27 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from bench.decode_throughput import (
-    cpu_seconds,
+from bench.common import (  # noqa: E402
+    CpuMeter,
+    Server,
+    add_model_args,
+    add_output_args,
     image_url,
     loadavg,
     machine_info,
     make_image,
+    make_parser,
+    output_path,
     parse_cores,
+    percentile,
+    pin_this_process,
+    pyplot,
+    resolve_model,
+    save_figure,
+    write_json,
 )
-from stages.cli import ensure_model, free_port, stop_process, wait_healthy
+from stages.cli import free_port  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 BACKENDS = ("mooncake", "nixl")
 WORKLOADS = ("text_short", "image_64", "text_2k")
 LONG_TOKENS = 2000  # target prompt length of text_2k
@@ -109,51 +117,6 @@ def chat_body(workload: str, long: str, max_tokens: int) -> dict:
         raise ValueError(f"unknown workload {workload!r}; choose from {WORKLOADS}")
     return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-
-
-# --- servers ---------------------------------------------------------------------------------
-class Server:
-    def __init__(self, role: str, model: Path, cores: list[int], threads: int, log_path: Path, flags: list[str]) -> None:
-        self.role, self.cores, self.port = role, cores, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "stages.cli", "serve", role, "--model", str(model), "--port", str(self.port),
-                    "--threads", str(threads), "--log-level", "warning", *flags]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        self.log_path = log_path
-        with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(self.cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        if cores:  # at once: the interpreter is still starting, its threads (torch, transfer) come later and inherit it
-            os.sched_setaffinity(self.proc.pid, cores)
-
-    def wait(self, timeout_s: float) -> None:
-        try:
-            wait_healthy(self.url, self.proc, timeout_s)
-        except (RuntimeError, TimeoutError) as exc:
-            tail = self.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{self.role} server: {exc}\n{tail}") from None
-
-    def cpu(self) -> float:
-        try:
-            return cpu_seconds(self.proc.pid)
-        except OSError:
-            return float("nan")
-
-    def threads(self, top: int = 8) -> list[list]:
-        """The process's busiest threads since it started: [name, CPU seconds], from /proc/PID/task."""
-        rows = []
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                stat = (task / "stat").read_text()
-                name = stat[stat.index("(") + 1:stat.rindex(")")]
-                fields = stat.rpartition(")")[2].split()
-                rows.append([name, round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)])
-            except (OSError, ValueError):
-                continue
-        return sorted(rows, key=lambda r: -r[1])[:top]
-
-    def stop(self) -> None:
-        stop_process(self.proc)
 
 
 # --- client ----------------------------------------------------------------------------------
@@ -242,16 +205,11 @@ async def measure(servers: dict[str, Server], bodies: dict[str, dict], requests:
     return samples
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def summarize(samples: list[dict]) -> dict:
     timed = [s for s in samples if not s.get("warmup")]
     ttft = [s["ttft_s"] for s in timed]
     out = {"n": len(timed), "ttft_ms_median": round(1e3 * statistics.median(ttft), 2),
-           "ttft_ms_p90": round(1e3 * pct(ttft, 0.9), 2), "ttft_ms_min": round(1e3 * min(ttft), 2),
+           "ttft_ms_p90": round(1e3 * percentile(ttft, 0.9), 2), "ttft_ms_min": round(1e3 * min(ttft), 2),
            "first_chunk_ms_median": round(1e3 * statistics.median(s["first_chunk_s"] for s in timed), 2),
            "total_ms_median": round(1e3 * statistics.median(s["total_s"] for s in timed), 2),
            "prompt_tokens": timed[0]["prompt_tokens"], "completion_tokens": timed[0]["completion_tokens"],
@@ -267,60 +225,6 @@ def summarize(samples: list[dict]) -> dict:
             if out["kv_write_ms_median"] else None
         out["prefill_reply_ms_median"] = round(1e3 * statistics.median(s["prefill_reply_s"] for s in timed), 2)
     return out
-
-
-def busy_fraction(stat0: list[int] | None, stat1: list[int] | None) -> float | None:
-    if not stat0 or not stat1:
-        return None
-    d = [b - a for a, b in zip(stat0, stat1)]
-    total = sum(d[:8])
-    return round(1 - (d[3] + d[4]) / total, 3) if total else None
-
-
-def proc_stat() -> dict[str, list[int]]:
-    """Jiffies of the machine ("cpu") and of each core ("cpu0", ...)."""
-    out = {}
-    try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("cpu"):
-                name, *values = line.split()
-                out[name] = [int(x) for x in values]
-    except (OSError, ValueError):
-        pass
-    return out
-
-
-def process_cpu() -> dict[int, tuple[str, float, int]]:
-    """pid -> (command, CPU seconds, last core) of every process on the machine."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat.rpartition(")")[2].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            name = cmdline[:160] or stat[stat.index("(") + 1:stat.rindex(")")]
-            out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick, int(fields[36]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def top_processes(before: dict, after: dict, exclude: set[int], top: int = 6) -> list[dict]:
-    """The processes (other than ``exclude``) that used the most CPU between two process_cpu() snapshots."""
-    rows = []
-    for pid, (name, cpu, core) in after.items():
-        used = cpu - before.get(pid, (name, 0.0, core))[1]
-        if pid not in exclude and used > 0.05:
-            rows.append({"pid": pid, "cpu_s": round(used, 2), "last_core": core, "cmd": name})
-    return sorted(rows, key=lambda r: -r["cpu_s"])[:top]
-
-
-def core_busy(stat0: dict, stat1: dict) -> dict[str, float | None]:
-    """Busy fraction of the machine and of each core between two proc_stat() snapshots."""
-    return {name: busy_fraction(stat0.get(name), stat1.get(name)) for name in stat1}
 
 
 def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]], args, model: Path,
@@ -339,25 +243,19 @@ def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]
         print(f"[{name}] " + ", ".join(f"{r} pid {s.proc.pid} on cores {s.cores or 'any'}" for r, s in servers.items())
               + f"; healthy after {startup_s:.1f} s; load {loadavg()}", flush=True)
         cpu0 = {r: s.cpu() for r, s in servers.items()}
-        client_cpu0, stat0, load0, t0 = time.process_time(), proc_stat(), loadavg(), time.perf_counter()
-        procs0 = process_cpu()
+        meter = CpuMeter({os.getpid(), *(s.proc.pid for s in servers.values())}, cpu_key="client_cpu_s")
         samples = asyncio.run(measure(servers, bodies, args.requests, bootstrap_port, args.request_timeout, args.gap_s))
-        wall = time.perf_counter() - t0
-        busy = core_busy(stat0, proc_stat())
+        usage = meter.done()
+        busy = usage["core_busy_fraction"]
         server_cpu = {r: round(s.cpu() - cpu0[r], 2) for r, s in servers.items()}
         # CPU seconds on each pinned core that were not our servers' (other work on the machine)
         foreign = {}
         for role, server in servers.items():
             if len(server.cores) == 1 and busy.get(f"cpu{server.cores[0]}") is not None:
                 core = f"cpu{server.cores[0]}"
-                foreign[core] = round(foreign.get(core, busy[core] * wall) - server_cpu[role], 2)
-        phase = {"wall_s": round(wall, 2), "loadavg_1m": [load0, loadavg()],
-                 "machine_busy_fraction": busy.pop("cpu", None), "core_busy_fraction": busy,
-                 "server_cpu_s": server_cpu, "other_cpu_s_on_server_cores": foreign,
-                 "client_cpu_s": round(time.process_time() - client_cpu0, 2),
-                 "server_threads_cpu_s": {r: s.threads() for r, s in servers.items()},
-                 "other_processes": top_processes(procs0, process_cpu(),
-                                                  {os.getpid(), *(s.proc.pid for s in servers.values())})}
+                foreign[core] = round(foreign.get(core, busy[core] * meter.wall_s) - server_cpu[role], 2)
+        phase = {**usage, "server_cpu_s": server_cpu, "other_cpu_s_on_server_cores": foreign,
+                 "server_threads_cpu_s": {r: s.threads() for r, s in servers.items()}}
     finally:
         for server in servers.values():
             server.stop()
@@ -411,11 +309,7 @@ def print_table(phases: list[dict], workloads: list[str]) -> None:
 
 def plot(phases: list[dict], workloads: list[str], path: Path, title: str) -> None:
     """One panel per workload (own y scale): TTFT median per system, bar to p90, KV write hatched, PD/colocated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     base = next((p for p in phases if p["phase"] == "colocated"), None)
     colors = {"colocated": "grey", "pd-mooncake": "tab:blue", "pd-nixl": "tab:orange"}
     fig, axes = plt.subplots(1, len(workloads), figsize=(3.6 * len(workloads), 4.2), squeeze=False)
@@ -435,19 +329,13 @@ def plot(phases: list[dict], workloads: list[str], path: Path, title: str) -> No
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("TTFT ms (median, bar to p90; hatched: KV write)")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --- main ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--family", default="qwen2_vl", help="model family (stages.modelgen.FAMILIES)")
-    p.add_argument("--size", default="small", help="model size preset")
-    p.add_argument("--model-dir", default=None, help="reuse this checkpoint; default: generated into the cache dir")
-    p.add_argument("--cache-dir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                                                       "epd-stage"), help="where generated checkpoints are kept")
+    p = make_parser(__doc__)
+    add_model_args(p)
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated transfer backends ('' : none)")
     p.add_argument("--no-colocated", action="store_true", help="skip the colocated phase")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads")
@@ -465,8 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], help="extra flag for every server (repeat)")
     p.add_argument("--startup-timeout", type=float, default=240.0, help="seconds to wait for /health")
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--quick", action="store_true", help="smoke run: 3 requests per workload")
-    p.add_argument("--out", default=str(RESULTS / "ttft_pd.json"), help="JSON path (PNG written next to it)")
+    add_output_args(p, "ttft_pd", quick_help="smoke run: 3 requests per workload")
     return p
 
 
@@ -476,16 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.rounds = min(args.requests, 3), 1
     workloads = [w for w in args.workloads.split(",") if w.strip()]
     backends = [b for b in args.backends.split(",") if b.strip()]
-    cores = {"colocated": sorted(parse_cores(args.colocated_cores)), "prefill": sorted(parse_cores(args.prefill_cores)),
-             "decode": sorted(parse_cores(args.decode_cores))}
-    client_cores = sorted(parse_cores(args.client_cores))
-    if client_cores:
-        os.sched_setaffinity(0, client_cores)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    cores = {"colocated": parse_cores(args.colocated_cores), "prefill": parse_cores(args.prefill_cores),
+             "decode": parse_cores(args.decode_cores)}
+    client_cores = pin_this_process(args.client_cores)
+    out = output_path(args)
     started = time.time()
-    model = Path(args.model_dir) if args.model_dir else ensure_model(
-        Path(args.cache_dir) / f"{args.family}-{args.size}", args.family, args.size)
+    model = resolve_model(args)
     long, long_tokens = long_text(model, args.long_tokens) if "text_2k" in workloads else ("", 0)
     bodies = {w: chat_body(w, long, args.max_tokens) for w in workloads}
     info = machine_info()
@@ -531,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios_pd_vs_colocated": ratios,
         "total_s": round(time.time() - started, 1),
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
     png = out.with_suffix(".png")
     plot(phases, workloads, png, f"TTFT, {args.family}-{args.size}, 1 request at a time, {args.threads} torch thread(s); "
                                  f"P core {args.prefill_cores}, D core {args.decode_cores}, colocated core "

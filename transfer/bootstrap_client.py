@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, _endpoint, _socket
+from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, _endpoint, _receive, _socket
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -226,14 +226,9 @@ class BootstrapClient:
 
     async def _read(self, link: _Link) -> None:
         while True:
-            try:
-                frames = await link.sock.recv_multipart()
-            except zmq.ZMQError as e:
-                if self._closed or e.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("from prefill %s: receive failed: %s", link.address, e)
-                await asyncio.sleep(0.01)
-                continue
+            frames = await _receive(link.sock, lambda: self._closed, f"from prefill {link.address}")
+            if frames is None:
+                return
             try:
                 if len(frames) != 1:
                     raise ProtocolError(f"expected 1 frame, got {len(frames)}")

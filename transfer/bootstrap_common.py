@@ -6,8 +6,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
+
 import zmq
 import zmq.asyncio
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 << 20  # a KVRequest for a 1M-token prompt in 16-token blocks is ~0.6 MiB
 
@@ -40,3 +46,15 @@ def _socket(ctx: zmq.asyncio.Context, kind: int, host: str, max_message_bytes: i
     if ":" in host:
         sock.setsockopt(zmq.IPV6, 1)
     return sock
+
+
+async def _receive(sock: zmq.asyncio.Socket, closed: Callable[[], bool], where: str) -> list[bytes] | None:
+    """The next multipart message, or None once the socket is closed; other errors are logged and retried."""
+    while True:
+        try:
+            return await sock.recv_multipart()
+        except zmq.ZMQError as e:
+            if closed() or e.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                return None
+            log.warning("%s: receive failed: %s", where, e)
+            await asyncio.sleep(0.01)

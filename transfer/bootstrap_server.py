@@ -11,7 +11,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from transfer.bootstrap_common import MAX_MESSAGE_BYTES, BootstrapClosed, _endpoint, _socket
+from transfer.bootstrap_common import MAX_MESSAGE_BYTES, BootstrapClosed, _endpoint, _receive, _socket
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -160,14 +160,9 @@ class BootstrapServer:
     async def _serve(self) -> None:
         assert self._sock is not None
         while True:
-            try:
-                frames = await self._sock.recv_multipart()
-            except zmq.ZMQError as e:
-                if self._closed or e.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("bootstrap %s: receive failed: %s", self.address, e)
-                await asyncio.sleep(0.01)
-                continue
+            frames = await _receive(self._sock, lambda: self._closed, f"bootstrap {self.address}")
+            if frames is None:
+                return
             try:
                 await self._handle(frames)
             except Exception:  # one bad frame must never stop the endpoint

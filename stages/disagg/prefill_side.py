@@ -84,6 +84,8 @@ class PrefillCoordinator:
     async def prefill(self, room: int, prompt: Prompt, params: SamplingParams) -> PrefillResult:
         """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError."""
         local = _Local(prompt, params)
+        # the HTTP side may stop waiting (timeout, client gone); its result is then read by nobody
+        local.result.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             entry = self.table.add_local(room, local, time.monotonic())
         except (DuplicateRoom, RoomClosed) as exc:

@@ -85,7 +85,7 @@ from bench.common import (  # noqa: E402
     write_json,
 )
 
-BACKENDS = ("mooncake", "nixl")
+from transfer.registry import BACKENDS  # noqa: E402
 GOAL_RATIO = 0.9  # ours / raw, bandwidth at the median
 POOL_HEADROOM = 2  # pools hold this many times the largest prompt's blocks (room to fragment)
 PATHS = {"mooncake": ("ours", "raw", "raw_in_thread", "raw_sync", "memcpy"),

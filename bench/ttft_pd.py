@@ -71,7 +71,7 @@ from bench.common import (  # noqa: E402
 )
 from stages.cli import free_port  # noqa: E402
 
-BACKENDS = ("mooncake", "nixl")
+from transfer.registry import BACKENDS  # noqa: E402
 WORKLOADS = ("text_short", "image_64", "text_2k")
 LONG_TOKENS = 2000  # target prompt length of text_2k
 

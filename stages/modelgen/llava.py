@@ -1,6 +1,6 @@
 """Hugging Face config for LLaVA: a CLIP or SigLIP ViT, a 2-layer MLP projector, a Llama or Qwen2 LM."""
 
-from .sizes import Size
+from .sizes import Size, text_fields
 from .specials import SpecialTokens
 
 VISION_TOWERS = ("clip", "siglip")
@@ -26,21 +26,7 @@ def _vision(size: Size, tower: str) -> dict:
 
 def _text(size: Size, sp: SpecialTokens, vocab: int, lm: str) -> dict:
     t = size.text
-    common = {
-        "model_type": lm,
-        "vocab_size": vocab,
-        "hidden_size": t.hidden,
-        "intermediate_size": t.intermediate,
-        "num_hidden_layers": t.layers,
-        "num_attention_heads": t.heads,
-        "num_key_value_heads": t.kv_heads,
-        "max_position_embeddings": t.max_positions,
-        "initializer_range": size.initializer_range,
-        "bos_token_id": sp.id(sp.bos),
-        "eos_token_id": sp.id(sp.eos),
-        "pad_token_id": sp.id(sp.pad),
-        "tie_word_embeddings": False,
-    }
+    common = {"model_type": lm, **text_fields(size, sp, vocab), "tie_word_embeddings": False}
     if lm == "llama":
         return {**common, "head_dim": t.head_dim, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
     if t.hidden != t.heads * t.head_dim:

@@ -1,6 +1,6 @@
 """Hugging Face configs for the Qwen VL families (M-RoPE language model + patch-merging ViT)."""
 
-from .sizes import Size
+from .sizes import Size, text_fields
 from .specials import SpecialTokens
 
 
@@ -31,21 +31,8 @@ def _token_ids(sp: SpecialTokens) -> dict:
 
 
 def _text(size: Size, sp: SpecialTokens, vocab: int, theta: float, section: list[int], **extra) -> dict:
-    t = size.text
-    return {
-        "vocab_size": vocab,
-        "hidden_size": t.hidden,
-        "intermediate_size": t.intermediate,
-        "num_hidden_layers": t.layers,
-        "num_attention_heads": t.heads,
-        "num_key_value_heads": t.kv_heads,
-        "max_position_embeddings": t.max_positions,
-        "initializer_range": size.initializer_range,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta, "mrope_section": section, **extra},
-        "bos_token_id": sp.id(sp.bos),
-        "eos_token_id": sp.id(sp.eos),
-        "pad_token_id": sp.id(sp.pad),
-    }
+    rope = {"rope_type": "default", "rope_theta": theta, "mrope_section": section, **extra}
+    return {**text_fields(size, sp, vocab), "rope_parameters": rope}
 
 
 def qwen2_vl(size: Size, sp: SpecialTokens, vocab: int):

@@ -1,6 +1,12 @@
 """Size presets: `tiny` (a few MB, for tests) and `small` (~50M parameters, for benchmarks)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .specials import SpecialTokens
 
 
 @dataclass(frozen=True)
@@ -55,3 +61,21 @@ PRESETS: dict[str, Size] = {
 def config_vocab(size: TextSize, n_tokens: int, multiple: int = 64) -> int:
     need = max(n_tokens, size.min_config_vocab)
     return -(-need // multiple) * multiple
+
+
+def text_fields(size: Size, sp: SpecialTokens, vocab: int) -> dict:
+    """Config fields every generated language model shares (Qwen-VL text, Llama, Qwen2)."""
+    t = size.text
+    return {
+        "vocab_size": vocab,
+        "hidden_size": t.hidden,
+        "intermediate_size": t.intermediate,
+        "num_hidden_layers": t.layers,
+        "num_attention_heads": t.heads,
+        "num_key_value_heads": t.kv_heads,
+        "max_position_embeddings": t.max_positions,
+        "initializer_range": size.initializer_range,
+        "bos_token_id": sp.id(sp.bos),
+        "eos_token_id": sp.id(sp.eos),
+        "pad_token_id": sp.id(sp.pad),
+    }

@@ -4,9 +4,9 @@
     stage make-model --family qwen2_vl --size tiny --out DIR
     stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
 
-``serve`` takes one role per subcommand; a role is one entry in ``SERVE_ROLES`` (a function adding
-its flags and a function running it), so prefill, decode and encoder servers plug in the same way.
-Flag defaults come from the config dataclasses. The process helpers at the bottom (free port, wait
+``serve`` takes one role per subcommand; every role goes through one config (``stages.config``)
+and one serve path (``stages.server``). Flag defaults come from the config dataclasses, and
+building the parsers imports no torch or transformers, so ``--help`` answers at once. The process helpers at the bottom (free port, wait
 for /health, stop) are shared by ``demo`` and the tests.
 """
 
@@ -25,27 +25,28 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
+from stages.config import DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, ImageLimits, ServerConfig
+from stages.engine.config import DTYPES, EngineConfig
 from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
+from transfer.base import TransferConfig
 
 HEALTH_POLL_S = 0.25
 
 
 # --- serve -----------------------------------------------------------------------------------
 def _defaults(cls) -> dict:  # type: ignore[no-untyped-def]
-    return {f.name: f.default for f in fields(cls)}
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``EngineConfig``, shared by every role that runs a model."""
-    from stages.engine.config import DTYPES, EngineConfig
-
     d = _defaults(EngineConfig)
     g = parser.add_argument_group("engine")
     g.add_argument("--model", required=True, help="checkpoint directory (Hugging Face layout)")
-    g.add_argument("--dtype", choices=sorted(DTYPES), default=d["dtype"], help="weights and KV dtype")
+    g.add_argument("--dtype", choices=DTYPES, default=d["dtype"], help="weights and KV dtype")
     g.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
     g.add_argument("--block-size", type=int, default=d["block_size"], help="tokens per KV block")
     g.add_argument("--kv-cache-mib", type=int, default=d["kv_cache_mib"], help="KV pool size")
@@ -56,67 +57,42 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=d["seed"], help="torch seed at startup")
 
 
-def engine_config(args: argparse.Namespace):  # -> EngineConfig
-    from stages.engine.config import EngineConfig
-
-    return EngineConfig(model=args.model, dtype=args.dtype, block_size=args.block_size, kv_cache_mib=args.kv_cache_mib,
-                        max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                        max_model_len=args.max_model_len, threads=args.threads, seed=args.seed)
-
-
 def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
-    """Flags of a server answering OpenAI chat requests (colocated now; decode in EPD mode later)."""
-    from stages.api.images import ImageLimits
-
-    limits = _defaults(ImageLimits)
+    """Flags every server has: bind address, request limits, admission, fault points, logging."""
+    limits, server = _defaults(ImageLimits), _defaults(ServerConfig)
     g = parser.add_argument_group("http")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless told otherwise)")
+    g.add_argument("--host", default=server["host"], help="address to bind (loopback unless told otherwise)")
     g.add_argument("--port", type=int, default=default_port, help="port to bind (0: any free port)")
     g.add_argument("--served-model-name", default=None, help="model id in the API; None: the model directory's name")
     g.add_argument("--max-images-per-request", type=int, default=limits["max_images"], help="images per request")
     g.add_argument("--max-image-pixels", type=int, default=limits["max_pixels"], help="width * height per image")
     g.add_argument("--max-image-bytes", type=int, default=limits["max_bytes"], help="encoded bytes per image")
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    g.add_argument("--max-body-mb", type=float, default=server["max_body_mb"], help="request body size cap (413)")
+    g.add_argument("--max-waiting", type=int, default=server["max_waiting"],
+                   help="requests held beyond --max-num-seqs; more get 503 with Retry-After")
+    g.add_argument("--debug-faults", action="store_true",
+                   help="serve /debug/faults to arm fault points (stages/faults.py); refused off loopback")
+    g.add_argument("--log-level", default=server["log_level"], choices=["debug", "info", "warning", "error"],
+                   help="log level")
 
 
-def _colocated_args(parser: argparse.ArgumentParser) -> None:
-    add_engine_args(parser)
-    add_http_args(parser, default_port=8000)
-
-
-def _serve_colocated(args: argparse.Namespace) -> int:
-    from stages.api.images import ImageLimits
-    from stages.colocated import ServerConfig, serve
-
-    try:
-        limits = ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes)
-        config = ServerConfig(engine_config(args), host=args.host, port=args.port,
-                              served_model_name=args.served_model_name, limits=limits, log_level=args.log_level)
-    except ValueError as exc:  # the message names the flag to change
-        print(f"stage serve colocated: error: {exc}", file=sys.stderr)
-        return 2
-    serve(config)
-    return 0
-
-
-def _disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
-    from stages.disagg.config import DisaggConfig
-
-    add_engine_args(parser)
-    add_http_args(parser, default_port=8100 if role == "prefill" else 8200)
-    d = _defaults(DisaggConfig)
+def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
+    """Flags of ``DisaggConfig`` for one side; each side gets only the deadlines it enforces."""
+    d, t = _defaults(DisaggConfig), _defaults(TransferConfig)
     g = parser.add_argument_group("disaggregation")
-    g.add_argument("--transfer", choices=["mooncake", "nixl"], default="mooncake", help="KV transfer backend")
+    g.add_argument("--transfer", choices=TRANSFERS, default=d["transfer"], help="KV transfer backend")
     g.add_argument("--transfer-host", default=None,
                    help="address peers dial for KV transfer; default: --host (must be set when --host is a wildcard)")
-    g.add_argument("--transfer-protocol", default="tcp", help="mooncake: tcp or rdma")
-    g.add_argument("--transfer-device", default="", help="RDMA device names (mooncake rdma)")
-    g.add_argument("--transfer-timeout-s", type=float, default=10.0, help="deadline of one KV write")
+    g.add_argument("--transfer-protocol", default=t["protocol"], help="mooncake: tcp or rdma; nixl: tcp, rdma, ucx")
+    g.add_argument("--transfer-device", default=t["device"], help="RDMA device names")
+    g.add_argument("--transfer-timeout-s", type=float, default=t["timeout_s"], help="deadline of one KV write")
     g.add_argument("--pair-timeout-s", type=float, default=d["pair_timeout_s"],
                    help="a room's other half must arrive within this")
     if role == "prefill":
         g.add_argument("--bootstrap-host", default=d["bootstrap_host"], help="bootstrap endpoint address")
         g.add_argument("--bootstrap-port", type=int, default=8998, help="bootstrap endpoint port (0: any)")
+        g.add_argument("--prefill-timeout-s", type=float, default=d["prefill_timeout_s"],
+                       help="room paired -> KV written and ready sent, at most")
     else:
         g.add_argument("--kv-timeout-s", type=float, default=d["kv_timeout_s"],
                        help="KV request sent -> KV ready, at most")
@@ -124,45 +100,57 @@ def _disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="KV request sent -> accepted by the prefill, at most")
         g.add_argument("--abort-grace-s", type=float, default=d["abort_grace_s"],
                        help="hold an aborted room's blocks this long when the prefill cannot confirm")
+        g.add_argument("--allowed-bootstrap", action="append", default=None, metavar="HOST:PORT|CIDR",
+                       help="prefill bootstrap addresses this decode may dial (repeatable; port may be *); "
+                            "default: loopback only")
+        g.add_argument("--max-peer-links", type=int, default=d["max_peer_links"], help="cached links to prefills")
+        g.add_argument("--peer-link-idle-s", type=float, default=d["peer_link_idle_s"],
+                       help="close a link to a prefill after this long without a room")
 
 
-def _serve_disagg(args: argparse.Namespace, role: str) -> int:
-    from stages.api.images import ImageLimits
-    from stages.disagg.config import DisaggConfig
-    from stages.disagg.server import StageServerConfig, serve
-    from transfer.base import TransferConfig
+def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(parser: argparse.ArgumentParser) -> None:
+        add_engine_args(parser)
+        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200}[role])
+        if role in DISAGG_ROLES:
+            add_disagg_args(parser, role)
 
-    try:
+    return add
+
+
+def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
+    """The validated config of a ``stage serve ROLE`` command line; ValueError names the flag to change."""
+    engine = EngineConfig(model=args.model, dtype=args.dtype, block_size=args.block_size,
+                          kv_cache_mib=args.kv_cache_mib, max_num_seqs=args.max_num_seqs,
+                          max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
+                          threads=args.threads, seed=args.seed)
+    disagg = None
+    if role in DISAGG_ROLES:
+        side = {name: getattr(args, name) for name in (
+            "bootstrap_host", "bootstrap_port", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s",
+            "abort_grace_s", "max_peer_links", "peer_link_idle_s") if hasattr(args, name)}
         disagg = DisaggConfig(
-            bootstrap_host=getattr(args, "bootstrap_host", "127.0.0.1"),
-            bootstrap_port=getattr(args, "bootstrap_port", 0),
-            pair_timeout_s=args.pair_timeout_s,
-            kv_timeout_s=getattr(args, "kv_timeout_s", DisaggConfig.kv_timeout_s),
-            accept_timeout_s=getattr(args, "accept_timeout_s", DisaggConfig.accept_timeout_s),
-            abort_grace_s=getattr(args, "abort_grace_s", DisaggConfig.abort_grace_s),
-            fault=os.environ.get("EPD_TEST_FAULT", ""),
-        )
-        config = StageServerConfig(
-            role=role, engine=engine_config(args), transfer=args.transfer,
+            transfer=args.transfer, pair_timeout_s=args.pair_timeout_s,
             transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
-            disagg=disagg, host=args.host, port=args.port, served_model_name=args.served_model_name,
-            limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
-            log_level=args.log_level,
-        )
+            allowed_bootstrap=tuple(getattr(args, "allowed_bootstrap", None) or ()), **side)
+    return ServerConfig(
+        role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
+        limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
+        max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
+        log_level=args.log_level, disagg=disagg)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = server_config(args, args.role)
     except ValueError as exc:  # the message names the flag to change
-        print(f"stage serve {role}: error: {exc}", file=sys.stderr)
+        print(f"stage serve {args.role}: error: {exc}", file=sys.stderr)
         return 2
+    from stages.server import serve
+
     serve(config)
     return 0
-
-
-# role -> (add its flags, run it); each role's module is imported only when that role runs
-SERVE_ROLES: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "colocated": (_colocated_args, _serve_colocated),
-    "prefill": (lambda p: _disagg_args(p, "prefill"), lambda a: _serve_disagg(a, "prefill")),
-    "decode": (lambda p: _disagg_args(p, "decode"), lambda a: _serve_disagg(a, "decode")),
-}
 
 
 # --- make-model and demo ---------------------------------------------------------------------
@@ -298,10 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run one stage server")
     roles = serve.add_subparsers(dest="role", required=True)
-    for role, (add_args, run) in SERVE_ROLES.items():
+    for role in ROLES:
         role_parser = roles.add_parser(role, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        add_args(role_parser)
-        role_parser.set_defaults(run=run)
+        _role_args(role)(role_parser)
+        role_parser.set_defaults(run=_serve)
 
     make = commands.add_parser("make-model", help="write a random-weight checkpoint for tests and benchmarks")
     make.add_argument("--family", choices=FAMILIES, required=True)

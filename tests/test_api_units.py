@@ -388,7 +388,8 @@ def test_dead_engine_is_503():
     engine = FakeAsyncEngine()
     engine.alive = False
     client = client_for(engine)
-    assert error_of(client.get("/health"), 503)["code"] == "engine_unavailable"
+    health = error_of(client.get("/health"), 503)
+    assert health["code"] == "unhealthy" and "engine thread: thread is not running" in health["message"]
     assert error_of(chat(client), 503)["type"] == "server_error"
 
 
@@ -442,14 +443,41 @@ def test_metrics_registries_are_per_app_and_requests_count_once():
 
 # --- config and CLI --------------------------------------------------------------------------------
 def test_server_config_names_the_model_after_its_directory():
-    from stages.colocated import ServerConfig
+    from stages.config import ServerConfig
     from stages.engine.config import EngineConfig
 
-    assert ServerConfig(EngineConfig(model="/models/qwen2-vl-tiny/")).model_name == "qwen2-vl-tiny"
-    assert ServerConfig(EngineConfig(model="/m"), served_model_name="vl").model_name == "vl"
-    assert ServerConfig(EngineConfig(model="/m")).host == "127.0.0.1"
+    assert ServerConfig("colocated", EngineConfig(model="/models/qwen2-vl-tiny/")).model_name == "qwen2-vl-tiny"
+    assert ServerConfig("colocated", EngineConfig(model="/m"), served_model_name="vl").model_name == "vl"
+    assert ServerConfig("colocated", EngineConfig(model="/m")).host == "127.0.0.1"
     with pytest.raises(ValueError, match="--port"):
-        ServerConfig(EngineConfig(model="/m"), port=70000)
+        ServerConfig("colocated", EngineConfig(model="/m"), port=70000)
+
+
+def test_server_config_refuses_debug_faults_off_loopback_and_a_role_without_its_section():
+    from stages.config import DisaggConfig, ServerConfig
+    from stages.engine.config import EngineConfig
+
+    engine = EngineConfig(model="/m")
+    assert ServerConfig("colocated", engine, debug_faults=True).debug_faults
+    assert ServerConfig("colocated", engine, host="::1", debug_faults=True).debug_faults
+    with pytest.raises(ValueError, match="--debug-faults is refused on a server bound to '0.0.0.0'"):
+        ServerConfig("colocated", engine, host="0.0.0.0", debug_faults=True)
+    with pytest.raises(ValueError, match="a decode server needs DisaggConfig"):
+        ServerConfig("decode", engine)
+    with pytest.raises(ValueError, match="a colocated server takes no DisaggConfig"):
+        ServerConfig("colocated", engine, disagg=DisaggConfig())
+    with pytest.raises(ValueError, match="--max-body-mb"):
+        ServerConfig("colocated", engine, max_body_mb=0)
+
+
+def test_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from stages.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -457,6 +485,9 @@ def test_server_config_names_the_model_after_its_directory():
     (["--max-images-per-request", "-1"], "--max-images-per-request"),
     (["--block-size", "0"], "--block-size"),
     (["--port", "-5"], "--port"),
+    (["--max-body-mb", "0"], "--max-body-mb"),
+    (["--max-waiting", "-1"], "--max-waiting"),
+    (["--host", "0.0.0.0", "--debug-faults"], "--debug-faults"),
 ])
 def test_serve_refuses_bad_flags_before_loading_anything(flags, named, capsys):
     from stages.cli import main

@@ -168,7 +168,9 @@ def test_fingerprint_mismatch_names_the_flag(start_server, model, pair):
 
 async def test_prefill_dies_after_forward(start_server, model, pair):
     transfer = httpx.get(f"{pair.decode.url}/server_info").json()["transfer_backend"]
-    doomed, port = start_prefill(start_server, model, transfer, env={"EPD_TEST_FAULT": "prefill-exit-after-forward"})
+    doomed, port = start_prefill(start_server, model, transfer, "--debug-faults")
+    armed = httpx.post(f"{doomed.url}/debug/faults", json={"point": "prefill.exit_after_forward"}, timeout=10)
+    assert armed.json()["armed"] == [{"point": "prefill.exit_after_forward", "times": 1, "delay_s": 0.0}]
     body = pair.room(chat("doomed"), port=port)
     async with httpx.AsyncClient(timeout=60) as client:
         started = time.monotonic()

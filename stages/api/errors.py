@@ -26,9 +26,10 @@ class APIError(Exception):
     """Raised anywhere under a route; becomes an OpenAI-style error response."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
         self.message = message
         self.param = param
         self.code = code
@@ -38,7 +39,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -51,6 +52,17 @@ def too_large(message: str, param: str | None = None, code: str | None = None) -
 
 def engine_unavailable() -> APIError:
     return APIError(503, "The engine is not running; this server cannot take requests.", code="engine_unavailable")
+
+
+def overloaded(limit: int, retry_after_s: int = 1) -> APIError:
+    return APIError(503, f"The server is at its limit of {limit} requests in flight (--max-num-seqs + --max-waiting); "
+                    f"retry after {retry_after_s} s.", code="server_overloaded",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
+def unhealthy(failures: dict[str, str]) -> APIError:
+    names = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
+    return APIError(503, f"This server is unhealthy and should be restarted: {names}", code="unhealthy")
 
 
 def param_name(loc: tuple) -> str | None:

@@ -11,25 +11,11 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
 from stages.api.errors import APIError, bad_request, too_large
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    max_images: int = 8  # per request, all messages together
-    max_pixels: int = 4096 * 4096  # width * height of one image
-    max_bytes: int = 20 << 20  # encoded size of one image
-
-    def __post_init__(self) -> None:
-        for name in ("max_images", "max_pixels", "max_bytes"):
-            if getattr(self, name) <= 0:
-                flag = {"max_images": "--max-images-per-request", "max_pixels": "--max-image-pixels",
-                        "max_bytes": "--max-image-bytes"}[name]
-                raise ValueError(f"{flag} must be > 0, got {getattr(self, name)}")
+from stages.config import ImageLimits
 
 
 def decode_data_url(url: str, limits: ImageLimits, param: str | None = None) -> bytes:

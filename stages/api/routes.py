@@ -21,16 +21,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from stages.api.admission import Admission
+from stages.api.body import read_body
 from stages.api.chat import prepare
-from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, validation_error
-from stages.api.images import ImageLimits
+from stages.api.errors import (APIError, bad_request, engine_unavailable, install_error_handlers, overloaded,
+                               unhealthy, validation_error)
+from stages.api.faults import add_fault_routes
 from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.config import ImageLimits
+from stages.faults import Faults
 from stages.metrics import Metrics, RequestTimer
+from stages.supervisor import Supervisor
 
 # request id, prompt, sampling parameters, the request body -> the request's outputs
 Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], AsyncIterator[RequestOutput]]
@@ -38,12 +44,21 @@ LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thr
 
 
 def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = ImageLimits(),
-               metrics: Metrics | None = None, owned_by: str = "epd-stage",
-               generate: Generate | None = None, lifespan=None) -> FastAPI:
+               metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
+               lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
+               supervisor: Supervisor | None = None, faults: Faults | None = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``generate`` produces a request's outputs (default: the engine
-    runs it whole); prefill and decode servers pass their room coordinator's instead."""
+    runs it whole); prefill and decode servers pass their room coordinator's instead.
+
+    Admission: at most ``max_in_flight`` chat requests are held at once (from arrival until their
+    response ends); beyond that a request gets 503 with ``Retry-After`` before its body is read.
+    Bodies over ``max_body_bytes`` get 413. ``/health`` is 503 while the engine thread or any task
+    of ``supervisor`` is dead. With ``faults`` enabled, ``/debug/faults`` arms fault points."""
     metrics = metrics or Metrics()
+    supervisor = supervisor or Supervisor()
+    supervisor.watch_thread("engine thread", lambda: engine.alive)
+    gate = Admission(max_in_flight)
     created = int(time.time())
     generate = generate or (lambda request_id, prompt, params, body: engine.generate(request_id, prompt, params))
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
@@ -51,8 +66,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
 
     @app.get("/health")
     async def health() -> dict:
-        if not engine.alive:
-            raise engine_unavailable()
+        failures = supervisor.failures()
+        if failures:
+            raise unhealthy(failures)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -66,8 +82,22 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
+        if not gate.enter():
+            raise overloaded(gate.limit)
+        try:
+            response = await _chat(request)
+        except BaseException:
+            gate.leave()
+            raise
+        if isinstance(response, _ClosingStreamingResponse):
+            response.on_close = gate.leave  # the stream holds its place until it ends
+        else:
+            gate.leave()
+        return response
+
+    async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
-        body = parse_request(await request.body())
+        body = parse_request(await read_body(request, max_body_bytes))
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code="model_not_found")
@@ -84,6 +114,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _unless_disconnected(request, _complete(call, outputs))
 
+    if faults is not None and faults.enabled:
+        add_fault_routes(app, faults)
     return app
 
 
@@ -212,11 +244,18 @@ async def _disconnected(request: Request) -> None:
 
 
 class _ClosingStreamingResponse(StreamingResponse):
-    """Closes its body generator however the response ends. A client disconnect cancels Starlette's
-    send task and leaves the generator suspended; closing it aborts the request in the engine."""
+    """Closes its body generator however the response ends, then calls ``on_close``. A client
+    disconnect cancels Starlette's send task and leaves the generator suspended; closing it aborts
+    the request in the engine."""
+
+    on_close: Callable[[], None] | None = None
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            try:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            finally:
+                if self.on_close is not None:
+                    self.on_close()

@@ -18,14 +18,17 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
-from stages.disagg.config import DisaggConfig
+from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, timed_out, unavailable
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from transfer.base import TransferBackend
-from transfer.bootstrap import BootstrapClient, HandshakeError, HandshakeTimeout
+from stages.faults import Faults
+from stages.supervisor import Supervisor
+from transfer.bootstrap_client import BootstrapClient
+from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
 
 log = logging.getLogger(__name__)
@@ -33,14 +36,19 @@ log = logging.getLogger(__name__)
 
 class DecodeCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig) -> None:
+                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults) -> None:
         self.engine = engine
         self.fingerprint = fingerprint
         self.config = config
+        self.supervisor = supervisor
+        self.faults = faults
         self.descriptor = backend.descriptor()
         self.client = BootstrapClient()
         self.decode_id = f"decode-{os.getpid()}"
         self._cleanups: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Nothing to start yet: links to prefills are made on demand."""
 
     async def close(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)

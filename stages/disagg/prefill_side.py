@@ -21,14 +21,16 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from stages.disagg.config import DisaggConfig
+from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, timed_out
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+from stages.faults import EXIT_CODE, Faults
+from stages.supervisor import Supervisor
 from transfer.base import TransferBackend, block_ops
-from transfer.bootstrap import BootstrapServer
+from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Abort, Fingerprint, KVRequest
 from transfer.rooms import DuplicateRoom, Entry, RoomClosed, RoomTable
 
@@ -57,28 +59,32 @@ class _Local:
 
 class PrefillCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig) -> None:
+                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults) -> None:
         self.engine = engine
         self.backend = backend
         self.config = config
+        self.supervisor = supervisor
+        self.faults = faults
         self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
         self.table: RoomTable[_Local, KVRequest] = RoomTable()
         self._running: dict[int, asyncio.Task] = {}
         self._aborted: dict[int, str] = {}
-        self._tasks: list[asyncio.Task] = []
 
     @property
     def bootstrap_port(self) -> int:
         return self.server.port
 
     async def start(self) -> None:
+        """Bind the bootstrap endpoint and start the supervised receive and expiry loops."""
         await self.server.start()
-        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._expire())]
+        self.supervisor.spawn("prefill bootstrap receive loop", self._receive())
+        self.supervisor.spawn("prefill room expiry loop", self._expire())
 
     async def close(self) -> None:
-        for task in [*self._tasks, *self._running.values()]:
+        """After ``supervisor.stop()``: cancel rooms in flight, then close the endpoint."""
+        for task in self._running.values():
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
         await self.server.close()
 
     async def prefill(self, room: int, prompt: Prompt, params: SamplingParams) -> PrefillResult:
@@ -92,7 +98,7 @@ class PrefillCoordinator:
             raise conflict(f"bootstrap room {room}: {exc}") from exc
         if entry is not None:
             self._start(entry)
-        deadline = self.config.pair_timeout_s + self.config.kv_timeout_s
+        deadline = self.config.pair_timeout_s + self.config.prefill_timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(local.result), deadline)
         except asyncio.TimeoutError:
@@ -106,6 +112,8 @@ class PrefillCoordinator:
     async def _receive(self) -> None:
         while True:
             message = await self.server.recv()
+            if self.faults.take("prefill.receive_loop_crash"):
+                raise RuntimeError("fault point prefill.receive_loop_crash")
             if isinstance(message, Abort):
                 await self._abort(message.room, f"decode aborted: {message.reason}")
                 continue
@@ -157,8 +165,8 @@ class PrefillCoordinator:
             if last is None or last.blocks is None:
                 raise bad_gateway(self._aborted.get(room) or f"prefill failed: {last.error if last else 'no output'}")
             blocks = last.blocks
-            if self.config.fault == "prefill-exit-after-forward":
-                os._exit(17)
+            if self.faults.take("prefill.exit_after_forward"):
+                os._exit(EXIT_CODE)
             started = time.perf_counter()
             moved = await asyncio.to_thread(self._write, remote, blocks)
             elapsed = time.perf_counter() - started

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stages.disagg.config import fingerprint
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from transfer.base import TransferBackend, TransferConfig
-from transfer.messages import Fingerprint
+from transfer.messages import Fingerprint, model_identity
 from transfer.registry import create_backend
 
 
@@ -33,3 +32,18 @@ def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: T
     backend = create_backend(transfer, transfer_config)
     backend.register(engine.pool.data_ptr, engine.pool.nbytes)
     return StageRuntime(AsyncEngine(engine, on_step=on_step), backend, fingerprint(engine, transfer))
+
+
+def fingerprint(engine: Engine, backend: str) -> Fingerprint:
+    """What P and D must agree on for P's KV bytes to mean the same thing in D's blocks."""
+    config, layout = engine.adapter.config, engine.layout
+    return Fingerprint(
+        model=model_identity(config.model_type, config.to_dict()),
+        backend=backend,
+        dtype=engine.config.dtype,
+        block_size=layout.block_size,
+        num_layers=layout.num_layers,
+        num_kv_heads=layout.num_kv_heads,
+        head_dim=layout.head_dim,
+        block_bytes=layout.block_bytes,
+    )

@@ -1,12 +1,16 @@
-"""Engine configuration: frozen, validated at construction, shared by every stage that runs a model."""
+"""Engine configuration: frozen, validated at construction, shared by every stage that runs a model.
+
+Importing this module is cheap (no torch), so the CLI builds its parsers from these defaults quickly."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes; torch is imported only when a model loads
 
 
 @dataclass(frozen=True)
@@ -32,4 +36,6 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)

@@ -1,0 +1,123 @@
+"""Configuration of one stage server, of any role: frozen, validated at construction, each error
+naming the flag that fixes it. Cheap to import (no torch, no fastapi), so ``stage --help`` is fast.
+
+    ServerConfig            one per process: role, bind address, HTTP limits, admission, debug faults
+      .engine  EngineConfig  the model and its KV pool (stages/engine/config.py)
+      .limits  ImageLimits   per-image and per-request image limits
+      .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stages.engine.config import EngineConfig
+from transfer.base import TransferConfig
+
+ROLES = ("colocated", "prefill", "decode")
+DISAGG_ROLES = ("prefill", "decode")
+TRANSFERS = ("mooncake", "nixl")
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_images: int = 8  # per request, all messages together
+    max_pixels: int = 4096 * 4096  # width * height of one image
+    max_bytes: int = 20 << 20  # encoded size of one image
+
+    def __post_init__(self) -> None:
+        flags = {"max_images": "--max-images-per-request", "max_pixels": "--max-image-pixels",
+                 "max_bytes": "--max-image-bytes"}
+        for name, flag in flags.items():
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{flag} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """What a prefill or decode server adds to a colocated one. Deadlines are per side: the prefill's
+    ``pair_timeout_s`` and ``prefill_timeout_s``; the decode's ``pair_timeout_s``, ``accept_timeout_s``,
+    ``kv_timeout_s`` and ``abort_grace_s``."""
+
+    transfer: str = "mooncake"
+    transfer_config: TransferConfig = field(default_factory=TransferConfig)
+    bootstrap_host: str = "127.0.0.1"  # prefill: where its bootstrap endpoint listens
+    bootstrap_port: int = 0  # prefill only; 0 picks a free port
+    pair_timeout_s: float = 10.0  # both: a room's other half (HTTP request or KV request) must arrive within this
+    prefill_timeout_s: float = 30.0  # prefill: room paired -> KV written and KVReady sent (queueing + forward + write)
+    kv_timeout_s: float = 30.0  # decode: KV request sent -> KV ready (queueing + prefill + transfer)
+    accept_timeout_s: float = 5.0  # decode: KV request sent -> accepted or rejected by the prefill
+    abort_grace_s: float = 30.0  # decode: hold an aborted room's blocks this long if the prefill never confirms
+    allowed_bootstrap: tuple[str, ...] = ()  # decode: prefills it may dial (host:port or CIDR); () = loopback
+    max_peer_links: int = 64  # decode: cached links to prefills
+    peer_link_idle_s: float = 60.0  # decode: close a link to a prefill after this long without a room
+
+    def __post_init__(self) -> None:
+        if self.transfer not in TRANSFERS:
+            raise ValueError(f"--transfer must be one of {TRANSFERS}, got {self.transfer!r}")
+        for name in ("pair_timeout_s", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s", "abort_grace_s",
+                     "peer_link_idle_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.max_peer_links <= 0:
+            raise ValueError(f"--max-peer-links must be > 0, got {self.max_peer_links}")
+        if not 0 <= self.bootstrap_port < 65536:
+            raise ValueError(f"--bootstrap-port must be in [0, 65535], got {self.bootstrap_port}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One stage server. ``disagg`` is required for prefill and decode and refused otherwise."""
+
+    role: str
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # None: the model directory's name
+    limits: ImageLimits = field(default_factory=ImageLimits)
+    max_body_mb: float = 64.0  # whole request body; checked from Content-Length and while reading
+    max_waiting: int = 256  # requests admitted beyond --max-num-seqs; more get 503 + Retry-After
+    debug_faults: bool = False  # serve /debug/faults (fault points for tests); loopback only
+    log_level: str = "info"
+    disagg: DisaggConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if (self.disagg is not None) != (self.role in DISAGG_ROLES):
+            raise ValueError(f"a {self.role} server {'needs' if self.disagg is None else 'takes no'} DisaggConfig")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name must not be empty")
+        if not self.max_body_mb > 0:
+            raise ValueError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
+        if self.max_waiting < 0:
+            raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if self.debug_faults and not is_loopback(self.host):
+            raise ValueError(f"--debug-faults is refused on a server bound to {self.host!r}: fault points are for "
+                             "tests on loopback only (bind 127.0.0.1 or drop --debug-faults)")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.engine.model).resolve().name
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * (1 << 20))
+
+    @property
+    def max_in_flight(self) -> int:
+        """Requests the server holds at once: a full batch plus the waiting queue."""
+        return self.engine.max_num_seqs + self.max_waiting
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

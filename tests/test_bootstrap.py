@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,13 +20,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from transfer.bootstrap import (
-    BootstrapClient,
-    BootstrapClosed,
-    BootstrapServer,
-    HandshakeError,
-    HandshakeTimeout,
-)
+from transfer.bootstrap_client import BootstrapClient
+from transfer.bootstrap_common import BootstrapClosed, HandshakeError, HandshakeTimeout, PeerNotAllowed
+from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -42,6 +41,7 @@ from transfer.messages import (
     encode,
     model_identity,
 )
+from transfer.peer_policy import AllowList
 from transfer.rooms import RoomClosed, RoomTable
 
 pytestmark = pytest.mark.timeout(30)
@@ -308,7 +308,7 @@ async def test_sixteen_rooms_route_to_the_right_decode() -> None:
         for room, ready in got.items():
             assert ready.room == room and ready.first_token == first_token(room)
         assert server.rooms == frozenset() and len(owner.table) == 0
-        assert len(d0._links) == len(d1._links) == 1  # one socket per prefill address, shared by rooms
+        assert len(d0.links.addresses()) == len(d1.links.addresses()) == 1  # one link per prefill, shared by rooms
 
 
 @aio
@@ -546,3 +546,164 @@ async def test_closing_the_client_ends_its_waits() -> None:
             await waiter
         with pytest.raises(HandshakeError, match="closed"):
             await client.request_kv(HOST, server.port, kv_request(82))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Peers: the allow-list, the link cap and idle expiry
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports nothing listens on (bound all at once, then closed)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def resources() -> tuple[int, int, int]:
+    return len(os.listdir("/proc/self/fd")), len(asyncio.all_tasks()), threading.active_count()
+
+
+async def settled(baseline: tuple[int, int, int], slack: int, timeout_s: float = 5.0) -> tuple[int, int, int]:
+    """The counts once each is within ``slack`` of ``baseline`` (libzmq closes sockets in its reaper
+    thread), or as they are after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = resources()
+        if all(n <= b + slack for n, b in zip(now, baseline)) or time.monotonic() > deadline:
+            return now
+        await asyncio.sleep(0.02)
+
+
+@aio
+async def test_disallowed_prefill_is_never_dialed() -> None:
+    async with decode_client() as client:
+        for host, port in [("10.0.0.1", 8998), ("localhost", 8998), ("127.0.0.1", 0), ("::2", 8998)]:
+            with pytest.raises(PeerNotAllowed) as info:
+                await client.request_kv(host, port, kv_request(91))
+            assert str(info.value) == (
+                f"prefill {host}:{port} is not allowed by --allowed-bootstrap (allowed: 127.0.0.0/8, ::1/128)"
+            )
+            assert isinstance(info.value, HandshakeError) and info.value.room == 91
+            with pytest.raises(PeerNotAllowed, match=rf"^prefill {host}:{port} is not allowed"):
+                await client.ping(host, port, timeout_s=0.1)
+        assert client.links.addresses() == [] and client.state(91) is None
+        assert await client.abort(91, "cleanup") is True  # never sent: blocks are safe
+
+
+@aio
+async def test_runtime_registration_allows_then_denies() -> None:
+    async with prefill() as server, FakePrefill(server) as owner:
+        client = BootstrapClient(allow=AllowList.parse(["prefill-1.rack2:*"]))
+        try:
+            address = f"{HOST}:{server.port}"
+            with pytest.raises(PeerNotAllowed, match=rf"^prefill {address} is not allowed by --allowed-bootstrap "
+                                                     r"\(allowed: prefill-1.rack2:\*\)$"):
+                await client.request_kv(HOST, server.port, kv_request(92))
+            assert client.allow.add(address) is True  # the router registers this prefill
+            await client.request_kv(HOST, server.port, kv_request(92))
+            await owner.http(92)
+            assert (await client.wait_ready(92, timeout_s=5)).first_token == first_token(92)
+            assert client.allow.remove(address) is True
+            with pytest.raises(PeerNotAllowed):
+                await client.request_kv(HOST, server.port, kv_request(93))
+            assert client.links.addresses() == [address]  # the open link stays until idle
+        finally:
+            await client.close()
+
+
+@aio
+async def test_unreachable_prefills_leave_nothing_behind() -> None:
+    ports = free_ports(201)
+    async with decode_client() as client:
+        async def fail(i: int, port: int) -> None:
+            with pytest.raises(HandshakeTimeout, match=rf"could not send room {i} to prefill {HOST}:{port} within"):
+                await client.request_kv(HOST, port, kv_request(i), accept_timeout_s=0.2)
+            assert await client.abort(i, "cleanup") is True
+
+        await fail(0, ports[0])  # warm up: the context's I/O threads and their descriptors
+        await asyncio.wait_for(client.links.settle(), 2)
+        await asyncio.sleep(0.2)  # libzmq's reaper closes the warm-up link's descriptors
+        baseline = resources()
+        started = time.monotonic()
+        for batch in range(4):
+            await asyncio.gather(*(fail(i, ports[i]) for i in range(1 + 50 * batch, 51 + 50 * batch)))
+        assert time.monotonic() - started < 10
+        assert client.links.addresses() == []  # an idle link that is not connected is closed at once
+        fds, tasks, threads = await settled(baseline, slack=2)
+        assert (fds - baseline[0] <= 2, tasks, threads) == (True, baseline[1], baseline[2]), (baseline, fds)
+
+
+@aio
+async def test_least_recently_used_idle_link_is_evicted_at_the_cap() -> None:
+    async with prefill() as a, prefill() as b, prefill() as c, FakePrefill(a) as owner_a:
+        client = BootstrapClient(max_links=2)
+        try:
+            for server in (a, b, a):
+                assert (await client.ping(HOST, server.port, timeout_s=5)).fingerprint == FP
+            link_b = client.links.get(f"{HOST}:{b.port}")
+            assert link_b is not None and link_b.connected and not link_b.busy
+            await client.ping(HOST, c.port, timeout_s=5)
+            assert client.links.addresses() == [f"{HOST}:{a.port}", f"{HOST}:{c.port}"]  # b was least recently used
+            await asyncio.wait_for(client.links.settle(), 2)
+            assert link_b.sock.closed and link_b.monitor.closed and all(t.done() for t in link_b.tasks)
+
+            await client.request_kv(HOST, a.port, kv_request(94))  # a busy, c idle: b's turn evicts c
+            await client.ping(HOST, b.port, timeout_s=5)
+            assert client.links.addresses() == [f"{HOST}:{a.port}", f"{HOST}:{b.port}"]
+            await client.request_kv(HOST, b.port, kv_request(95))  # nobody consumes b.recv(): stays busy
+            with pytest.raises(HandshakeError) as info:
+                await client.request_kv(HOST, c.port, kv_request(96))
+            assert str(info.value) == (
+                "decode is talking to too many prefills: all 2 prefill links (max_links) have rooms in flight; "
+                "retry when one finishes"
+            )
+            assert info.value.room == 96 and client.state(96) is None and len(client.links.addresses()) == 2
+            await owner_a.http(94)
+            await client.wait_ready(94, timeout_s=5)  # a is idle again: c may take its place
+            await client.request_kv(HOST, c.port, kv_request(96))
+            assert client.links.addresses() == [f"{HOST}:{b.port}", f"{HOST}:{c.port}"]
+        finally:
+            await client.close()
+
+
+@aio
+async def test_idle_link_expires_and_a_busy_one_does_not() -> None:
+    async with prefill() as a, prefill() as b, FakePrefill(b) as owner_b:
+        client = BootstrapClient(link_idle_s=0.3)
+        try:
+            await client.ping(HOST, a.port, timeout_s=5)
+            await client.request_kv(HOST, b.port, kv_request(97))
+            idle_at = time.monotonic()
+            link_a = client.links.get(f"{HOST}:{a.port}")
+            assert link_a is not None and link_a.connected and not link_a.busy
+            while f"{HOST}:{a.port}" in client.links.addresses() and time.monotonic() - idle_at < 3:
+                await asyncio.sleep(0.02)
+            assert 0.25 < time.monotonic() - idle_at < 1
+            assert client.links.addresses() == [f"{HOST}:{b.port}"]  # b has room 97 in flight
+            await asyncio.wait_for(client.links.settle(), 2)
+            assert link_a.sock.closed and link_a.monitor.closed
+
+            await asyncio.sleep(0.3)
+            assert client.links.addresses() == [f"{HOST}:{b.port}"]
+            await owner_b.http(97)
+            await client.wait_ready(97, timeout_s=5)
+            idle_at = time.monotonic()
+            while client.links.addresses() and time.monotonic() - idle_at < 3:
+                await asyncio.sleep(0.02)
+            assert 0.25 < time.monotonic() - idle_at < 1 and client.links.addresses() == []
+            assert client.links._timer is None  # nothing left to expire: no timer armed
+            assert (await client.ping(HOST, a.port, timeout_s=5)).fingerprint == FP  # dials again on demand
+        finally:
+            await client.close()
+
+
+def test_client_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="max_links must be >= 1, got 0"):
+        BootstrapClient(max_links=0)
+    with pytest.raises(ValueError, match="link_idle_s must be > 0, got 0"):
+        BootstrapClient(link_idle_s=0)

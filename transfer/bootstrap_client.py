@@ -6,14 +6,11 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
-from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, _endpoint, _receive, _socket
+from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -31,6 +28,8 @@ from transfer.messages import (
     decode,
     encode,
 )
+from transfer.peer_links import PeerLink, PeerLinks
+from transfer.peer_policy import AllowList
 from transfer.rooms import Room, RoomStatus
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Wait:
     room: int
-    link: _Link
+    link: PeerLink
     state: Room
     accepted: asyncio.Future[None]
     ready: asyncio.Future[KVReady]
@@ -47,21 +46,6 @@ class _Wait:
     sent: bool = False
     abort_reason: str | None = None
     abort_sent: bool = False
-
-
-@dataclass
-class _Link:
-    """One DEALER socket to one P address, with the tasks that read it and watch its connection."""
-
-    address: str
-    sock: zmq.asyncio.Socket
-    monitor: zmq.asyncio.Socket
-    rooms: set[int] = field(default_factory=set)
-    connected: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def describe(self) -> str:
-        return "connected" if self.connected else "not connected: is prefill up and reachable?"
 
 
 class BootstrapClient:
@@ -74,12 +58,20 @@ class BootstrapClient:
        ``await abort(room, reason)``: free the blocks if it returns True, else quarantine them
        (P did not confirm that it stopped writing). ``abort`` is cheap when P already answered.
     Messages for rooms this client does not hold (late answers after an abort) are dropped.
+
+    Peers: ``request_kv`` and ``ping`` dial only the addresses ``allow`` allows (default: loopback)
+    and raise ``PeerNotAllowed`` before creating anything otherwise. The owner may ``allow.add`` /
+    ``allow.remove`` patterns at runtime (the router registering prefills); a removed address's open
+    link stays until it is idle. Links are cached in ``links`` (``transfer.peer_links``): at most
+    ``max_links``, least recently used idle one evicted first, idle ones closed after
+    ``link_idle_s`` (at once when not connected).
     """
 
-    def __init__(self, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        self.max_message_bytes = max_message_bytes
-        self._ctx = zmq.asyncio.Context()
-        self._links: dict[str, _Link] = {}
+    def __init__(self, *, allow: AllowList | None = None, max_links: int = 64, link_idle_s: float = 60.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.allow = allow if allow is not None else AllowList()
+        self.links = PeerLinks(max_links=max_links, link_idle_s=link_idle_s, max_message_bytes=max_message_bytes,
+                               on_frames=self._on_frames, on_disconnect=self._on_disconnect)
         self._waits: dict[int, _Wait] = {}
         self._pings: dict[int, asyncio.Future[Pong]] = {}
         self._closed = False
@@ -92,20 +84,21 @@ class BootstrapClient:
     async def request_kv(self, p_host: str, p_port: int, request: KVRequest, accept_timeout_s: float = 5.0) -> None:
         """Send ``request`` to P and wait until P accepts it.
 
-        Raises ``HandshakeError`` with P's reason on ``Rejected``, ``HandshakeTimeout`` when P did
-        not accept within ``accept_timeout_s``.
+        Raises ``PeerNotAllowed`` (nothing dialed) when ``allow`` does not allow ``p_host:p_port``,
+        ``HandshakeError`` with P's reason on ``Rejected`` or when all ``max_links`` links are busy,
+        ``HandshakeTimeout`` when P did not accept within ``accept_timeout_s``.
         """
         room = request.room
         if self._closed:
             raise HandshakeError(room, "decode's bootstrap client is closed")
+        self._check_allowed(room, p_host, p_port)
         if room in self._waits:
             raise HandshakeError(room, f"room {room} is already in flight on this decode")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + accept_timeout_s
-        link = self._link(p_host, p_port)
+        link = self.links.acquire(p_host, p_port, room)
         futures = (loop.create_future(), loop.create_future(), loop.create_future())
         wait = self._waits[room] = _Wait(room, link, Room.new(room, time.monotonic()), *futures)
-        link.rooms.add(room)
         frame = encode(msgspec.structs.replace(request, sent_at=time.time()))
         try:
             await asyncio.wait_for(link.sock.send(frame), accept_timeout_s)
@@ -177,8 +170,12 @@ class BootstrapClient:
             self._forget(room)
 
     async def ping(self, p_host: str, p_port: int, timeout_s: float = 2.0) -> Pong:
-        """P's ``Pong`` (with its fingerprint); ``HandshakeTimeout`` if none within ``timeout_s``."""
-        link = self._link(p_host, p_port)
+        """P's ``Pong`` (with its fingerprint); ``HandshakeTimeout`` if none within ``timeout_s``,
+        ``PeerNotAllowed`` (nothing dialed) if ``allow`` does not allow ``p_host:p_port``."""
+        if self._closed:
+            raise HandshakeError(None, "decode's bootstrap client is closed")
+        self._check_allowed(None, p_host, p_port)
+        link = self.links.acquire(p_host, p_port, None)
         nonce = random.getrandbits(63)
         pong = self._pings[nonce] = asyncio.get_running_loop().create_future()
         try:
@@ -190,79 +187,48 @@ class BootstrapClient:
                                          f"({link.describe()})") from None
         finally:
             self._pings.pop(nonce, None)
+            self.links.release(link, None)
 
     async def close(self) -> None:
+        """End every wait, then close every link. Idempotent."""
         if self._closed:
             return
         self._closed = True
         for wait in list(self._waits.values()):
             self._end(wait, HandshakeError(wait.room, "decode's bootstrap client closed"), settled=False)
         self._waits.clear()
-        tasks = [task for link in self._links.values() for task in link.tasks]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._ctx.destroy(linger=0)
-        self._links.clear()
+        await self.links.close()
 
-    # -- links -------------------------------------------------------------------------------------
+    # -- peers and frames ----------------------------------------------------------------------------
 
-    def _link(self, host: str, port: int) -> _Link:
-        address = f"{host}:{port}"
-        link = self._links.get(address)
-        if link is None:
-            sock = _socket(self._ctx, zmq.DEALER, host, self.max_message_bytes)
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a P that is not connected
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            sock.connect(_endpoint(host, port))
-            link = self._links[address] = _Link(address, sock, monitor)
-            link.tasks = [
-                asyncio.create_task(self._read(link), name=f"bootstrap-read-{address}"),
-                asyncio.create_task(self._watch(link), name=f"bootstrap-watch-{address}"),
-            ]
-        return link
+    def _check_allowed(self, room: int | None, host: str, port: int) -> None:
+        if not self.allow.allows(host, port):
+            raise PeerNotAllowed(
+                room, f"prefill {host}:{port} is not allowed by --allowed-bootstrap (allowed: {self.allow})"
+            )
 
-    async def _read(self, link: _Link) -> None:
-        while True:
-            frames = await _receive(link.sock, lambda: self._closed, f"from prefill {link.address}")
-            if frames is None:
-                return
-            try:
-                if len(frames) != 1:
-                    raise ProtocolError(f"expected 1 frame, got {len(frames)}")
-                self._dispatch(link, decode(frames[0]))
-            except VersionMismatch as e:
-                reason = check_version(PROTOCOL_VERSION, e.peer_version, mine_role="decode", theirs_role="prefill")
-                log.warning("from prefill %s: %s", link.address, reason)
-                wait = self._waits.get(e.room) if e.room is not None else None
-                if wait is not None and wait.link is link:
-                    self._end(wait, HandshakeError(wait.room, reason or ""), settled=False)
-            except ProtocolError as e:
-                log.warning("from prefill %s: dropped a frame: %s", link.address, e)
-            except Exception:
-                log.exception("from prefill %s: error while handling a frame", link.address)
+    def _on_frames(self, link: PeerLink, frames: list[bytes]) -> None:
+        try:
+            if len(frames) != 1:
+                raise ProtocolError(f"expected 1 frame, got {len(frames)}")
+            self._dispatch(link, decode(frames[0]))
+        except VersionMismatch as e:
+            reason = check_version(PROTOCOL_VERSION, e.peer_version, mine_role="decode", theirs_role="prefill")
+            log.warning("from prefill %s: %s", link.address, reason)
+            wait = self._waits.get(e.room) if e.room is not None else None
+            if wait is not None and wait.link is link:
+                self._end(wait, HandshakeError(wait.room, reason or ""), settled=False)
+        except ProtocolError as e:
+            log.warning("from prefill %s: dropped a frame: %s", link.address, e)
 
-    async def _watch(self, link: _Link) -> None:
-        while True:
-            event = parse_monitor_message(await link.monitor.recv_multipart())["event"]
-            if event == zmq.EVENT_MONITOR_STOPPED:
-                return
-            if event == zmq.EVENT_CONNECTED:
-                link.connected = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                link.connected = False
-                self._on_disconnect(link)
-
-    def _on_disconnect(self, link: _Link) -> None:
+    def _on_disconnect(self, link: PeerLink) -> None:
         for room in list(link.rooms):
             wait = self._waits.get(room)
             if wait is not None and wait.sent and not wait.settled.done():
                 reason = f"lost connection to prefill {link.address} (it stopped or crashed) with room {room} in flight"
                 self._end(wait, HandshakeError(room, reason), settled=False)
 
-    def _dispatch(self, link: _Link, msg: Message) -> None:
+    def _dispatch(self, link: PeerLink, msg: Message) -> None:
         if isinstance(msg, Pong):
             pong = self._pings.get(msg.nonce)
             if pong is not None and not pong.done():
@@ -309,7 +275,7 @@ class BootstrapClient:
     def _forget(self, room: int) -> None:
         wait = self._waits.pop(room, None)
         if wait is not None:
-            wait.link.rooms.discard(room)
+            self.links.release(wait.link, room)
 
 
 def _resolve(future: asyncio.Future[object], value: object) -> None:

@@ -31,6 +31,11 @@ class HandshakeTimeout(HandshakeError):
     """A deadline passed before P answered."""
 
 
+class PeerNotAllowed(HandshakeError):
+    """A request named a prefill address that ``--allowed-bootstrap`` (or the router) did not allow;
+    nothing was dialed. Decode's server answers 403."""
+
+
 class BootstrapClosed(ConnectionError):
     """``BootstrapServer.recv`` on a closed server."""
 

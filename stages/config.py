@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
+from transfer.peer_policy import AllowList
 
 ROLES = ("colocated", "prefill", "decode")
 DISAGG_ROLES = ("prefill", "decode")
@@ -65,6 +66,11 @@ class DisaggConfig:
             raise ValueError(f"--max-peer-links must be > 0, got {self.max_peer_links}")
         if not 0 <= self.bootstrap_port < 65536:
             raise ValueError(f"--bootstrap-port must be in [0, 65535], got {self.bootstrap_port}")
+        self.allow_list()  # raises ValueError naming --allowed-bootstrap on a bad pattern
+
+    def allow_list(self) -> AllowList:
+        """A fresh ``AllowList`` of ``--allowed-bootstrap`` (loopback when none is given)."""
+        return AllowList.parse(self.allowed_bootstrap) if self.allowed_bootstrap else AllowList()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Decode's end of the room handshake: ``BootstrapClient`` (see ``transfer.bootstrap`` for the wire)."""
+"""Decode's end of the room handshake: ``BootstrapClient`` (see ``transfer.bootstrap_common`` for the wire)."""
 
 from __future__ import annotations
 

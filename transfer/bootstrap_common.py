@@ -1,7 +1,27 @@
-"""Shared by both ends of the room handshake: its errors, the frame-size cap and the socket helpers.
+"""The room handshake between a decode (D) and a prefill (P) over ZeroMQ, and what both ends share:
+its errors, the frame-size cap and the socket helpers. The ends: ``transfer.bootstrap_server.BootstrapServer``
+(prefill) and ``transfer.bootstrap_client.BootstrapClient`` (decode, with its link cache in
+``transfer.peer_links``).
 
-``transfer.bootstrap_server`` (prefill) and ``transfer.bootstrap_client`` (decode) import from here;
-``transfer.bootstrap`` re-exports the public names.
+Both run on the asyncio loop of their server (uvicorn / FastAPI) and keep all their sockets in these modules; the
+pairing logic lives in ``transfer.rooms`` and the wire format in ``transfer.messages``.
+
+One room, seen from the wire (D = decode, P = prefill)::
+
+    D                                         P
+    KVRequest{room, blocks, descriptor} --->  check version + fingerprint + blocks
+                                        <---  Accepted{room} | Rejected{room, reason}
+                                              pair with P's own request, prefill, write KV
+                                        <---  KVReady{room, first_token, ...} | KVFailed{room, reason}
+    Abort{room, reason}                 --->  (at any time) P stops writing, then answers KVFailed
+
+P binds one ROUTER socket; each D keeps one DEALER socket per P address, shared by all its rooms.
+P answers a room to the ZeroMQ identity its ``KVRequest`` came from. Every wait has a deadline.
+
+Block safety: P writes into D's blocks until it has sent its last word for the room (``Rejected``,
+``KVReady`` or ``KVFailed``). D must not reuse a room's blocks before that; ``BootstrapClient.abort``
+returns True once P's last word has arrived (or P never got the request) and False when it gave up
+waiting, in which case D should quarantine the blocks rather than reuse them at once.
 """
 
 from __future__ import annotations

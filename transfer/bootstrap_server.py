@@ -1,4 +1,4 @@
-"""Prefill's end of the room handshake: ``BootstrapServer`` (see ``transfer.bootstrap`` for the wire)."""
+"""Prefill's end of the room handshake: ``BootstrapServer`` (see ``transfer.bootstrap_common`` for the wire)."""
 
 from __future__ import annotations
 

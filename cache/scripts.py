@@ -1,0 +1,156 @@
+"""The Redis key layout and the Lua scripts that change it. Each script runs atomically on the server,
+so the entry, the LRU index and the byte count move together.
+
+Layout (one Redis node; the scripts touch keys they compute, so Redis Cluster is not supported):
+  epd:emb:<key>     hash {meta: msgpack Entry, payload: bytes}: entry and payload in ONE key, so an
+                    index entry can never point at a payload that is gone. PEXPIRE = the TTL.
+  epd:lru           sorted set <key> -> last use (Redis server clock, microseconds; strictly increasing,
+                    so equal clock readings still keep the order of use).
+  epd:sizes         hash <key> -> stored bytes (meta + payload) of that entry.
+  epd:bytes         integer: sum of epd:sizes, the bytes the budget is held against.
+  epd:claim:<key>   string owner, SET NX PX lease: the encoder encoding <key> right now.
+  epd:events        pub/sub channel; JSON ``Event`` messages (ready / failed) naming a key.
+
+Bookkeeping keys carry no TTL, so a server's volatile-* maxmemory policy evicts only entries and
+claims; an entry that vanished without the scripts (TTL, server eviction, FLUSHALL) leaves an LRU
+member behind, which the next read of that key, the TTL sweep at put time, or eviction repairs.
+The TTL is an idle TTL: every read refreshes both the LRU score and the PEXPIRE.
+"""
+
+from __future__ import annotations
+
+PREFIX = "epd:"
+ENTRY_PREFIX = PREFIX + "emb:"
+CLAIM_PREFIX = PREFIX + "claim:"
+LRU = PREFIX + "lru"
+SIZES = PREFIX + "sizes"
+BYTES = PREFIX + "bytes"
+CHANNEL = PREFIX + "events"
+EXPIRED_PER_PUT = 64  # the TTL sweep at put time drops at most this many stale LRU members
+
+# KEYS[1..3] = LRU, SIZES, BYTES; ARGV[1] = ENTRY_PREFIX in every script that uses this prelude.
+_PRELUDE = """
+local LRU, SIZES, BYTES, ENTRY_PREFIX = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local function now_us()  -- a use stamp: the server clock, but after every stamp already given
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local top = redis.call('ZREVRANGE', LRU, 0, 0, 'WITHSCORES')
+  if top[2] and tonumber(top[2]) >= now then now = tonumber(top[2]) + 1 end
+  return now
+end
+local function stored_bytes()
+  return tonumber(redis.call('GET', BYTES) or '0')
+end
+local function add_bytes(delta)
+  if delta ~= 0 and redis.call('INCRBY', BYTES, delta) < 0 then redis.call('SET', BYTES, 0) end
+end
+local function index(member, size)  -- record the size of an entry that was just written or found
+  add_bytes(size - tonumber(redis.call('HGET', SIZES, member) or '0'))
+  redis.call('HSET', SIZES, member, size)
+end
+local function forget(member)  -- drop an entry and its bookkeeping, whatever is left of them
+  local existed = redis.call('DEL', ENTRY_PREFIX .. member)
+  redis.call('ZREM', LRU, member)
+  add_bytes(-tonumber(redis.call('HGET', SIZES, member) or '0'))
+  redis.call('HDEL', SIZES, member)
+  return existed
+end
+"""
+
+# KEYS: LRU, SIZES, BYTES, entry, claim. ARGV: ENTRY_PREFIX, member, ttl_ms.
+# Hit:  {1, meta, payload, use stamp (us), stored_bytes}   (LRU score and PEXPIRE refreshed)
+# Miss: {0, claimed 0|1, repaired 0|1, stored_bytes} (a half entry or a dangling LRU member is dropped)
+READ = _PRELUDE + """
+local member, ttl = ARGV[2], tonumber(ARGV[3])
+local got = redis.call('HMGET', KEYS[4], 'meta', 'payload')
+if got[1] and got[2] then
+  local now = now_us()
+  if redis.call('ZADD', LRU, now, member) == 1 then  -- found but not indexed: count it again
+    index(member, string.len(got[1]) + string.len(got[2]))
+  end
+  redis.call('PEXPIRE', KEYS[4], ttl)
+  return {1, got[1], got[2], now, stored_bytes()}
+end
+local repaired = 0
+if got[1] or got[2] or redis.call('ZSCORE', LRU, member) then
+  forget(member)
+  repaired = 1
+end
+return {0, redis.call('EXISTS', KEYS[5]), repaired, stored_bytes()}
+"""
+
+# KEYS: LRU, SIZES, BYTES, entry. ARGV: ENTRY_PREFIX, member, meta, payload, ttl_ms, budget, channel, event.
+# Returns {evicted, expired, stored_bytes, use stamp (us)}, or {-1, 0, stored_bytes, 0} if the entry alone
+# exceeds the budget (then nothing changes). Publishes ``event`` on ``channel`` once the entry is in.
+PUT = _PRELUDE + """
+local member, meta, payload = ARGV[2], ARGV[3], ARGV[4]
+local ttl, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
+local size = string.len(meta) + string.len(payload)
+if size > budget then return {-1, 0, stored_bytes(), 0} end
+local now = now_us()
+local stale = redis.call('ZRANGEBYSCORE', LRU, '-inf', now - ttl * 1000, 'LIMIT', 0, %(expired_per_put)d)
+for _, old in ipairs(stale) do forget(old) end
+forget(member)
+local evicted = 0
+while stored_bytes() + size > budget do
+  local oldest = redis.call('ZRANGE', LRU, 0, 0)
+  if #oldest == 0 then redis.call('SET', BYTES, 0) break end  -- the count had drifted: nothing is left
+  forget(oldest[1])
+  evicted = evicted + 1
+end
+redis.call('HSET', KEYS[4], 'meta', meta, 'payload', payload)
+redis.call('PEXPIRE', KEYS[4], ttl)
+redis.call('ZADD', LRU, now, member)
+index(member, size)
+redis.call('PUBLISH', ARGV[7], ARGV[8])
+return {evicted, #stale, stored_bytes(), now}
+""" % {"expired_per_put": EXPIRED_PER_PUT}
+
+# KEYS: LRU, SIZES, BYTES. ARGV: ENTRY_PREFIX, ttl_ms, member... Returns one 0|1 per member; a
+# present entry is touched (it is about to be used), a dangling LRU member is dropped.
+CONTAINS = _PRELUDE + """
+local ttl, out = tonumber(ARGV[2]), {}
+for i = 3, #ARGV do
+  local member = ARGV[i]
+  if redis.call('PEXPIRE', ENTRY_PREFIX .. member, ttl) == 1 then
+    redis.call('ZADD', LRU, now_us(), member)
+    out[#out + 1] = 1
+  else
+    if redis.call('ZSCORE', LRU, member) then forget(member) end
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
+# KEYS: LRU, SIZES, BYTES. ARGV: ENTRY_PREFIX, member. Returns 1 if an entry was deleted.
+DELETE = _PRELUDE + """
+return forget(ARGV[2])
+"""
+
+# KEYS: claim, entry. ARGV: owner, lease_ms. 1 = claimed (the caller encodes); 0 = cached or claimed by another.
+CLAIM = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+# KEYS: claim. ARGV: owner. 1 if the owner held the claim and it is now released.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: claim. ARGV: owner, lease_ms. 1 if the owner still holds the claim (its lease restarts).
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def entry_key(key: str) -> str:
+    return ENTRY_PREFIX + key
+
+
+def claim_key(key: str) -> str:
+    return CLAIM_PREFIX + key

@@ -1,0 +1,264 @@
+"""``EmbeddingCache``: the embedding cache over one Redis, for encoders (put, claims) and prefills
+(get, wait_ready) and the router (contains_many).
+
+Contract for every async method: it returns or raises within its deadline (``op_timeout_s`` per
+Redis call; ``deadline_s`` for ``wait_ready``). Redis being down, slow or refusing raises
+``CacheUnavailable`` with a message naming Redis and its URL. After Redis comes back the same object
+works again (the pool reconnects; the pub/sub dispatcher reconnects and re-subscribes). A Redis that
+lost its data only causes misses. A stored entry that does not decode or does not match its payload
+is a miss and is deleted (``stats().repairs``), never returned.
+
+Keys are ``cache.keys.image_key`` values (ValueError for anything else). The key layout, budget and
+TTL mechanics are in ``cache.scripts``. Create one ``EmbeddingCache`` per process and event loop;
+close it with ``aclose`` (or ``async with``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+import torch
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from cache import scripts
+from cache.config import CacheConfig
+from cache.entry import Entry, InRedis, decode_entry, encode_entry, pack, unpack
+from cache.errors import CacheUnavailable, CorruptEntry, EncodeFailed, EntryTooLarge, NotPending, ReadyTimeout
+from cache.keys import check_key
+from cache.readiness import Event, ReadyEvents, Waiter, encode_event
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_BOOKKEEPING = [scripts.LRU, scripts.SIZES, scripts.BYTES]
+
+
+@dataclass(frozen=True)
+class CachedEmbedding:
+    """A hit: the entry and its tensors (host memory, owned by the caller)."""
+
+    entry: Entry
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass
+class CacheStats:
+    """Counts of this process since start. ``hits``/``misses``: keys looked up by ``get``,
+    ``contains_many`` and ``wait_ready`` (a wait that had to wait is a miss). ``evictions``: entries
+    this process's writes evicted for the budget; ``expired``: stale entries its writes swept;
+    ``repairs``: dangling, half or corrupt entries dropped. ``stored_bytes``: the shared byte count
+    as of this process's last Redis call (all processes together)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    expired: int = 0
+    repairs: int = 0
+    stored_bytes: int = 0
+
+
+class EmbeddingCache:
+    def __init__(self, config: CacheConfig) -> None:
+        """No I/O here: the pool connects on first use."""
+        self.config = config
+        pool = aioredis.BlockingConnectionPool.from_url(
+            config.url, max_connections=config.max_connections, timeout=config.op_timeout_s,
+            socket_timeout=config.op_timeout_s, socket_connect_timeout=config.op_timeout_s,
+            retry=Retry(NoBackoff(), 1))  # one retry: a pooled connection may predate a Redis restart
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._events = ReadyEvents(config)
+        self._read = self._redis.register_script(scripts.READ)
+        self._put = self._redis.register_script(scripts.PUT)
+        self._contains = self._redis.register_script(scripts.CONTAINS)
+        self._delete = self._redis.register_script(scripts.DELETE)
+        self._claim = self._redis.register_script(scripts.CLAIM)
+        self._release = self._redis.register_script(scripts.RELEASE)
+        self._renew = self._redis.register_script(scripts.RENEW)
+        self._stats = CacheStats()
+
+    async def __aenter__(self) -> EmbeddingCache:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the dispatcher and close every connection. Waiters still running fail."""
+        await self._events.aclose()
+        await self._redis.aclose(close_connection_pool=True)
+
+    def stats(self) -> CacheStats:
+        """A snapshot (a copy) of this process's counts."""
+        return dataclasses.replace(self._stats)
+
+    # --- reads -----------------------------------------------------------------------------------
+    async def get(self, key: str) -> CachedEmbedding | None:
+        """The entry and tensors of ``key``, or None (miss). A hit refreshes its LRU place and TTL."""
+        hit, _ = await self._probe(check_key(key))
+        self._count(hits=hit is not None)
+        return hit
+
+    async def contains_many(self, keys: Iterable[str]) -> set[str]:
+        """The subset of ``keys`` that is cached now. Found entries are touched (LRU and TTL), as
+        they are about to be used; an entry can still be evicted before it is read."""
+        members = sorted({check_key(k) for k in keys})
+        if not members:
+            return set()
+        found = await self._call("check keys", lambda: self._contains(
+            keys=_BOOKKEEPING, args=[scripts.ENTRY_PREFIX, self.config.ttl_ms, *members]))
+        present = {m for m, flag in zip(members, found, strict=True) if flag}
+        self._stats.hits += len(present)
+        self._stats.misses += len(members) - len(present)
+        return present
+
+    async def stored_bytes(self) -> int:
+        """Bytes of all entries (metadata + payload), as counted against the budget."""
+        value = await self._call("read the byte count", lambda: self._redis.get(scripts.BYTES))
+        self._stats.stored_bytes = int(value or 0)
+        return self._stats.stored_bytes
+
+    # --- writes ----------------------------------------------------------------------------------
+    async def put(self, key: str, tensors: dict[str, torch.Tensor], *, num_tokens: int,
+                  image_grid: Sequence[int], encoder: str) -> Entry:
+        """Store ``tensors`` (dtypes in ``entry.DTYPES``) under ``key`` with its metadata, replacing any
+        entry of that key; evicts least-recently-used entries first if the budget needs it, and wakes
+        every waiter on ``key``. ``EntryTooLarge`` if the entry alone exceeds the budget (then nothing
+        changes). The caller keeps its tensors (they are copied)."""
+        check_key(key)
+        if num_tokens < 0 or any(not isinstance(n, int) or n < 0 for n in image_grid):
+            raise ValueError(f"num_tokens and image_grid must be non-negative ints, got {num_tokens}, {image_grid}")
+        specs, payload = pack(tensors)
+        now = time.time()
+        entry = Entry(key, specs, num_tokens, list(image_grid), len(payload), encoder, now, now, InRedis())
+        meta = encode_entry(entry)
+        reply = await self._call("write", lambda: self._put(
+            keys=[*_BOOKKEEPING, scripts.entry_key(key)],
+            args=[scripts.ENTRY_PREFIX, key, meta, payload, self.config.ttl_ms, self.config.budget_bytes,
+                  scripts.CHANNEL, encode_event(Event("ready", key))]))
+        evicted, expired, self._stats.stored_bytes, _ = (int(x) for x in reply)
+        if evicted < 0:
+            raise EntryTooLarge(f"an embedding of {len(meta) + len(payload)} bytes does not fit in the cache budget "
+                                f"of {self.config.budget_bytes} bytes; raise --cache-budget-mib")
+        self._stats.evictions += evicted
+        self._stats.expired += expired
+        return entry
+
+    async def delete(self, key: str) -> bool:
+        """Drop ``key``'s entry and bookkeeping; True if an entry was there."""
+        return bool(await self._call("delete", lambda: self._delete(
+            keys=_BOOKKEEPING, args=[scripts.ENTRY_PREFIX, check_key(key)])))
+
+    # --- single flight ---------------------------------------------------------------------------
+    async def claim(self, key: str, owner: str, lease_s: float) -> bool:
+        """True: ``owner`` must encode ``key`` now, renew the claim within ``lease_s``, then ``put`` (or
+        ``publish_failed``) and ``release``. False: the key is cached or another owner is encoding it;
+        ``wait_ready`` gives the result. A claim lapses ``lease_s`` after its last renewal."""
+        return bool(await self._call("claim", lambda: self._claim(
+            keys=[scripts.claim_key(check_key(key)), scripts.entry_key(key)], args=[owner, _ms(lease_s)])))
+
+    async def renew(self, key: str, owner: str, lease_s: float) -> bool:
+        """Restart ``owner``'s lease on ``key``; False if it no longer holds the claim."""
+        return bool(await self._call("renew claim", lambda: self._renew(
+            keys=[scripts.claim_key(check_key(key))], args=[owner, _ms(lease_s)])))
+
+    async def release(self, key: str, owner: str) -> bool:
+        """Drop ``owner``'s claim on ``key``; False if it did not hold it (lapsed or another's)."""
+        return bool(await self._call("release claim", lambda: self._release(
+            keys=[scripts.claim_key(check_key(key))], args=[owner])))
+
+    async def publish_failed(self, key: str, reason: str) -> None:
+        """Wake every waiter on ``key`` (in every process) with ``EncodeFailed(reason)``. Call before
+        ``release`` so that waiters hear the reason rather than a lapsed claim."""
+        event = encode_event(Event("failed", check_key(key), reason))
+        await self._call("publish", lambda: self._redis.publish(scripts.CHANNEL, event))
+
+    # --- readiness -------------------------------------------------------------------------------
+    async def wait_ready(self, key: str, deadline_s: float) -> CachedEmbedding:
+        """The entry of ``key`` once it is cached, waiting while an encoder holds a claim on it.
+
+        Raises, within ``deadline_s`` in every case: ``NotPending`` at once if ``key`` is neither
+        cached nor claimed; ``EncodeFailed`` when the encoder publishes a failure, or when the claim
+        lapses or is released without an entry (noticed within ``claim_check_s``); ``ReadyTimeout``
+        at the deadline; ``CacheUnavailable`` if Redis fails. Woken by the put's event, not by polling.
+        """
+        check_key(key)
+        waiter = self._events.register(key)
+        try:
+            async with asyncio.timeout(deadline_s):
+                await self._events.ensure_subscribed(self.config.op_timeout_s)
+                return await self._wait(key, waiter)
+        except TimeoutError:
+            raise ReadyTimeout(f"image {key} was not encoded within {deadline_s:g} s") from None
+        finally:
+            self._events.unregister(waiter)
+
+    async def _wait(self, key: str, waiter: Waiter) -> CachedEmbedding:
+        hit, claimed = await self._probe(key)
+        self._count(hits=hit is not None)
+        if hit is None and not claimed:
+            raise NotPending(f"image {key} is not in the cache and no encoder is encoding it")
+        while hit is None:
+            await waiter.sleep(self.config.claim_check_s)
+            if waiter.failure is not None:
+                raise EncodeFailed(key, waiter.failure)
+            hit, claimed = await self._probe(key)
+            if hit is None and not claimed:
+                raise EncodeFailed(key, "its encoder stopped without a result (the claim lapsed or was released)")
+        return hit
+
+    # --- internals -------------------------------------------------------------------------------
+    async def _probe(self, key: str) -> tuple[CachedEmbedding | None, bool]:
+        """(hit or None, whether a claim is held). Corrupt entries are deleted and reported as misses."""
+        reply = await self._call("read", lambda: self._read(
+            keys=[*_BOOKKEEPING, scripts.entry_key(key), scripts.claim_key(key)],
+            args=[scripts.ENTRY_PREFIX, key, self.config.ttl_ms]))
+        if int(reply[0]) == 0:
+            self._stats.repairs += int(reply[2])
+            self._stats.stored_bytes = int(reply[3])
+            return None, bool(reply[1])
+        self._stats.stored_bytes = int(reply[4])
+        try:
+            entry = decode_entry(reply[1])
+            if entry.key != key:
+                raise CorruptEntry(f"entry stored under {key} names key {entry.key}")
+            tensors = unpack(entry, reply[2])
+        except CorruptEntry as exc:
+            log.warning("embedding cache: dropping a corrupt entry: %s", exc)
+            await self.delete(key)
+            self._stats.repairs += 1
+            return None, False
+        entry = msgspec.structs.replace(entry, last_used_at=int(reply[3]) / 1e6)
+        return CachedEmbedding(entry, tensors), False
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis call under ``op_timeout_s``; any Redis or network failure -> CacheUnavailable."""
+        try:
+            async with asyncio.timeout(self.config.op_timeout_s):
+                return await call()
+        except TimeoutError:
+            raise CacheUnavailable(f"Redis at {self.config.safe_url}: {what} got no answer within "
+                                   f"{self.config.op_timeout_s:g} s") from None
+        except (RedisError, OSError) as exc:
+            raise CacheUnavailable(f"Redis at {self.config.safe_url}: {what} failed: {exc}") from None
+
+    def _count(self, *, hits: bool) -> None:
+        if hits:
+            self._stats.hits += 1
+        else:
+            self._stats.misses += 1
+
+
+def _ms(seconds: float) -> int:
+    if not seconds > 0:
+        raise ValueError(f"a lease must be positive, got {seconds} s")
+    return max(1, round(seconds * 1000))
+

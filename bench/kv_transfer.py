@@ -225,14 +225,12 @@ class Paths:
             self._nixl(sleep_poll=False)
 
     def _raw_in_thread(self) -> None:
-        """The raw batch call run the way our backend runs it: on a fresh worker thread (_BoundedCalls)
-        while the caller waits. raw_in_thread - raw = the thread hop; ours - raw_in_thread = the rest."""
-        from transfer.mooncake import _BoundedCalls
-
+        """The raw batch call run the way our backend runs it: on the backend's worker pool while the
+        caller waits. raw_in_thread - raw = the thread hop; ours - raw_in_thread = the rest."""
         engine = self.backend._engine
-        rc = _BoundedCalls().call(lambda: engine.batch_transfer_sync_write(self.peer.key, self.src_addrs,
-                                                                           self.dst_addrs, self.lengths),
-                                  time.monotonic() + self.backend.config.timeout_s, "raw_in_thread")
+        rc = self.backend._calls.call(lambda: engine.batch_transfer_sync_write(self.peer.key, self.src_addrs,
+                                                                               self.dst_addrs, self.lengths),
+                                      time.monotonic() + self.backend.config.timeout_s, "raw_in_thread")
         if rc != 0:
             raise RuntimeError(f"batch_transfer_sync_write returned {rc}")
 
@@ -304,9 +302,7 @@ def breakdown(paths: Paths, iters: int) -> dict:
         "coalesce_and_check_us": micro(lambda: check_ops(coalesce(paths.ops), backend.region[1], peer.length), iters),
     }
     if backend.name == "mooncake":
-        from transfer.mooncake import _BoundedCalls
-
-        calls = _BoundedCalls()
+        calls = backend._calls
         base = backend.region[0]
         out["address_lists_us"] = micro(lambda: ([base + op.local_offset for op in paths.ops],
                                                  [peer.base + op.remote_offset for op in paths.ops],

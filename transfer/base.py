@@ -331,6 +331,12 @@ class TransferBackend(ABC):
             self._peers.clear()
             self.region = None
 
+    def threads_alive(self) -> bool:
+        """False once a worker thread this backend started has died; the owner's health check asks
+        (thread-safe, cheap). Threads inside a library are not observable and not counted: NIXL's
+        progress thread is started and run by the NIXL agent itself, so NIXL keeps this default."""
+        return True
+
     @property
     def stats(self) -> TransferStats:
         """A snapshot of the counters; thread-safe."""

@@ -7,10 +7,11 @@ Library facts this file relies on (0.3.13):
   its own timeout passes (env ``MC_TRANSFER_TIMEOUT`` seconds, read when the engine is built, at
   least 5, default 30, plus 1 ns per byte). Before the first write to a target it opens the
   target's segment with a socket handshake that a stalled (not dead) peer holds for about 60 s.
-  Neither can be cancelled, so each batch runs on a worker thread and write() stops waiting at its
-  deadline (TransferError with ``in_flight=True``); the call ends on its own later (at once when the
-  peer dies). A process that exits while such a call still runs aborts ("terminate called without
-  an active exception"); release() waits up to ``timeout_s`` for them.
+  Neither can be cancelled, so each batch runs on one of WORKERS pooled worker threads and write()
+  stops waiting at its deadline (TransferError with ``in_flight=True``); the call keeps its worker
+  until it ends on its own (at once when the peer dies). When every worker is held by such calls,
+  writes fail at once instead of piling up. A process that exits while such a call still runs
+  aborts ("terminate called without an active exception"); release() waits up to ``timeout_s``.
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).
@@ -21,10 +22,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import msgspec
 from mooncake.engine import TransferEngine
@@ -35,6 +38,7 @@ from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferB
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BATCH = 512  # ops per batch_transfer_sync_write; the TCP transport's per-peer queue holds ~1024
+WORKERS = 4  # library calls running at once per process; a write waits for a free one until its deadline
 
 
 class MooncakeDescriptor(RegionDescriptor, frozen=True, kw_only=True):
@@ -51,7 +55,8 @@ class MooncakeDescriptor(RegionDescriptor, frozen=True, kw_only=True):
 class MooncakeBackend(TransferBackend):
     """One ``TransferEngine`` per process with the P2P handshake (no metadata server). ``host`` is
     the address peers dial; Mooncake picks the RPC port. Writes are ``batch_transfer_sync_write``
-    calls on worker threads, MAX_BATCH ops each, all under one deadline."""
+    calls on a pool of WORKERS threads (started on first use), MAX_BATCH ops each, all under one
+    deadline. ``threads_alive`` reports the pool's threads."""
 
     name = "mooncake"
     protocols = ("tcp", "rdma")
@@ -66,7 +71,7 @@ class MooncakeBackend(TransferBackend):
             raise TransferError(f"mooncake: initialize({config.host!r}, P2PHANDSHAKE, {config.protocol!r}, "
                                 f"{config.device!r}) failed with code {rc}; check TransferConfig.host/device")
         self.rpc_port = self._engine.get_rpc_port()
-        self._calls = _BoundedCalls()
+        self._calls = _WorkerPool()
 
     def _register(self, ptr: int, length: int) -> None:
         rc = self._live().register_memory(ptr, length)
@@ -101,11 +106,15 @@ class MooncakeBackend(TransferBackend):
                 raise TransferError(f"mooncake: batch_transfer_sync_write to {peer.key} failed with code {rc} "
                                     f"(peer dead, unreachable, or region mismatch)")
 
+    def threads_alive(self) -> bool:
+        return self._calls.alive()
+
     def _release(self) -> None:
         left = self._calls.wait_idle(self.config.timeout_s)
         if left:
             log.warning("mooncake: %d abandoned write(s) still running at release; the region must stay "
                         "allocated until they end (MC_TRANSFER_TIMEOUT)", left)
+        self._calls.stop()
         if self.region is not None and self._engine is not None:
             rc = self._engine.unregister_memory(self.region[0])
             if rc != 0:
@@ -118,44 +127,112 @@ class MooncakeBackend(TransferBackend):
         return self._engine
 
 
-class _BoundedCalls:
-    """Runs blocking library calls on daemon threads so the caller never waits past a deadline, and
-    remembers the calls that outlived theirs."""
+@dataclass(eq=False)
+class _Job(Generic[T]):
+    fn: Callable[[], T] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: T | None = None
+    error: BaseException | None = None
+    abandoned: bool = False  # the caller stopped waiting; set and read under the pool's lock
 
-    def __init__(self) -> None:
-        self._running: set[threading.Thread] = set()
-        self._lock = threading.Lock()
+
+class _WorkerPool:
+    """At most ``size`` daemon threads (started on demand, then reused) that run blocking library
+    calls, so that a caller never waits past its deadline. Contract of ``call`` (any thread):
+
+    - it hands its call to a free worker, waiting for one until ``deadline``; nothing is queued
+      without a worker to run it;
+    - a call that outlives ``deadline`` is abandoned: the caller gets TransferError with
+      ``in_flight=True`` at once, and the call keeps its worker until the library returns;
+    - when every worker is held by an abandoned call (the library is stuck on stalled peers), it
+      fails at once with a TransferError saying so, until one of them returns.
+    ``wait_idle`` and ``stop`` are for release; ``alive`` for health checks.
+    """
+
+    def __init__(self, size: int = WORKERS) -> None:
+        if size < 1:
+            raise ValueError(f"a worker pool needs at least one worker, got {size}")
+        self.size = size
+        self._changed = threading.Condition()  # guards the fields below; notified when a call ends
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # calls handed to a worker and not ended
+        self._abandoned = 0  # of those, calls whose caller stopped waiting
+        self._stopped = False
 
     def call(self, fn: Callable[[], T], deadline: float, what: str) -> T:
-        box: dict[str, object] = {}
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box["result"] = fn()
-            except BaseException as exc:  # handed to the caller below
-                box["error"] = exc
-            finally:
-                with self._lock:
-                    self._running.discard(thread)
-                done.set()
-
-        thread = threading.Thread(target=run, name="mooncake-call", daemon=True)
-        with self._lock:
-            self._running.add(thread)
-        thread.start()
-        if not done.wait(max(0.0, deadline - time.monotonic())):
+        job: _Job[T] = _Job(fn)
+        self._hand_over(job, deadline, what)
+        if not job.done.wait(max(0.0, deadline - time.monotonic())) and self._abandon(job):
             raise TransferError(f"{what} did not finish in time (TransferConfig.timeout_s); the library call "
                                 f"keeps running until MC_TRANSFER_TIMEOUT", in_flight=True)
-        if "error" in box:
-            raise TransferError(f"{what} raised {box['error']!r}") from box["error"]  # type: ignore[misc]
-        return box["result"]  # type: ignore[return-value]
+        if job.error is not None:
+            raise TransferError(f"{what} raised {job.error!r}") from job.error
+        return job.result  # type: ignore[return-value]
+
+    def alive(self) -> bool:
+        """False once a started worker died (never expected: a worker catches whatever its call raises)."""
+        with self._changed:
+            return self._stopped or all(thread.is_alive() for thread in self._threads)
 
     def wait_idle(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for abandoned calls; return how many are still running."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            threads = list(self._running)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return sum(t.is_alive() for t in threads)
+        """Wait up to ``timeout_s`` for running calls (abandoned ones included); return how many still run."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._busy == 0, timeout_s)
+            return self._busy
+
+    def stop(self) -> None:
+        """Refuse new calls; each worker exits once its current call (if any) has returned."""
+        with self._changed:
+            self._stopped = True
+            for _ in self._threads:
+                self._jobs.put(None)
+
+    def _hand_over(self, job: _Job, deadline: float, what: str) -> None:
+        with self._changed:
+            while self._busy >= self.size:
+                if self._abandoned >= self.size:
+                    raise TransferError(f"{what}: all {self.size} mooncake workers are held by abandoned calls "
+                                        f"(stalled peers); writes fail at once until one returns "
+                                        f"(MC_TRANSFER_TIMEOUT)")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferError(f"{what}: no mooncake worker became free in time (TransferConfig."
+                                        f"timeout_s); all {self.size} are running other writes")
+                self._changed.wait(left)
+            if self._stopped:
+                raise TransferError("mooncake: backend already released")
+            self._busy += 1
+            if self._busy > len(self._threads):
+                thread = threading.Thread(target=self._work, name=f"mooncake-worker-{len(self._threads)}",
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        self._jobs.put(job)
+
+    def _abandon(self, job: _Job) -> bool:
+        """Mark ``job`` abandoned unless it ended meanwhile; True if it was abandoned."""
+        with self._changed:
+            if job.done.is_set():
+                return False
+            job.abandoned = True
+            self._abandoned += 1
+            return True
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                assert job.fn is not None
+                job.result = job.fn()
+            except BaseException as exc:  # handed to the caller
+                job.error = exc
+            job.fn = None  # drop the library objects the call holds (release counts on it)
+            with self._changed:
+                self._busy -= 1
+                self._abandoned -= job.abandoned
+                job.done.set()
+                self._changed.notify_all()
+            job = None

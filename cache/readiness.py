@@ -12,7 +12,8 @@ be lost, so every (re)connection and every disconnection wakes all waiters to ch
 (a waiter's check then fails fast with ``CacheUnavailable`` if Redis is down).
 
 The dispatcher owns its own Redis client with no retries: it notices a broken connection, waits
-(backoff up to 1 s) and reconnects and re-subscribes by itself; nothing needs a restart.
+(backoff up to 1 s, cut short when a waiter needs the subscription) and reconnects and re-subscribes
+by itself; nothing needs a restart.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class ReadyEvents:
         self._config = config
         self._waiters: dict[str, set[Waiter]] = {}
         self._subscribed = asyncio.Event()
+        self._retry_now = asyncio.Event()  # set by a caller that needs the subscription: skip the backoff
         self._last_error = "not connected yet"
         self._task: asyncio.Task[None] | None = None
         self._redis = aioredis.Redis.from_url(
@@ -103,10 +105,14 @@ class ReadyEvents:
 
     async def ensure_subscribed(self, timeout_s: float) -> None:
         """Return once the channel subscription is confirmed; ``CacheUnavailable`` after ``timeout_s``."""
-        if self._task is None:
+        if self._task is None or self._task.done():  # first use, or the dispatcher died of a bug
+            if self._task is not None and not self._task.cancelled() and self._task.exception() is not None:
+                log.error("cache events: the dispatcher failed; restarting it", exc_info=self._task.exception())
+            self._subscribed.clear()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="epd-cache-events")
         if self._subscribed.is_set():
             return
+        self._retry_now.set()
         try:
             await asyncio.wait_for(self._subscribed.wait(), timeout_s)
         except TimeoutError:
@@ -141,8 +147,16 @@ class ReadyEvents:
                 self._wake_all()
             finally:
                 await _close_quietly(pubsub)
-            await asyncio.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+            await self._backoff(attempt)
             attempt += 1
+
+    async def _backoff(self, attempt: int) -> None:
+        """Sleep before reconnecting, shorter if a caller is waiting for the subscription."""
+        self._retry_now.clear()
+        try:
+            await asyncio.wait_for(self._retry_now.wait(), _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+        except TimeoutError:
+            pass
 
     async def _subscribe(self, pubsub: aioredis.client.PubSub) -> None:
         await pubsub.subscribe(CHANNEL)

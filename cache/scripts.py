@@ -107,16 +107,18 @@ return {evicted, #stale, stored_bytes(), now}
 """ % {"expired_per_put": EXPIRED_PER_PUT}
 
 # KEYS: LRU, SIZES, BYTES. ARGV: ENTRY_PREFIX, ttl_ms, member... Returns one 0|1 per member; a
-# present entry is touched (it is about to be used), a dangling LRU member is dropped.
+# present entry is touched (it is about to be used), a half entry or dangling LRU member is dropped.
 CONTAINS = _PRELUDE + """
 local ttl, out = tonumber(ARGV[2]), {}
 for i = 3, #ARGV do
   local member = ARGV[i]
-  if redis.call('PEXPIRE', ENTRY_PREFIX .. member, ttl) == 1 then
+  local fields = redis.call('HLEN', ENTRY_PREFIX .. member)
+  if fields == 2 then
+    redis.call('PEXPIRE', ENTRY_PREFIX .. member, ttl)
     redis.call('ZADD', LRU, now_us(), member)
     out[#out + 1] = 1
   else
-    if redis.call('ZSCORE', LRU, member) then forget(member) end
+    if fields > 0 or redis.call('ZSCORE', LRU, member) then forget(member) end
     out[#out + 1] = 0
   end
 end

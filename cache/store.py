@@ -55,7 +55,8 @@ class CacheStats:
     """Counts of this process since start. ``hits``/``misses``: keys looked up by ``get``,
     ``contains_many`` and ``wait_ready`` (a wait that had to wait is a miss). ``evictions``: entries
     this process's writes evicted for the budget; ``expired``: stale entries its writes swept;
-    ``repairs``: dangling, half or corrupt entries dropped. ``stored_bytes``: the shared byte count
+    ``repairs``: dangling, half or corrupt entries its reads found and dropped (``contains_many``
+    drops dangling ones too, uncounted). ``stored_bytes``: the shared byte count
     as of this process's last Redis call (all processes together)."""
 
     hits: int = 0

@@ -144,17 +144,27 @@ async def test_a_corrupt_entry_is_a_miss_and_is_deleted(cache: EmbeddingCache, r
 
 @pytest.mark.parametrize("damage", ["entry deleted", "payload field deleted"])
 async def test_a_dangling_entry_is_a_miss_and_is_repaired(cache: EmbeddingCache, redis_url: str, damage: str) -> None:
-    await cache.put(key(1), embedding(1), num_tokens=16, image_grid=[1, 8, 8], encoder="e")
-    with raw(redis_url) as r:
-        if damage == "entry deleted":
-            r.delete(scripts.entry_key(key(1)))
-        else:
-            r.hdel(scripts.entry_key(key(1)), "payload")
-    assert await cache.contains_many([key(1)]) == set() if damage == "entry deleted" else True
+    async def damaged_entry() -> None:
+        await cache.put(key(1), embedding(1), num_tokens=16, image_grid=[1, 8, 8], encoder="e")
+        with raw(redis_url) as r:
+            if damage == "entry deleted":
+                r.delete(scripts.entry_key(key(1)))
+            else:
+                r.hdel(scripts.entry_key(key(1)), "payload")
+
+    def assert_repaired() -> None:
+        with raw(redis_url) as r:
+            assert r.zcard(scripts.LRU) == r.hlen(scripts.SIZES) == 0 and not r.exists(scripts.entry_key(key(1)))
+
+    await damaged_entry()
     assert await cache.get(key(1)) is None
+    assert cache.stats().repairs == 1
     assert await cache.stored_bytes() == 0
-    with raw(redis_url) as r:
-        assert r.zcard(scripts.LRU) == 0 and r.hlen(scripts.SIZES) == 0 and not r.exists(scripts.entry_key(key(1)))
+    assert_repaired()
+    await damaged_entry()
+    assert await cache.contains_many([key(1)]) == set()
+    assert await cache.stored_bytes() == 0
+    assert_repaired()
 
 
 async def test_eviction_keeps_stored_bytes_within_the_budget_in_lru_order(redis_url: str) -> None:
@@ -204,7 +214,8 @@ async def test_an_entry_larger_than_the_budget_is_refused_and_changes_nothing(re
         with pytest.raises(EntryTooLarge) as info:
             await cache.put(key(2), embedding(2, tokens=64), num_tokens=64, image_grid=[1, 8, 32], encoder="e")
         assert str(info.value).startswith("an embedding of ")
-        assert str(info.value).endswith(" bytes does not fit in the cache budget of 10000 bytes; raise --cache-budget-mib")
+        assert str(info.value).endswith(
+            " bytes does not fit in the cache budget of 10000 bytes; raise --cache-budget-mib")
         assert await cache.stored_bytes() == before
         assert await cache.contains_many([key(1), key(2)]) == {key(1)}
 

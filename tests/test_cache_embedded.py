@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,18 +65,20 @@ def test_it_refuses_a_port_in_use_and_leaves_nothing() -> None:
 
 def test_it_dies_with_a_killed_parent() -> None:
     code = ("import sys; from cache.embedded import EmbeddedRedis; s = EmbeddedRedis(32 << 20).start(); "
-            "print(s.process.pid, flush=True); sys.stdin.read()")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        redis_pid = int(parent.stdout.readline())
-        assert alive(redis_pid)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(5)
-        assert wait_dead(redis_pid), "redis-server outlived its killed parent"
-    finally:
-        parent.kill()
-        parent.wait(5)
+            "print(s.process.pid, s._dir, flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) as parent:
+        directory = ""
+        try:
+            pid_text, directory = parent.stdout.readline().decode().split()
+            redis_pid = int(pid_text)
+            assert alive(redis_pid)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(5)
+            assert wait_dead(redis_pid), "redis-server outlived its killed parent"
+        finally:
+            parent.kill()
+            shutil.rmtree(directory, ignore_errors=True)  # a killed parent cannot clean up after itself
 
 
 def test_a_clean_interpreter_exit_stops_it() -> None:

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes; torch is imported only when a model loads
+VISION, TEXT = "vision", "text"  # the halves of a model (see stages/engine/models/base.py)
+PARTS = (VISION, TEXT)
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     threads: int = 1
     seed: int = 0
+    parts: tuple[str, ...] = PARTS  # what to load: ("text",) for a stage that never encodes images
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -31,6 +34,8 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if not self.parts or not set(self.parts) <= set(PARTS):
+            raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {self.parts}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"--max-model-len must be > 1, got {self.max_model_len}")
 

@@ -57,7 +57,7 @@ class Engine:
         torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME)
+        self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME, config.parts)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.prompts = PromptBuilder(self.tokenizer, AutoImageProcessor.from_pretrained(config.model), self.adapter)
         text = self.adapter.text_config

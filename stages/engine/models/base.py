@@ -4,6 +4,12 @@ An adapter wraps a loaded Hugging Face model and exposes its parts (token embedd
 layers, rotary embedding, final norm, LM head, vision tower) plus the family's rules (how many
 placeholder tokens an image fills, how positions are numbered). The engine never branches on the
 family; adding a family is one adapter file registered in ``models/__init__.py``.
+
+Parts: a model is two halves, ``"vision"`` (the vision tower and projector: ``vision_modules``)
+and ``"text"`` (the language model and LM head: ``text_modules``). An adapter holds the parts its
+role loaded (``parts``); the modules of the other half are None. The rules (``image_token_id``,
+``num_image_tokens``, ``num_image_tokens_for_size``, ``prefill_positions``) read only the config,
+so they hold whichever half is loaded.
 """
 
 from __future__ import annotations
@@ -14,17 +20,40 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from stages.engine.config import PARTS, TEXT, VISION
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 
 
 class ModelAdapter(ABC):
     family: ClassVar[str]
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter serves
+    vision_modules: ClassVar[tuple[str, ...]]  # dotted paths of the vision half in the HF model
+    text_modules: ClassVar[tuple[str, ...]] = ("model.language_model", "lm_head")
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, parts: tuple[str, ...] = PARTS) -> None:
         self.model = model
+        self.parts = parts
         self.config = model.config
         self.text_config = model.config.get_text_config()
+
+    @classmethod
+    def modules_of(cls, parts: tuple[str, ...]) -> tuple[str, ...]:
+        """The dotted module paths that make up ``parts``."""
+        return tuple(path for part in parts for path in {VISION: cls.vision_modules, TEXT: cls.text_modules}[part])
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters this adapter holds (the loaded parts only; a tied weight counts once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def vision_identity(self) -> dict:
+        """Everything in the config that can shape an image embedding: the whole config except the
+        language model's (for ``cache.keys.vision_fingerprint``)."""
+        return {k: v for k, v in self.config.to_dict().items() if k != "text_config"}
+
+    def _require(self, part: str) -> None:
+        if part not in self.parts:
+            raise RuntimeError(f"this {self.family} adapter was loaded without its {part} half (parts={self.parts})")
 
     # --- parts -----------------------------------------------------------------------------
     @property
@@ -43,7 +72,13 @@ class ModelAdapter(ABC):
     # --- rules -----------------------------------------------------------------------------
     @abstractmethod
     def num_image_tokens(self, image: ImageInput) -> int:
-        """Placeholder tokens one preprocessed image fills in the prompt."""
+        """Placeholder tokens one preprocessed image fills in the prompt (from its pixel tensor's shape)."""
+
+    @abstractmethod
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+        """Placeholder tokens an image of ``width`` x ``height`` fills, from the configs alone (no
+        pixels): equals ``num_image_tokens`` of that image after ``image_processor``. ValueError for a
+        size the processor refuses."""
 
     @abstractmethod
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:

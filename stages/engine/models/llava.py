@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stages.engine.config import VISION
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 
@@ -12,6 +13,7 @@ from stages.engine.multimodal import ImageEmbedding, ImageInput
 class LlavaAdapter(ModelAdapter):
     family = "llava"
     model_types = ("llava",)
+    vision_modules = ("model.vision_tower", "model.multi_modal_projector")
 
     @property
     def text_model(self) -> nn.Module:
@@ -23,8 +25,22 @@ class LlavaAdapter(ModelAdapter):
         return getattr(config, "image_token_id", None) or config.image_token_index
 
     def num_image_tokens(self, image: ImageInput) -> int:
-        vision = self.config.vision_config
         _, height, width = image.pixel_values.shape
+        return self._tokens_for_pixels(width, height)
+
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+        """Every image becomes the processor's fixed output size (CLIP: resize, then center crop to
+        ``crop_size``; SigLIP: resize to ``size``), whatever its own size."""
+        crop, size = getattr(image_processor, "crop_size", None), image_processor.size
+        if getattr(image_processor, "do_center_crop", False) and crop:
+            return self._tokens_for_pixels(crop["width"], crop["height"])
+        if image_processor.do_resize and size.get("height") and size.get("width"):
+            return self._tokens_for_pixels(size["width"], size["height"])
+        raise ValueError(f"the image processor ({type(image_processor).__name__}, size={dict(size)}) does not "
+                         "give every image one fixed size; the token count depends on the pixels")
+
+    def _tokens_for_pixels(self, width: int, height: int) -> int:
+        vision = self.config.vision_config
         patches = (height // vision.patch_size) * (width // vision.patch_size)
         has_cls = vision.model_type == "clip_vision_model"
         dropped = 1 if self.config.vision_feature_select_strategy == "default" else 0
@@ -32,6 +48,7 @@ class LlavaAdapter(ModelAdapter):
 
     @torch.inference_mode()
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
+        self._require(VISION)
         if not images:
             return []
         out = self.model.model.get_image_features(

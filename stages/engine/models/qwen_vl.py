@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from stages.engine.config import VISION
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 
@@ -14,6 +15,7 @@ from stages.engine.multimodal import ImageEmbedding, ImageInput
 class QwenVLAdapter(ModelAdapter):
     family = "qwen_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    vision_modules = ("model.visual",)  # the tower, its patch merger (the projector) and Qwen3-VL's deepstack mergers
 
     @property
     def text_model(self) -> nn.Module:
@@ -34,8 +36,13 @@ class QwenVLAdapter(ModelAdapter):
     def num_image_tokens(self, image: ImageInput) -> int:
         return math.prod(image.grid_thw) // self.merge_size**2
 
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+        """The processor's own size rule (``smart_resize`` under its min/max pixels, patch and merge size)."""
+        return image_processor.get_number_of_image_patches(height, width) // image_processor.merge_size**2
+
     @torch.inference_mode()
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
+        self._require(VISION)
         if not images:
             return []
         out = self.model.model.get_image_features(

@@ -17,12 +17,12 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.api.routes import create_app
     from stages.engine.async_engine import AsyncEngine
     from stages.engine.engine import Engine
-    from stages.faults import Faults
+    from stages.faults import Faults, engine_hook
     from stages.metrics import Metrics
     from stages.supervisor import Supervisor
 
     metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
-    engine = AsyncEngine(Engine(config.engine), on_step=metrics.observe_step)
+    engine = AsyncEngine(Engine(config.engine), on_step=metrics.observe_step, before_step=engine_hook(faults))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -26,12 +26,14 @@ class StageRuntime:
 
 
 def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: TransferConfig,
-                  on_step=None) -> StageRuntime:
-    """Load the model, allocate the KV pool, register it once with the transfer backend."""
+                  on_step=None, before_step=None) -> StageRuntime:
+    """Load the model, allocate the KV pool, register it once with the transfer backend.
+    ``on_step`` and ``before_step`` are the ``AsyncEngine``'s hooks."""
     engine = Engine(engine_config)
     backend = create_backend(transfer, transfer_config)
     backend.register(engine.pool.data_ptr, engine.pool.nbytes)
-    return StageRuntime(AsyncEngine(engine, on_step=on_step), backend, fingerprint(engine, transfer))
+    return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=before_step), backend,
+                        fingerprint(engine, transfer))
 
 
 def fingerprint(engine: Engine, backend: str) -> Fingerprint:

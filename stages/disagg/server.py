@@ -26,7 +26,7 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import Faults
+from stages.faults import Faults, engine_hook
 from stages.supervisor import Supervisor
 
 
@@ -77,7 +77,8 @@ def build(config: ServerConfig) -> FastAPI:
     disagg = config.disagg
     assert disagg is not None  # ServerConfig guarantees it for these roles
     metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
-    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, on_step=metrics.observe_step)
+    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, on_step=metrics.observe_step,
+                            before_step=engine_hook(faults))
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
     coordinator: PrefillCoordinator | DecodeCoordinator
     if config.role == "prefill":

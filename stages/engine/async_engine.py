@@ -1,10 +1,23 @@
 """Runs an Engine on its own thread and exposes it to asyncio servers.
 
 Contract: the engine thread is the only thread that touches the Engine. The event loop sends it
-commands (add, abort) through a thread-safe queue and receives ``RequestOutput``s through one
-asyncio queue per request (``loop.call_soon_threadsafe``). ``generate`` validates a request on the
-caller's side first, so a bad request raises ValueError before it is queued. If the caller stops
-iterating (client disconnect, cancellation), the request is aborted and its blocks are freed.
+commands (start a request, abort one, run a function between steps) through a thread-safe queue
+and receives ``RequestOutput``s through one asyncio queue per request (``loop.call_soon_threadsafe``).
+``generate`` validates a request on the caller's side first, so a bad request raises ValueError
+before it is queued. If the caller stops iterating (client disconnect, cancellation), the request
+is aborted and its blocks are freed.
+
+Nobody waits forever:
+
+- every ``call`` has a deadline (``timeout_s``); past it the caller gets ``EngineTimeout``;
+- when the engine thread ends (it died, or ``shutdown``), every request stream gets a final
+  output with ``error`` set, every queued ``call`` raises ``EngineUnavailable``, and so does every
+  ``call``/``generate``/``generate_prefilled`` issued afterwards, at once. The end is marked under
+  the same lock that guards putting a command, so no command can slip in after the final drain.
+
+``before_step`` (optional) is called on the engine thread at the top of every loop iteration:
+before each step, and about every ``IDLE_WAIT_S`` while idle. Servers wire their fault points to
+it (an exception it raises ends the engine thread; a sleep in it stalls the engine).
 """
 
 from __future__ import annotations
@@ -14,8 +27,8 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.multimodal import Prompt
@@ -25,6 +38,17 @@ from stages.engine.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread blocks on its command queue before looking again
+CALL_TIMEOUT_S = 30.0  # default deadline of ``AsyncEngine.call``
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine thread is not running (it died or was shut down), so nothing sent to it will run.
+    Servers answer 503."""
+
+
+class EngineTimeout(EngineUnavailable, TimeoutError):
+    """A ``call`` got no answer from the engine thread before its deadline: the thread is stuck or far
+    behind. Servers answer 503."""
 
 
 @dataclass(frozen=True)
@@ -35,12 +59,27 @@ class EngineStats:
     blocks_total: int
 
 
+@dataclass(eq=False)
+class _Call:
+    """One ``call``: ``started`` and ``withdrawn`` change only under ``AsyncEngine._lock``."""
+
+    fn: Callable[[Engine], Any]
+    future: asyncio.Future
+    undo: Callable[[Engine, Any], None] | None = None
+    started: bool = field(default=False)
+    withdrawn: bool = field(default=False)
+
+
 class AsyncEngine:
-    def __init__(self, engine: Engine, on_step: Callable[[int], None] | None = None) -> None:
+    def __init__(self, engine: Engine, on_step: Callable[[int], None] | None = None,
+                 before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self._on_step = on_step  # called on the engine thread with the batch size after each step
+        self._before_step = before_step  # called on the engine thread at the top of each loop iteration
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()  # guards _ended, putting commands, registering streams, call states
+        self._ended: str | None = None  # why the engine thread is no longer running
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -48,13 +87,17 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the engine thread; whatever is still waiting on it fails with ``EngineUnavailable``."""
         self._stop.set()
-        self._commands.put(("wake",))
-        self._thread.join(timeout_s)
+        self._put_quietly(("wake",))
+        if self._thread.ident is None:  # never started: nobody else will fail what was queued
+            self._end("the engine was shut down")
+        else:
+            self._thread.join(timeout_s)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self._ended is None
 
     def stats(self) -> EngineStats:
         allocator = self.engine.allocator
@@ -63,25 +106,32 @@ class AsyncEngine:
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                  hand_off: bool = False) -> AsyncIterator[RequestOutput]:
-        """Yield outputs until the request finishes. Raises ValueError for a request that can never run.
+        """Yield outputs until the request finishes. Raises ValueError for a request that can never run,
+        EngineUnavailable if the engine thread is not running (then or when the request is queued).
         ``hand_off``: prefill only; the final output carries the blocks (see ``Engine.add_request``)."""
+        self._check_running()
         self.engine.check_request(prompt, params)
         return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, hand_off) and None)
 
     def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
                            first_token: int, rope_delta: int) -> AsyncIterator[RequestOutput]:
         """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s.
-        The engine owns ``blocks`` from the moment the command runs."""
+        The engine owns ``blocks`` from the moment the command runs. Raises EngineUnavailable if the
+        engine thread is not running (then the caller still owns the blocks)."""
+        self._check_running()
         return self._stream(
             request_id, lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_token, rope_delta)
         )
 
-    async def _stream(self, request_id: str, start: Callable[[Engine], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
-        if request_id in self._streams:
-            raise ValueError(f"duplicate request id {request_id}")
+    async def _stream(self, request_id: str,
+                      start: Callable[[Engine], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), outputs)
-        self._commands.put(("start", request_id, start))
+        with self._lock:
+            self._raise_if_ended()
+            if request_id in self._streams:
+                raise ValueError(f"duplicate request id {request_id}")
+            self._streams[request_id] = (asyncio.get_running_loop(), outputs)
+            self._commands.put(("start", request_id, start))
         finished = False
         try:
             while not finished:
@@ -94,18 +144,75 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._put_quietly(("abort", request_id))
 
-    async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on the engine thread between steps and return its result (or raise its error)."""
-        future = asyncio.get_running_loop().create_future()
-        self._commands.put(("call", fn, future))
-        return await future
+    async def call(self, fn: Callable[[Engine], T], timeout_s: float = CALL_TIMEOUT_S,
+                   undo: Callable[[Engine, T], None] | None = None) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps and return its result (or raise its error).
+
+        Raises EngineUnavailable at once if the engine thread is not running or ends before ``fn``
+        runs, and EngineTimeout if no answer comes within ``timeout_s``. A call given up (deadline
+        or cancellation) before ``fn`` starts never runs. One given up after ``fn`` started has its
+        result handed to ``undo(engine, result)`` on the engine thread, when given, so that what
+        ``fn`` took (reserved blocks, say) is given back."""
+        command = _Call(fn, asyncio.get_running_loop().create_future(), undo)
+        self._put(("call", command))
+        answered = False
+        try:
+            await asyncio.wait({command.future}, timeout=timeout_s)
+            answered = command.future.done()
+        finally:
+            if not answered:
+                ran = self._give_up(command)
+        if answered:
+            return command.future.result()
+        raise EngineTimeout(f"the engine thread did not answer within {timeout_s:g} s; the call "
+                            + ("ran late and its result was dropped" if ran else "was withdrawn and did not run"))
+
+    # --- the command queue (any thread) --------------------------------------------------------
+    def _check_running(self) -> None:
+        with self._lock:
+            self._raise_if_ended()
+
+    def _raise_if_ended(self) -> None:
+        if self._ended is not None:
+            raise EngineUnavailable(f"the engine is not running: {self._ended}")
+
+    def _put(self, command: tuple) -> None:
+        with self._lock:
+            self._raise_if_ended()
+            self._commands.put(command)
+
+    def _put_quietly(self, command: tuple) -> None:
+        """Queue a command that is moot once the engine has ended (abort, wake, undo)."""
+        with self._lock:
+            if self._ended is None:
+                self._commands.put(command)
+
+    def _give_up(self, command: _Call) -> bool:
+        """The caller stops waiting. Returns whether ``fn`` had started (else it never will)."""
+        with self._lock:
+            command.withdrawn = not command.started
+        command.future.cancel()
+        return command.started
+
+    def _settle(self, command: _Call, result: Any, error: BaseException | None) -> None:
+        """Event loop: deliver a call's answer, or undo its result if the caller has gone."""
+        if not command.future.done():
+            if error is not None:
+                command.future.set_exception(error)
+            else:
+                command.future.set_result(result)
+        elif error is None and command.undo is not None:
+            self._put_quietly(("undo", command.undo, result))
 
     # --- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
+        reason = "the engine was shut down"
         try:
             while not self._stop.is_set():
+                if self._before_step is not None:
+                    self._before_step()
                 self._drain_commands(block=not self.engine.has_work())
                 if not self.engine.has_work():
                     continue
@@ -113,11 +220,30 @@ class AsyncEngine:
                 if self._on_step is not None:
                     self._on_step(len(outputs))
                 self._publish(outputs)
-        except BaseException as exc:  # never leave a waiting request without an answer
+        except BaseException as exc:  # never leave anyone waiting: _end answers them all
             log.exception("engine thread died")
-            error = f"engine thread died: {type(exc).__name__}: {exc}"
-            self._publish([RequestOutput(rid, "", [], FinishReason.ABORT, 0, 0, error) for rid in list(self._streams)])
-            raise
+            reason = f"engine thread died: {type(exc).__name__}: {exc}"
+        finally:
+            self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        """Mark the engine ended (no command can be queued from now on), then fail everything queued
+        and every request stream."""
+        with self._lock:
+            if self._ended is not None:
+                return
+            self._ended = reason
+            queued = []
+            while True:
+                try:
+                    queued.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            streams = list(self._streams)
+        for kind, *args in queued:
+            if kind == "call":
+                self._answer(args[0], None, EngineUnavailable(f"the engine is not running: {reason}"))
+        self._publish([RequestOutput(rid, "", [], FinishReason.ABORT, 0, 0, reason) for rid in streams])
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -144,31 +270,45 @@ class AsyncEngine:
                 if first is not None:
                     self._publish([first])
         elif kind == "call":
-            fn, future = args
-            loop = future.get_loop()
-            try:
-                result = fn(self.engine)
-            except Exception as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+            self._run_call(args[0])
         elif kind == "abort":
             output = self.engine.abort(args[0])
             if output is not None:
                 self._publish([output])
+        elif kind == "undo":
+            undo, result = args
+            try:
+                undo(self.engine, result)
+            except Exception:
+                log.exception("undoing a call whose caller gave up failed")
+
+    def _run_call(self, command: _Call) -> None:
+        with self._lock:
+            if command.withdrawn:
+                return
+            command.started = True
+        try:
+            result = command.fn(self.engine)
+        except Exception as exc:
+            self._answer(command, None, exc)
+        except BaseException as exc:  # ends the engine thread; the caller hears why
+            self._answer(command, None, EngineUnavailable(f"the engine thread died: {type(exc).__name__}: {exc}"))
+            raise
+        else:
+            self._answer(command, result, None)
+
+    def _answer(self, command: _Call, result: Any, error: BaseException | None) -> None:
+        try:
+            command.future.get_loop().call_soon_threadsafe(self._settle, command, result, error)
+        except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+            pass
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 loop, outputs_queue = stream
-                loop.call_soon_threadsafe(outputs_queue.put_nowait, output)
-
-
-def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
-    if future.done():  # the caller gave up (cancelled); nothing to deliver
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+                try:
+                    loop.call_soon_threadsafe(outputs_queue.put_nowait, output)
+                except RuntimeError:  # that event loop is closed: nobody is reading
+                    pass

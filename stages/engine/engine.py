@@ -1,18 +1,26 @@
 """The synchronous engine: one model, one KV pool, one scheduler. Driven by one thread.
 
-Entry points, each usable alone (the encoder, prefill and decode servers each use one or two):
+Requests come in through ``add_request`` (prompts to prefill; with ``hand_off``, a prefill server's
+requests, which stop after the first token and hand their blocks over) and ``add_prefilled`` (a
+decode server's requests, whose prompt KV was written into blocks from ``reserve_blocks``).
+``step()`` runs them: schedule, encode new images, one packed forward pass over prefills and decodes
+together, sample, detokenize, finish. The servers call it in a loop (see ``AsyncEngine``).
 
-- ``encode(images)``: images -> embeddings (vision tower + projector);
-- ``prefill(requests)``: prompts (+ embeddings) -> KV in each request's blocks, and the first token;
-- ``decode(requests)``: one step over KV in each request's blocks -> the next token;
-- ``step()``: what the colocated server runs in a loop: schedule, encode new images, one packed
-  forward pass over prefills and decodes together, sample, detokenize, finish.
+Failure contract:
+
+- admission is all-or-nothing: ``add_request``, ``add_prefilled`` and ``reserve_blocks`` either
+  succeed or raise leaving no trace (no scheduler entry, no per-request state, no blocks held);
+- one request's failure is its own: a request whose images cannot be encoded, whose own forward
+  pass raises, or whose logits cannot be sampled with its parameters is finished with an error,
+  and every other request of the step goes on with exactly the tokens it would have had alone.
+  A step never fails the engine.
 
 Not thread-safe: exactly one thread calls into an Engine (see ``AsyncEngine``).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -24,13 +32,16 @@ from stages.engine.config import EngineConfig
 from stages.engine.detokenizer import IncrementalDetokenizer
 from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.models import load_adapter
-from stages.engine.multimodal import ImageEmbedding, ImageInput, Prompt
+from stages.engine.image_encoding import encode_prompts
+from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason, Request
 from stages.engine.runner import ModelRunner
-from stages.engine.sampler import make_generator, sample
+from stages.engine.sampler import SamplingError, make_generator, sample
 from stages.engine.sampling_params import SamplingParams
-from stages.engine.scheduler import ScheduledBatch, Scheduler
+from stages.engine.scheduler import Scheduler
 from stages.prompt import PromptBuilder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +63,14 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+@dataclass
+class _Tracked:
+    """Per-request state the engine keeps beside the scheduler's ``Request``."""
+
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.threads)
@@ -62,6 +81,7 @@ class Engine:
         self.prompts = PromptBuilder(self.tokenizer, AutoImageProcessor.from_pretrained(config.model), self.adapter)
         text = self.adapter.text_config
         self.max_model_len = config.max_model_len or text.max_position_embeddings
+        self.vocab_size = self.adapter.lm_head.out_features
         self.layout = KVLayout.for_budget(
             config.kv_cache_mib << 20,
             num_layers=text.num_hidden_layers,
@@ -75,10 +95,9 @@ class Engine:
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batched_tokens)
         self.runner = ModelRunner(self.adapter, self.pool)
         self.eos_token_ids = _eos_ids(config.model, self.tokenizer)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._generators: dict[str, torch.Generator] = {}
+        self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
 
-    # --- admission ---------------------------------------------------------------------------
+    # --- admission (all-or-nothing) ----------------------------------------------------------
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
         """Raise ValueError (message fit for the client) if the request can never run. No side effects."""
         total = len(prompt.token_ids) + params.max_tokens
@@ -97,19 +116,23 @@ class Engine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
         """Queue a request for prefill and decode. With ``hand_off`` (prefill servers) it stops after the
-        first token and its final output carries its blocks, which the caller frees with ``free_blocks``."""
+        first token and its final output carries its blocks, which the caller frees with ``free_blocks``.
+        Raises ValueError, changing nothing, if the request can never run or its id is in use."""
+        self._check_new_id(request_id)
         self.check_request(prompt, params)
         request = Request(request_id, prompt, params, hand_off=hand_off)
+        tracked = self._new_tracked(request)
         self.scheduler.add(request)
-        self._track(request)
+        self._tracked[request_id] = tracked
         return request
 
     def reserve_blocks(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        """Blocks for a whole request whose prompt KV will be written from elsewhere (decode servers).
-        Raises ValueError if it can never fit, MemoryError if not enough blocks are free now."""
-        probe = Request("reserve", prompt, params)
+        """Blocks for a whole request whose prompt KV will be written from elsewhere (decode servers);
+        the caller owns them until it passes them to ``add_prefilled`` or ``free_blocks``.
+        Raises ValueError if it can never fit, MemoryError if not enough blocks are free now; either
+        way nothing is allocated."""
         self.check_request(prompt, params)
-        return self.allocator.allocate(self.scheduler.blocks_needed(probe))
+        return self.allocator.allocate(self.scheduler.blocks_needed(Request("reserve", prompt, params)))
 
     def free_blocks(self, blocks: list[int]) -> None:
         self.allocator.free(blocks)
@@ -117,14 +140,28 @@ class Engine:
     def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
                       first_token: int, rope_delta: int) -> RequestOutput:
         """Start decoding a request whose prompt KV is already in ``blocks`` (from ``reserve_blocks``)
-        and whose first token came with it. The engine now owns the blocks."""
-        request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
-                          rope_delta=rope_delta)
-        self._track(request)
-        if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
-            self._skip_draw(self._generators[request_id])
+        and whose first token came with it. The engine owns the blocks from this call on: if it raises
+        (ValueError: the request can never run, its id is in use, ``first_token`` is no token id or the
+        blocks are too few), the blocks are already freed and nothing else has changed."""
+        try:
+            self._check_new_id(request_id)
+            self.check_request(prompt, params)
+            request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
+                              rope_delta=rope_delta)
+            if not 0 <= first_token < self.vocab_size:
+                raise ValueError(f"first token {first_token} is not in this model's vocabulary of {self.vocab_size}")
+            need = self.scheduler.blocks_needed(request)
+            if len(blocks) < need:
+                raise ValueError(f"{len(blocks)} blocks given, the request needs {need}")
+            tracked = self._new_tracked(request)
+            if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
+                self._skip_draw(tracked.generator)
+        except BaseException:
+            self.allocator.free(blocks)
+            raise
         self.scheduler.add_running(request)
-        output = self._append(request, first_token)
+        self._tracked[request_id] = tracked
+        output = self._append_or_fail(request, first_token)
         self.scheduler.reap()  # done already (a stop token or max_tokens=1): blocks go back now
         return output
 
@@ -132,29 +169,18 @@ class Engine:
         request = self.scheduler.abort(request_id)
         return self._finish(request, FinishReason.ABORT) if request else None
 
-    # --- the three entry points --------------------------------------------------------------
-    def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
-        return self.adapter.encode(images)
-
-    def prefill(self, requests: list[Request]) -> list[int]:
-        """Prefill fresh requests whose blocks are reserved; returns each one's first token."""
-        return self._forward(requests, [])
-
-    def decode(self, requests: list[Request]) -> list[int]:
-        """One decode step for running requests; returns each one's next token."""
-        return self._forward([], requests)
-
-    # --- the colocated loop ------------------------------------------------------------------
+    # --- running ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduled batch: one output per request in it. Requests that fail (images, forward,
+        sampling, detokenizing) finish with ``error`` set; the others are not affected."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        try:
-            self._encode_missing(batch.prefills)
-            tokens = self._forward(batch.prefills, batch.decodes)
-        except Exception as exc:  # a failed step fails its requests, never the engine
-            return self._fail(batch, f"{type(exc).__name__}: {exc}")
-        outputs = [self._append(request, token) for request, token in zip(batch.requests, tokens)]
+        errors: dict[str, str] = {}  # request id -> why it failed in this step
+        self._encode_missing(batch.prefills, errors)
+        tokens = self._forward([r for r in batch.prefills if r.request_id not in errors], batch.decodes, errors)
+        outputs = [self._finish(r, FinishReason.ABORT, error=errors[r.request_id]) if r.request_id in errors
+                   else self._append_or_fail(r, tokens[r.request_id]) for r in batch.requests]
         self.scheduler.after_step(batch)
         return outputs
 
@@ -162,32 +188,73 @@ class Engine:
         return self.scheduler.has_work()
 
     # --- internals ---------------------------------------------------------------------------
-    def _encode_missing(self, requests: list[Request]) -> None:
-        pending = [r for r in requests if r.prompt.embeddings is None]
-        embeddings = iter(self.encode([image for r in pending for image in r.prompt.images]))
-        for request in pending:
-            request.prompt.embeddings = [next(embeddings) for _ in request.prompt.images]
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._tracked:
+            raise ValueError(f"request id {request_id!r} is already in use")
 
-    def _forward(self, prefills: list[Request], decodes: list[Request]) -> list[int]:
-        logits = self.runner.forward(prefills, decodes)
+    def _new_tracked(self, request: Request) -> _Tracked:
+        params = request.params
+        return _Tracked(IncrementalDetokenizer(self.tokenizer, params.stop), make_generator(params.seed))
+
+    def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
+        """Give the requests that came with pixels their embeddings; record those that fail."""
+        pending = [r for r in requests if r.prompt.embeddings is None]
+        for request, result in zip(pending, encode_prompts(self.adapter.encode, [r.prompt for r in pending])):
+            if isinstance(result, str):
+                errors[request.request_id] = result
+            else:
+                request.prompt.embeddings = result
+
+    def _forward(self, prefills: list[Request], decodes: list[Request], errors: dict[str, str]) -> dict[str, int]:
+        """Run one forward pass over ``prefills`` + ``decodes`` and sample each; returns the tokens of
+        those that succeed and records why the others failed in ``errors``.
+
+        If the pass raises, each half is run on its own (down to single requests), so only requests
+        whose own pass fails get the error. Re-running is safe: a pass that raises has advanced no
+        request (the runner moves ``num_computed`` only after it returns), and the retry writes the
+        same KV slots again (every layer, prompt slots of prefills, the new slot of decodes), so
+        whatever the failed pass wrote is overwritten; a decode's older slots are only read."""
         requests = prefills + decodes
-        return sample(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests])
+        if not requests:
+            return {}
+        try:
+            logits = self.runner.forward(prefills, decodes)
+        except Exception as exc:
+            if len(requests) == 1:
+                errors[requests[0].request_id] = f"{type(exc).__name__}: {exc}"
+                return {}
+            log.warning("a forward pass over %d requests failed (%s: %s); retrying them in halves",
+                        len(requests), type(exc).__name__, exc)
+            half, cut = len(requests) // 2, max(0, len(requests) // 2 - len(prefills))
+            return {**self._forward(prefills[:half], decodes[:cut], errors),
+                    **self._forward(prefills[half:], decodes[cut:], errors)}
+        drawn = sample(logits, [r.params for r in requests], [self._tracked[r.request_id].generator for r in requests])
+        tokens: dict[str, int] = {}
+        for request, token in zip(requests, drawn):
+            if isinstance(token, SamplingError):
+                errors[request.request_id] = f"SamplingError: {token}"
+            else:
+                tokens[request.request_id] = token
+        return tokens
 
     def _skip_draw(self, generator: torch.Generator) -> None:
         """Advance ``generator`` exactly as one ``sample()`` draw over this vocabulary does, so a seeded
         request continues on the decode server with the numbers it would have used colocated."""
-        torch.multinomial(torch.ones(self.adapter.lm_head.out_features), 1, generator=generator)
+        torch.multinomial(torch.ones(self.vocab_size), 1, generator=generator)
 
-    def _track(self, request: Request) -> None:
-        self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.params.stop)
-        self._generators[request.request_id] = make_generator(request.params.seed)
+    def _append_or_fail(self, request: Request, token: int) -> RequestOutput:
+        try:
+            return self._append(request, token)
+        except Exception as exc:  # e.g. the tokenizer cannot decode it: this request's failure only
+            log.exception("request %s failed after its forward pass", request.request_id)
+            return self._finish(request, FinishReason.ABORT, error=f"{type(exc).__name__}: {exc}")
 
     def _append(self, request: Request, token: int) -> RequestOutput:
         request.output_ids.append(token)
         params = request.params
         stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
         visible = [] if stop_token else [token]
-        detokenizer = self._detokenizers[request.request_id]
+        detokenizer = self._tracked[request.request_id].detokenizer
         text = detokenizer.add(visible)
         if stop_token or detokenizer.stopped:
             return self._finish(request, FinishReason.STOP, text, [token])
@@ -198,19 +265,13 @@ class Engine:
     def _finish(self, request: Request, reason: FinishReason, text: str = "", tokens: list[int] | None = None,
                 error: str | None = None) -> RequestOutput:
         request.finish(reason)
-        self._detokenizers.pop(request.request_id, None)
-        self._generators.pop(request.request_id, None)
+        self._tracked.pop(request.request_id, None)
         return self._output(request, text, tokens or [], error)
 
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:
         handed = request.hand_off and request.finish_reason not in (None, FinishReason.ABORT)
         return RequestOutput(request.request_id, text, tokens, request.finish_reason, request.prompt_len,
                              len(request.output_ids), error, request.rope_delta, request.blocks if handed else None)
-
-    def _fail(self, batch: ScheduledBatch, error: str) -> list[RequestOutput]:
-        outputs = [self._finish(request, FinishReason.ABORT, error=error) for request in batch.requests]
-        self.scheduler.after_step(batch)
-        return outputs
 
 
 def _eos_ids(model: str, tokenizer) -> frozenset[int]:

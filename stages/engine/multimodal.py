@@ -1,4 +1,4 @@
-"""Typed values that carry a prompt and its images through the engine's three entry points."""
+"""Typed values that carry a prompt and its images through the engine and between stages."""
 
 from __future__ import annotations
 

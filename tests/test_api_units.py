@@ -165,15 +165,15 @@ def test_images_are_counted_before_any_is_decoded():
 
 
 def test_sampling_params_mapping():
-    p = sampling_params(request(), prompt_len=10, max_model_len=100)
+    p = sampling_params(request(), prompt_len=10, max_model_len=100, vocab_size=1000)
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == (
         90, 1.0, 1.0, 0, None, (), False)
     p = sampling_params(request(max_tokens=5, max_completion_tokens=7, temperature=0, top_p=0.5, top_k=-1, seed=3,
-                                stop="END", ignore_eos=True), prompt_len=10, max_model_len=100)
+                                stop="END", ignore_eos=True), prompt_len=10, max_model_len=100, vocab_size=1000)
     assert (p.max_tokens, p.greedy, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos) == (
         7, True, 0.5, 0, 3, ("END",), True)
-    assert sampling_params(request(max_tokens=5, stop=["a", "b"], top_k=4), 10, 100).stop == ("a", "b")
-    assert sampling_params(request(), prompt_len=100, max_model_len=100).max_tokens == 1  # engine refuses it later
+    assert sampling_params(request(max_tokens=5, stop=["a", "b"], top_k=4), 10, 100, 1000).stop == ("a", "b")
+    assert sampling_params(request(), 100, 100, 1000).max_tokens == 1  # engine refuses it later
 
 
 def test_param_names_drop_union_tags():
@@ -188,6 +188,7 @@ class FakeEngine:
     """The sync Engine surface ``chat.prepare`` uses: a prompt of 4 tokens + 10 per image."""
 
     max_model_len = 64
+    vocab_size = 1000
 
     def __init__(self) -> None:
         self.prompts = self

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP layer shared by the stage servers that answer chat requests.
 
-``routes.create_app`` builds the app; ``chat`` converts requests, ``schemas`` holds the wire shapes,
+``routes.create_app`` builds the app; ``parse`` reads a body into the request model at a bounded cost,
+``chat`` converts requests, ``schemas`` holds the wire shapes, ``openapi`` documents the routes,
 ``images`` decodes image URLs within ``ImageLimits``, ``errors`` makes every failure OpenAI-shaped.
 Import from the submodules (this package imports nothing, so the CLI stays fast to start).
 """

@@ -8,7 +8,7 @@ from PIL import Image
 
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, load_image
-from stages.api.schemas import ChatCompletionRequest
+from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest
 from stages.engine.engine import Engine
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
@@ -42,15 +42,21 @@ def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[Ima
     return [load_image(url, limits, param) for url, param in sources]
 
 
-def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """``max_completion_tokens`` wins over ``max_tokens``; with neither, what is left of the context."""
+def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,
+                    vocab_size: int) -> SamplingParams:
+    """The request's sampling, with the clamps its schema documents: ``max_completion_tokens`` wins over
+    ``max_tokens`` (neither: what is left of the context); a sampled temperature below
+    ``MIN_TEMPERATURE`` and a top_p below ``MIN_TOP_P`` are raised to them; a top_k of -1, or at or
+    above the vocabulary size, disables top-k (0)."""
     max_tokens = request.max_completion_tokens or request.max_tokens or max(1, max_model_len - prompt_len)
+    temperature = 1.0 if request.temperature is None else request.temperature
+    top_k = request.top_k or 0
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=max(0, request.top_k or 0),
+            temperature=max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0,
+            top_p=1.0 if request.top_p is None else max(request.top_p, MIN_TOP_P),
+            top_k=top_k if 0 < top_k < vocab_size else 0,
             seed=request.seed,
             stop=request.stop_strings,
             ignore_eos=bool(request.ignore_eos),
@@ -67,7 +73,7 @@ def prepare(engine: Engine, request: ChatCompletionRequest, limits: ImageLimits)
         prompt = engine.prompts.build(hf_messages(request), images)
     except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
         raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages") from None
-    params = sampling_params(request, len(prompt.token_ids), engine.max_model_len)
+    params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
     try:
         engine.check_request(prompt, params)
     except ValueError as exc:

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP layer over an ``AsyncEngine``: ``/v1/chat/completions`` (stream and
 non-stream), ``/v1/models``, ``/health`` and ``/metrics``.
 
-Request conversion lives in ``chat``, the wire shapes in ``schemas``, errors in ``errors``; this
-module only wires them to routes and owns the request's lifetime: a request is aborted in the
+Body parsing lives in ``parse``, request conversion in ``chat``, the wire shapes in ``schemas``, errors
+in ``errors``, what ``/openapi.json`` says of each route in ``openapi``; this module only wires them to routes and owns the request's lifetime: a request is aborted in the
 engine whenever its response ends early (client disconnect, stream closed, engine failure).
 """
 
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import read_body
 from stages.api.chat import prepare
-from stages.api.errors import (APIError, bad_request, engine_unavailable, install_error_handlers, overloaded,
-                               unhealthy, validation_error)
+from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, unhealthy
 from stages.api.faults import add_fault_routes
+from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
@@ -63,24 +63,25 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
     generate = generate or (lambda request_id, prompt, params, body: engine.generate(request_id, prompt, params))
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    openapi.install(app)
 
-    @app.get("/health")
+    @app.get("/health", **openapi.HEALTH_ROUTE)
     async def health() -> dict:
         failures = supervisor.failures()
         if failures:
             raise unhealthy(failures)
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **openapi.MODELS_ROUTE)
     async def models() -> dict:
         return {"object": "list", "data": [model_card(model_name, created, owned_by)]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", **openapi.METRICS_ROUTE)
     async def prometheus() -> Response:
         metrics.refresh(engine.stats())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", **openapi.CHAT_ROUTE)
     async def chat_completions(request: Request) -> Response:
         if not gate.enter():
             raise overloaded(gate.limit)
@@ -97,7 +98,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
 
     async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
-        body = parse_request(await read_body(request, max_body_bytes))
+        body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes))
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code="model_not_found")
@@ -117,14 +118,6 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
     if faults is not None and faults.enabled:
         add_fault_routes(app, faults)
     return app
-
-
-def parse_request(raw: bytes) -> ChatCompletionRequest:
-    """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema."""
-    try:
-        return ChatCompletionRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
 
 
 @dataclass

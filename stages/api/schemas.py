@@ -1,13 +1,25 @@
-"""The OpenAI chat-completions wire schema: the request model (validated by pydantic, unknown fields
-ignored) and the response / stream-chunk bodies (plain dicts, built by the functions below)."""
+"""The OpenAI chat-completions wire schema.
+
+The request model is validated by pydantic (after ``parse``'s bounded first pass); unknown fields
+are ignored. Every limit and clamp is stated in its field's description, so it shows in
+``/openapi.json``. Response and stream-chunk bodies are plain dicts built by the functions at the
+end; the response models describe those dicts for ``/openapi.json`` (a unit test holds them together).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+MAX_MESSAGES = 2048  # as OpenAI's API
+MAX_CONTENT_PARTS = 64  # per message
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256  # per stop string: the detokenizer holds back that many characters of a stream
+MIN_TEMPERATURE = 0.01  # a sampled temperature below this is raised to it (smaller ones overflow the logits)
+MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most likely token)
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+ROOM_MAX = 2**63 - 1
 
 
 class _Lenient(BaseModel):
@@ -15,16 +27,17 @@ class _Lenient(BaseModel):
 
 
 class ImageURL(_Lenient):
-    url: str
-    detail: str | None = None
+    url: str = Field(description="A data: URL (data:image/...;base64,...). Stage servers fetch no remote URL.")
+    detail: str | None = Field(None, description="Accepted and ignored.")
 
 
 class ContentPart(_Lenient):
     """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": ...} | "..."}``."""
 
     type: Literal["text", "image_url"]
-    text: str | None = None
-    image_url: ImageURL | str | None = None
+    text: str | None = Field(None, description="Required when type is text.")
+    image_url: ImageURL | str | None = Field(None, description="Required when type is image_url: an object with "
+                                             "a data: URL, or the URL itself.")
 
     @model_validator(mode="after")
     def _field_for_type(self) -> ContentPart:
@@ -41,31 +54,62 @@ class ContentPart(_Lenient):
 
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = Field(
+        None, description=f"Text, or at most {MAX_CONTENT_PARTS} text and image parts. Images count against the "
+        "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413).")
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool = False
+    include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
 class ChatCompletionRequest(_Lenient):
-    messages: list[ChatMessage] = Field(min_length=1)
-    model: str | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # extension; 0 or -1 disables
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = 1
-    stream: bool | None = False
+    """An OpenAI chat completion request. Unknown fields are ignored, including those that would change
+    the logits or the answer's shape (``logit_bias``, ``frequency_penalty``, ``presence_penalty``,
+    ``logprobs``, ``tools``, ``response_format``): this server implements none of them."""
+
+    messages: list[ChatMessage] = Field(
+        min_length=1, max_length=MAX_MESSAGES,
+        description=f"The conversation: 1 to {MAX_MESSAGES} messages. A prompt longer than the model's context "
+        "(the server's --max-model-len) gets 400 context_length_exceeded.")
+    model: str | None = Field(None, max_length=256, description="If given, the served model's id (GET /v1/models); "
+                              "any other gets 404 model_not_found.")
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, allow_inf_nan=False,
+        description=f"In [0, 2]; 0 is greedy decoding. Default 1. A value between 0 and {MIN_TEMPERATURE} is raised "
+        f"to {MIN_TEMPERATURE} (smaller ones would scale the logits out of float range). NaN and infinities get 400.")
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, allow_inf_nan=False,
+        description=f"Nucleus sampling, in (0, 1]. Default 1. A value below {MIN_TOP_P} is raised to {MIN_TOP_P}: "
+        "either keeps only the most likely token. NaN gets 400.")
+    top_k: int | None = Field(
+        None, ge=-1, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
+        "does a k at or above the vocabulary size (it would keep every token).")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Tokens to generate at most. The prompt plus this must fit the model's context "
+        "(--max-model-len), else 400 context_length_exceeded. Default: what is left of the context.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="As max_tokens, which it overrides.")
+    stop: str | list[str] | None = Field(
+        None, description=f"Up to {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters "
+        "each. Generation stops before the first one found, which is not returned.")
+    seed: int | None = Field(
+        None, ge=SEED_MIN, le=SEED_MAX, description="A signed 64-bit integer seeding this request's own sampler: a "
+        "seeded request draws the same tokens whatever shares its batch.")
+    n: int | None = Field(1, json_schema_extra={"enum": [1, None]},
+                          description="Must be 1: one choice per request.")
+    stream: bool | None = Field(False, description="Answer as server-sent events (text/event-stream): "
+                                "chat.completion.chunk objects, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
-    ignore_eos: bool | None = False  # extension, for benchmarks
+    ignore_eos: bool | None = Field(False, description="Extension, for benchmarks: generate past end-of-sequence "
+                                    "tokens until max_tokens or a stop string.")
     # prefill/decode disaggregation: the fields SGLang's PD router injects (one room for both stages)
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = Field(None, ge=1, le=65535)
-    bootstrap_room: int | None = Field(None, ge=0, le=2**63 - 1)
+    bootstrap_host: str | None = Field(
+        None, max_length=255, description="Prefill and decode servers (required there, with bootstrap_port and "
+        "bootstrap_room; 400 without): the prefill's bootstrap address, the same in both halves of a request. "
+        "A decode dials only prefills its --allowed-bootstrap allows (403 otherwise). Colocated servers ignore it.")
+    bootstrap_port: int | None = Field(None, ge=1, le=65535, description="The prefill's bootstrap port.")
+    bootstrap_room: int | None = Field(None, ge=0, le=ROOM_MAX, description="The room pairing the prefill half and "
+                                       "the decode half of one request; unique among requests in flight.")
 
     @field_validator("n")
     @classmethod
@@ -82,6 +126,9 @@ class ChatCompletionRequest(_Lenient):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(strings)}")
         if any(not s for s in strings):
             raise ValueError("stop strings must be non-empty")
+        longest = max(map(len, strings), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"stop strings may have at most {MAX_STOP_CHARS} characters, got one of {longest}")
         return stop
 
     @property
@@ -93,7 +140,93 @@ class ChatCompletionRequest(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# --- responses -------------------------------------------------------------------------------
+# --- responses: the builders, and the models that describe what they build -------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(_Strict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(_Strict):
+    role: Literal["assistant"]
+    content: str
+
+
+class Choice(_Strict):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Literal["stop", "length"] = Field(description="A prefill server's answer always ends with "
+                                                     "length: its content is the first token.")
+
+
+class ChatCompletion(_Strict):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(_Strict):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Strict):
+    index: int
+    delta: Delta
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(_Strict):
+    """One server-sent event's data. With ``stream_options.include_usage`` every chunk has ``usage``
+    (null except on the last chunk, which has no choices)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Strict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Strict):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(_Strict):
+    status: Literal["ok"]
+
+
+class ErrorDetail(_Strict):
+    message: str
+    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx).")
+    param: str | None = Field(description="The request parameter at fault, as a path: messages[0].content[1].")
+    code: str | None = Field(description="A stable machine-readable reason, e.g. context_length_exceeded, "
+                             "request_too_large, server_overloaded.")
+
+
+class ErrorBody(_Strict):
+    """Every non-2xx answer, and the in-band event that ends a stream whose request failed."""
+
+    error: ErrorDetail
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}

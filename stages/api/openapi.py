@@ -1,0 +1,108 @@
+"""What ``/openapi.json`` says about each route, where FastAPI cannot see it from the handler.
+
+The chat route reads its body itself (admission and the byte cap come before the body is read), so
+its request schema comes from ``openapi_extra`` plus ``install``, which adds the schemas it refers to;
+its answers are JSON or a server-sent event stream, and its errors are OpenAI error bodies. The
+``*_ROUTE`` dicts are the keyword arguments of each route's decorator; ``install(app)`` finishes the
+document when it is first built (so routes added after ``create_app``, like ``/server_info``, are in it).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from stages.api.schemas import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ErrorBody, Health, ModelList
+
+REF = "#/components/schemas/{model}"
+PD = "Prefill and decode servers only: "
+
+
+def _error(description: str, headers: dict | None = None) -> dict:
+    return {"model": ErrorBody, "description": description, **({"headers": headers} if headers else {})}
+
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying; sent with code server_overloaded.",
+                               "schema": {"type": "integer", "minimum": 0}}}
+INTERNAL_ERROR = "A failure of this server (code internal_error or engine_error); the request is not retried."
+SSE = ("With `stream: true`: one `data: {json}` event per chat.completion.chunk (x-sse-data), then "
+       "`data: [DONE]`. A failure after the stream started is sent as one `data: {error body}` event before [DONE].")
+
+CHAT_ROUTE: dict = {
+    "summary": "Create a chat completion (OpenAI-compatible; text and data: URL images)",
+    "response_model": None,
+    "openapi_extra": {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": REF.format(model="ChatCompletionRequest")}}}}},
+    "responses": {
+        200: {"model": ChatCompletion, "description": "The completion; with `stream: true`, a server-sent event "
+              "stream instead. A prefill server answers with its first token only (finish_reason length).",
+              "content": {"text/event-stream": {"schema": {"type": "string", "description": SSE},
+                                                "x-sse-data": {"$ref": REF.format(model="ChatCompletionChunk")}}}},
+        400: _error("The request is invalid: the error's param names the parameter, its code says why "
+                    "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, ...)."),
+        403: _error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "
+                    "(nothing is dialed)."),
+        404: _error("`model` is not the served model (code model_not_found)."),
+        409: _error(PD + "the bootstrap_room is already in flight, answered or aborted (code room_conflict)."),
+        413: _error("The body is over --max-body-mb (code request_too_large, answered before the body is read when "
+                    "Content-Length says so), or an image is over --max-image-bytes / --max-image-pixels."),
+        499: {"description": "The client went away before the answer was ready; nobody reads this."},
+        500: _error(INTERNAL_ERROR),
+        502: _error(PD + "the other stage failed, refused the request or went away (code peer_failed or "
+                    "kv_transfer_failed)."),
+        503: _error("The server is at --max-num-seqs + --max-waiting requests (code server_overloaded, with "
+                    "Retry-After), its engine is not running (engine_unavailable), or a decode's KV pool is full "
+                    "(kv_pool_full).", RETRY_AFTER),
+        504: _error(PD + "a room's deadline passed: the other half never arrived (--pair-timeout-s), or the KV "
+                    "did not (code room_timeout)."),
+    },
+}
+HEALTH_ROUTE: dict = {
+    "summary": "Liveness: 200 while the engine thread and every supervised task run",
+    "responses": {200: {"model": Health, "description": "Serving."},
+                  503: _error("A part of the server died (code unhealthy, the message names it): restart it.")},
+}
+MODELS_ROUTE: dict = {"summary": "The one model this server serves",
+                      "responses": {200: {"model": ModelList, "description": "The served model."}}}
+METRICS_ROUTE: dict = {
+    "summary": "Prometheus metrics (epd_* names)",
+    "response_class": PlainTextResponse,
+    "responses": {200: {"description": f"Prometheus text exposition format, served as `{CONTENT_TYPE_LATEST}`.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}}},
+}
+
+
+def install(app: FastAPI) -> None:
+    """Make ``app.openapi()`` add the chat request's schemas (and the stream chunk's) to the
+    document's components, and a documented 500 to every operation that lacks one."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = build()  # FastAPI's; cached in app.openapi_schema, which we finish in place
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            for model in (ChatCompletionRequest, ChatCompletionChunk):
+                _add_schemas(components, model)
+            for operation in _operations(document):
+                operation["responses"].setdefault("500", {
+                    "description": INTERNAL_ERROR,
+                    "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}}})
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_schemas(components: dict, model: type[BaseModel]) -> None:
+    """``model``'s JSON schema and its definitions as components, refs pointing at components."""
+    schema = model.model_json_schema(ref_template=REF)
+    definitions = {**schema.pop("$defs", {}), model.__name__: schema}
+    for name, definition in definitions.items():
+        if components.setdefault(name, definition) != definition:
+            raise RuntimeError(f"two different schemas are named {name} in the OpenAPI document")
+
+
+def _operations(document: dict) -> list[dict]:
+    return [operation for item in document.get("paths", {}).values() for operation in item.values()
+            if isinstance(operation, dict) and "responses" in operation]

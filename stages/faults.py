@@ -11,16 +11,16 @@ thread-safe (the engine thread calls it). With the feature off, ``take`` always 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 POINTS: dict[str, str] = {
     "prefill.exit_before_forward": "the prefill process exits (code 17) once a room is paired, before its forward pass",
     "prefill.exit_after_forward": "the prefill process exits (code 17) after the forward pass, before the KV write",
     "prefill.fail_kv_write": "the KV write fails as a transfer error; nothing is written into the decode's blocks",
-    "prefill.crash": "an unexpected RuntimeError is raised in the prefill path (not a transfer error)",
-    "prefill.delay_ready": "the prefill sleeps delay_s after the KV write, before sending KVReady",
+    "prefill.crash": "an unexpected RuntimeError is raised in the prefill path after the forward pass, before "
+                     "the KV write (not a transfer error: the prefill answers 500, the decode gets KVFailed)",
+    "prefill.delay_ready": "the prefill sleeps delay_s after the KV write, before sending KVReady (an abort "
+                           "that arrives meanwhile is answered after the sleep)",
     "prefill.receive_loop_crash": "the prefill's bootstrap receive loop raises RuntimeError and dies",
     "decode.exit_before_request": "the decode process exits (code 17) after reserving blocks, before asking for KV",
     "engine.thread_crash": "the engine thread raises RuntimeError between steps and dies",
@@ -71,19 +71,3 @@ class Faults:
     def armed(self) -> list[dict]:
         with self._lock:
             return [{"point": f.point, "times": f.times, "delay_s": f.delay_s} for f in self._armed.values()]
-
-
-def engine_hook(faults: Faults) -> Callable[[], None] | None:
-    """The ``before_step`` hook of a server's ``AsyncEngine`` (None with fault points off): runs the
-    ``engine.*`` points on the engine thread, which calls it before each step and while idle."""
-    if not faults.enabled:
-        return None
-
-    def before_step() -> None:
-        if faults.take("engine.thread_crash"):
-            raise RuntimeError("fault point engine.thread_crash")
-        stall = faults.take("engine.stall")
-        if stall is not None:
-            time.sleep(stall.delay_s)
-
-    return before_step

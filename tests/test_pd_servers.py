@@ -237,14 +237,17 @@ async def test_client_leaves_decode_while_it_waits_for_kv(pair):
 
 async def test_prefill_dies_before_its_forward_pass(start_server, model, pair):
     transfer = httpx.get(f"{pair.decode.url}/server_info").json()["transfer_backend"]
-    doomed, port = start_prefill(start_server, model, transfer)
+    doomed, port = start_prefill(start_server, model, transfer, "--debug-faults")
+    armed = httpx.post(f"{doomed.url}/debug/faults", json={"point": "prefill.exit_before_forward"}, timeout=10)
+    assert armed.json()["armed"] == [{"point": "prefill.exit_before_forward", "times": 1, "delay_s": 0.0}]
     body = pair.room(chat("too late"), port=port)
     async with httpx.AsyncClient(timeout=60) as client:
-        waiting = asyncio.ensure_future(client.post(f"{pair.decode.url}/v1/chat/completions", json=body))
-        await asyncio.sleep(1.0)  # the KV request is at the prefill; its own request never comes
-        doomed.proc.send_signal(signal.SIGKILL)
         started = time.monotonic()
-        response = await waiting
-    assert response.status_code == 502 and "lost connection to prefill" in response.json()["error"]["message"]
+        p, d = await asyncio.gather(client.post(f"{doomed.url}/v1/chat/completions", json=body),
+                                    client.post(f"{pair.decode.url}/v1/chat/completions", json=body),
+                                    return_exceptions=True)
+    assert isinstance(p, httpx.HTTPError)  # the prefill process is gone
+    assert d.status_code == 502 and "lost connection to prefill" in d.json()["error"]["message"], d.text
     assert time.monotonic() - started < 5
-    wait_blocks_free(pair.decode)
+    assert doomed.proc.wait(timeout=10) == 17
+    wait_blocks_free(pair.decode)  # after the abort grace: nobody confirmed, nothing can land later

@@ -53,6 +53,9 @@ class BootstrapServer:
       the room and, once no write into D's blocks can still land, calls ``send_failed`` (D waits for
       it before reusing the blocks).
     - ``await close()`` on shutdown; ``recv`` then raises ``BootstrapClosed``.
+    - ``serve_task`` (after ``start``) is the one task that reads the socket. It ends only after
+      ``close()``; an end before that (an error it could not survive) is a death the owner should
+      report (e.g. hand it to its supervisor): from then on nothing reaches ``recv``.
     Garbage frames are logged and dropped (``bad_frames`` counts them); the server keeps serving.
     """
 
@@ -88,6 +91,11 @@ class BootstrapServer:
     def rooms(self) -> frozenset[int]:
         """Rooms accepted and not yet answered with ``send_ready``/``send_failed``."""
         return frozenset(self._peers)
+
+    @property
+    def serve_task(self) -> asyncio.Task[None] | None:
+        """The task reading the socket, once started (see the class contract)."""
+        return self._task
 
     async def start(self) -> None:
         if self._ctx is not None:

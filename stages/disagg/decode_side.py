@@ -24,9 +24,9 @@ from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
-from transfer.base import TransferBackend
-from stages.faults import Faults
+from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
+from transfer.base import TransferBackend
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
@@ -48,7 +48,8 @@ class DecodeCoordinator:
         self._cleanups: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        """Nothing to start yet: links to prefills are made on demand."""
+        """Nothing long-lived to start or supervise: links to prefills are made on demand (the
+        bootstrap client owns their tasks), and cleanups are per room (``_track``)."""
 
     async def close(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)
@@ -58,6 +59,8 @@ class DecodeCoordinator:
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives."""
         blocks = await self._reserve(prompt, params)
+        if self.faults.take("decode.exit_before_request"):
+            os._exit(EXIT_CODE)
         try:
             request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks,
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
@@ -87,9 +90,7 @@ class DecodeCoordinator:
             raise unavailable(f"the decode's KV pool has no room for this request now ({exc}); retry later") from exc
 
     def _clean_up_later(self, room: int, blocks: list[int], reason: str) -> None:
-        task = asyncio.ensure_future(self._clean_up(room, blocks, reason))
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
+        self._track(asyncio.ensure_future(self._clean_up(room, blocks, reason)))
 
     async def _clean_up(self, room: int, blocks: list[int], reason: str) -> None:
         settled = await self.client.abort(room, reason)
@@ -100,9 +101,19 @@ class DecodeCoordinator:
         await self.engine.call(lambda engine: engine.free_blocks(blocks))
 
     def _free_soon(self, blocks: list[int]) -> None:
-        task = asyncio.ensure_future(self.engine.call(lambda engine: engine.free_blocks(blocks)))
+        self._track(asyncio.ensure_future(self.engine.call(lambda engine: engine.free_blocks(blocks))))
+
+    def _track(self, task: asyncio.Future) -> None:
+        """Keep a per-room cleanup until it ends (``close`` waits for them); log one that fails, with
+        its traceback (its blocks stay reserved: the engine is gone or broken, and /health says so)."""
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+        task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("a room cleanup on the decode failed", exc_info=(type(exc), exc, exc.__traceback__))
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,4 +1,15 @@
-"""Errors of a disaggregated request, each with the HTTP status the stage server answers."""
+"""Errors of a disaggregated request, each with the HTTP status the stage server answers.
+
+Each kind says what failed, so a client (and the other stage, which gets the message as the
+room's ``KVFailed`` reason) can tell a dead or slow peer from this stage's own failure:
+
+    bad_gateway      502 peer_failed         the other stage failed, refused or went away
+    transfer_failed  502 kv_transfer_failed  a KV write failed (``transfer.base.TransferError`` only)
+    timed_out        504 room_timeout        a room's deadline passed
+    conflict         409 room_conflict       the room is already in flight, answered or aborted
+    unavailable      503 kv_pool_full        no KV blocks for the request now
+    internal         500 internal_error      this stage failed on its own (a bug, an engine failure)
+"""
 
 from __future__ import annotations
 
@@ -17,6 +28,11 @@ def bad_gateway(message: str) -> DisaggError:
     return DisaggError(502, message, "peer_failed")
 
 
+def transfer_failed(room: int, reason: str) -> DisaggError:
+    """The KV write of ``room`` into the decode's blocks failed; ``reason`` is the transfer backend's."""
+    return DisaggError(502, f"bootstrap room {room}: KV transfer failed: {reason}", "kv_transfer_failed")
+
+
 def timed_out(message: str) -> DisaggError:
     return DisaggError(504, message, "room_timeout")
 
@@ -27,3 +43,8 @@ def conflict(message: str) -> DisaggError:
 
 def unavailable(message: str) -> DisaggError:
     return DisaggError(503, message, "kv_pool_full")
+
+
+def internal(message: str) -> DisaggError:
+    """This stage failed for a reason of its own; ``message`` names the exception class and its text."""
+    return DisaggError(500, message, "internal_error")

@@ -11,6 +11,11 @@ the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP re
 An ``Abort`` from the decode stops a room that has not been prefilled yet; a write already in
 flight is finished first, so ``KVFailed`` is only sent once nothing more can land in the
 decode's blocks (the decode may then reuse them).
+
+A failure is reported as what it is, to the HTTP half and (as the ``KVFailed`` reason) to the
+decode: a ``TransferError`` from the write is "KV transfer failed" (502); any other unexpected
+exception is a 500 naming its class and message (``stages.disagg.errors``). The prefill's
+deadlines are its own: ``pair_timeout_s`` for the other half, ``prefill_timeout_s`` once paired.
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ import time
 from dataclasses import dataclass, field
 
 from stages.config import DisaggConfig
-from stages.disagg.errors import DisaggError, bad_gateway, conflict, timed_out
+from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.block_allocator import blocks_for_tokens
+from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
-from transfer.base import TransferBackend, block_ops
+from transfer.base import TransferBackend, TransferError, block_ops
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Abort, Fingerprint, KVRequest
 from transfer.rooms import DuplicateRoom, Entry, RoomClosed, RoomTable
@@ -75,8 +81,12 @@ class PrefillCoordinator:
         return self.server.port
 
     async def start(self) -> None:
-        """Bind the bootstrap endpoint and start the supervised receive and expiry loops."""
+        """Bind the bootstrap endpoint; supervise its serve task, the transfer backend's worker
+        threads (where it has observable ones), and the receive and expiry loops started here."""
         await self.server.start()
+        assert self.server.serve_task is not None
+        self.supervisor.watch("prefill bootstrap server", self.server.serve_task)
+        self.supervisor.watch_thread(f"{self.backend.name} transfer workers", self.backend.threads_alive)
         self.supervisor.spawn("prefill bootstrap receive loop", self._receive())
         self.supervisor.spawn("prefill room expiry loop", self._expire())
 
@@ -155,43 +165,74 @@ class PrefillCoordinator:
         self._running[entry.room] = asyncio.create_task(self._run(entry))
 
     async def _run(self, entry: Entry) -> None:
+        """Prefill a paired room, write its KV into the decode's blocks and answer both halves. Any
+        failure ends in ``_fail``; this prefill's blocks are freed however the room ends."""
         room, local, remote = entry.room, entry.local, entry.remote
-        blocks: list[int] | None = None
+        blocks: list[int] = []
         try:
             self._check_pair(room, local, remote)
-            last = None
-            async for last in self.engine.generate(_request_id(room), local.prompt, local.params, hand_off=True):
-                pass
-            if last is None or last.blocks is None:
-                raise bad_gateway(self._aborted.get(room) or f"prefill failed: {last.error if last else 'no output'}")
+            if self.faults.take("prefill.exit_before_forward"):
+                os._exit(EXIT_CODE)
+            last = await self._forward(room, local)
             blocks = last.blocks
             if self.faults.take("prefill.exit_after_forward"):
                 os._exit(EXIT_CODE)
+            if self.faults.take("prefill.crash"):
+                raise RuntimeError(f"fault point prefill.crash on room {room}")
             started = time.perf_counter()
             moved = await asyncio.to_thread(self._write, remote, blocks)
             elapsed = time.perf_counter() - started
+            if delay := self.faults.take("prefill.delay_ready"):
+                await asyncio.sleep(delay.delay_s)
             if room in self._aborted:
                 raise bad_gateway(self._aborted[room])
             await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
                                          prompt_tokens=last.prompt_tokens)
-            local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
-                                                  last.prompt_tokens, moved, elapsed))
-        except Exception as exc:
-            error = exc if isinstance(exc, DisaggError) else bad_gateway(f"KV transfer failed: {exc}")
-            log.warning("room %d failed: %s", room, error)
             if not local.result.done():
-                local.result.set_exception(error)
-            if getattr(exc, "in_flight", False):
-                # the library may still be writing into the decode's blocks: answer only once it cannot
-                await asyncio.sleep(self.backend.config.timeout_s + IN_FLIGHT_SLACK_S)
-            await self.server.send_failed(room, str(error))
+                local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
+                                                      last.prompt_tokens, moved, elapsed))
+        except Exception as exc:
+            await self._fail(room, local, exc)
         finally:
-            if blocks is not None:
-                await self.engine.call(lambda engine: engine.free_blocks(blocks))
+            if blocks:
+                await self._free(room, blocks)
             self._running.pop(room, None)
             self._aborted.pop(room, None)
             if self.table.get(room) is not None:
                 self.table.remove(room)
+
+    async def _forward(self, room: int, local: _Local) -> RequestOutput:
+        """Run the room's prompt through the engine as a hand-off request; the last output holds its blocks."""
+        last = None
+        async for last in self.engine.generate(_request_id(room), local.prompt, local.params, hand_off=True):
+            pass
+        if last is not None and last.blocks is not None:
+            return last
+        if room in self._aborted:
+            raise bad_gateway(self._aborted[room])
+        raise internal(f"bootstrap room {room}: the prefill's engine failed on this request: "
+                       f"{last.error if last is not None and last.error else 'it ended without output'}")
+
+    async def _fail(self, room: int, local: _Local, exc: Exception) -> None:
+        """Answer both halves of a failed room with what failed: the HTTP half at once, the decode
+        (``KVFailed``, same reason) once nothing more can land in its blocks."""
+        error = _room_error(room, exc)
+        if not isinstance(exc, DisaggError | TransferError):  # unexpected: keep its traceback
+            log.error("room %d failed", room, exc_info=exc)
+        else:
+            log.warning("room %d failed: %s", room, error)
+        if not local.result.done():
+            local.result.set_exception(error)
+        if isinstance(exc, TransferError) and exc.in_flight:
+            # the library may still be writing into the decode's blocks: answer only once it cannot
+            await asyncio.sleep(self.backend.config.timeout_s + IN_FLIGHT_SLACK_S)
+        await self.server.send_failed(room, str(error))
+
+    async def _free(self, room: int, blocks: list[int]) -> None:
+        try:
+            await self.engine.call(lambda engine: engine.free_blocks(blocks))
+        except Exception:  # the engine is gone or broken: /health says so; the room still ends
+            log.exception("room %d: could not free %d prefill blocks", room, len(blocks))
 
     def _check_pair(self, room: int, local: _Local, remote: KVRequest) -> None:
         prompt_tokens = len(local.prompt.token_ids)
@@ -204,7 +245,10 @@ class PrefillCoordinator:
             raise bad_gateway(f"bootstrap room {room}: the decode reserved too few blocks for {prompt_tokens} tokens")
 
     def _write(self, remote: KVRequest, blocks: list[int]) -> int:
-        """Worker thread: move the prompt's blocks into the decode's. Returns bytes moved."""
+        """Worker thread: move the prompt's blocks into the decode's. Returns bytes moved; raises
+        TransferError when the write fails."""
+        if self.faults.take("prefill.fail_kv_write"):
+            raise TransferError("fault point prefill.fail_kv_write: the write was dropped, nothing was written")
         peer = self.backend.connect(remote.descriptor)
         ops = block_ops(blocks, remote.block_ids[: len(blocks)], self.engine.engine.layout.block_bytes)
         return self.backend.write(peer, ops)
@@ -212,3 +256,13 @@ class PrefillCoordinator:
 
 def _request_id(room: int) -> str:
     return f"room-{room}"
+
+
+def _room_error(room: int, exc: Exception) -> DisaggError:
+    """What a failure in the prefill path is: only a transfer error is "KV transfer failed"; anything
+    unexpected is a 500 naming its class and message."""
+    if isinstance(exc, DisaggError):
+        return exc
+    if isinstance(exc, TransferError):
+        return transfer_failed(room, str(exc))
+    return internal(f"bootstrap room {room}: the prefill failed: {type(exc).__name__}: {exc}")

@@ -11,6 +11,8 @@ thread-safe (the engine thread calls it). With the feature off, ``take`` always 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 POINTS: dict[str, str] = {
@@ -71,3 +73,19 @@ class Faults:
     def armed(self) -> list[dict]:
         with self._lock:
             return [{"point": f.point, "times": f.times, "delay_s": f.delay_s} for f in self._armed.values()]
+
+
+def engine_hook(faults: Faults) -> Callable[[], None] | None:
+    """The ``before_step`` hook of a server's ``AsyncEngine`` (None with fault points off): runs the
+    ``engine.*`` points on the engine thread, which calls it before each step and while idle."""
+    if not faults.enabled:
+        return None
+
+    def before_step() -> None:
+        if faults.take("engine.thread_crash"):
+            raise RuntimeError("fault point engine.thread_crash")
+        stall = faults.take("engine.stall")
+        if stall is not None:
+            time.sleep(stall.delay_s)
+
+    return before_step

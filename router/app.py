@@ -1,0 +1,159 @@
+"""The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions``,
+``GET /v1/models``, ``/health`` and ``/metrics``.
+
+A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``Retry-After``,
+before the body is read), the body within ``--max-body-mb`` (413, from Content-Length before
+reading and while reading), JSON, the model check, images resolved, then the dispatcher. Every
+non-2xx answer is an OpenAI error body; a stage's own 4xx (the request was wrong) is forwarded as
+the stage wrote it. The client leaving cancels the handler (``handler_cancellation``), which aborts
+the request in every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from router.errors import RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded, \
+    stage_failed
+from router.modes import Call
+from router.runtime import Router
+from router.upstream import StageError
+
+log = logging.getLogger(__name__)
+ROUTER_KEY = web.AppKey("router", Router)
+_decode = msgspec.json.Decoder()
+REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker")  # the router's limits, not the client's fault
+
+
+def create_app(router: Router) -> web.Application:
+    """The app over ``router``; its startup hook starts the router (discovery; a ``StartupError``
+    stops the server before it listens) and its cleanup hook closes it."""
+    app = web.Application(middlewares=[_errors], client_max_size=router.config.max_body_bytes)
+    app[ROUTER_KEY] = router
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+
+    async def start(app: web.Application) -> None:
+        await router.start()
+
+    async def stop(app: web.Application) -> None:
+        await router.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:  # type: ignore[no-untyped-def]
+    try:
+        return await handler(request)
+    except RouterError as exc:
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, None)
+        return web.json_response(error_body(exc.status, exc.reason, code), status=exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response(error_body(500, f"Internal router error: {type(exc).__name__}", "internal_error"),
+                                 status=500)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    if router.in_flight >= router.config.max_in_flight:
+        router.metrics.requests.labels(outcome="rejected").inc()
+        raise overloaded(router.config.max_in_flight)
+    router.in_flight += 1
+    router.metrics.in_flight.inc()
+    started = time.perf_counter()
+    outcome = "aborted"
+    try:
+        call = await _read_call(request, router, started)
+        answered = await router.dispatcher.handle(request, call)
+        outcome = "success" if answered.failure is None else "upstream_error"
+        router.metrics.e2e.observe(time.perf_counter() - started)
+        return answered.response
+    except RouterError as exc:
+        outcome = "rejected" if exc.code in REJECTIONS else "client_error" if exc.status < 500 else "upstream_error"
+        raise
+    except StageError as exc:
+        failure = exc.failure
+        if failure.client_fault:
+            outcome = "client_error"
+            return web.Response(body=failure.raw, status=failure.status, content_type="application/json")
+        outcome = "upstream_error"
+        raise stage_failed(failure.stage, failure.status, failure.message, failure.code) from None
+    finally:
+        router.in_flight -= 1
+        router.metrics.in_flight.dec()
+        router.metrics.requests.labels(outcome=outcome).inc()
+
+
+async def _read_call(request: web.Request, router: Router, started: float) -> Call:
+    body = _parse(await _read_body(request, router.config.max_body_bytes))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
+    served = [card["id"] for card in router.models()]
+    if model is not None and model not in served:
+        raise model_not_found(model, served)
+    await router.images.resolve(body)
+    return Call(body, body.get("stream") is True, model, started)
+
+
+async def _read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body, or 413 as soon as it is known to exceed ``max_bytes``."""
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise body_too_large(declared, max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > max_bytes:
+            raise body_too_large(f"more than {max_bytes}", max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes) -> dict:
+    try:
+        body = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": request.app[ROUTER_KEY].models()})
+
+
+async def _health(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    failures = router.failures()
+    if failures:
+        names = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
+        raise RouterError(503, f"The router is unhealthy and should be restarted: {names}", code="unhealthy")
+    reason = router.unservable()
+    if reason is not None:
+        raise RouterError(503, f"The router cannot serve now: {reason}.", code="no_healthy_worker")
+    return web.json_response({"status": "ok", "mode": router.config.mode})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[ROUTER_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

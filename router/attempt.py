@@ -1,0 +1,79 @@
+"""One attempt at a request, up to the point where the answer can be committed to the client.
+
+``open_answer`` sends the answering stage its body and returns a ``Head`` once the answer is under
+way: the whole body (non-stream), or the events up to the first one carrying text, a finish reason,
+usage or ``[DONE]`` (stream). Until then nothing has reached the client, so any failure, including
+an in-band error event that a stream opens with, is a ``StageError`` the dispatcher may retry.
+The opening role chunk is held back, not sent early, for exactly that reason; it leaves with the
+first text, so the client's time to first token is unchanged.
+
+``side_call`` sends a side stage (the prefill) its body and reads its whole answer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from router.modes import Target
+from router.sse import Kind, SSESplitter, classify
+from router.tally import Tally
+from router.upstream import StageError, Upstream
+from router.verdict import from_answer, from_event, unreachable
+
+
+@dataclass
+class Head:
+    target: Target
+    sent_at: float
+    held: bytes  # non-stream: the whole body; stream: the complete events read so far
+    response: aiohttp.ClientResponse | None = None  # stream: still open, the caller relays and closes it
+    splitter: SSESplitter | None = None
+    tally: Tally | None = None
+
+
+async def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) -> Head:
+    sent_at = time.perf_counter()
+    response = await upstream.post(target.stage, target.worker, target.body)
+    try:
+        if response.status != 200 or not stream:
+            raw = await upstream.read(target.stage, target.worker, response)
+            if response.status != 200:
+                raise StageError(from_answer(target.stage, target.worker.url, response.status, raw))
+            return Head(target, sent_at, raw)
+        return await _open_stream(upstream, target, response, sent_at, tally)
+    except BaseException:
+        response.close()  # closing the connection aborts the request at the stage
+        raise
+
+
+async def _open_stream(upstream: Upstream, target: Target, response: aiohttp.ClientResponse, sent_at: float,
+                       tally: Tally) -> Head:
+    splitter = SSESplitter()
+    held: list[bytes] = []
+    async for data in upstream.chunks(target.stage, target.worker, response):
+        committed = False
+        now = time.perf_counter()
+        for raw in splitter.feed(data):
+            event = classify(raw)
+            if event.kind is Kind.ERROR and not committed:
+                assert event.body is not None
+                raise StageError(from_event(target.stage, target.worker.url, event.body))
+            tally.see(event, now)
+            held.append(raw)
+            committed = committed or event.commits
+        if committed:
+            return Head(target, sent_at, b"".join(held), response, splitter, tally)
+    raise StageError(unreachable(target.stage, target.worker.url, "the stream ended before any text"))
+
+
+async def side_call(upstream: Upstream, target: Target) -> float:
+    """Send ``target`` its body and read its answer; the seconds it took. StageError if it failed."""
+    sent_at = time.perf_counter()
+    response = await upstream.post(target.stage, target.worker, target.body)
+    raw = await upstream.read(target.stage, target.worker, response)
+    if response.status != 200:
+        raise StageError(from_answer(target.stage, target.worker.url, response.status, raw))
+    return time.perf_counter() - sent_at

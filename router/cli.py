@@ -1,0 +1,84 @@
+"""``stage serve router``: its flags and its entry point. Building the parser imports nothing heavy
+(no aiohttp, no torch), so ``stage --help`` stays fast; ``run`` imports the server.
+
+    stage serve router --port N [--prefill URL ... --decode URL ... | --colocated URL ...]
+                       [--encoder URL ... --redis-url URL] [--policy-ROLE NAME] [limits, deadlines]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+
+from router.config import ENCODER_POLICIES, POLICIES, RouterConfig
+
+_D = {f.name: f.default for f in fields(RouterConfig) if f.default is not MISSING}
+
+
+def add_router_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("workers (the mode follows from the roles given)")
+    g.add_argument("--prefill", action="append", default=[], metavar="URL", help="prefill server (repeatable)")
+    g.add_argument("--decode", action="append", default=[], metavar="URL", help="decode server (repeatable)")
+    g.add_argument("--colocated", action="append", default=[], metavar="URL", help="colocated server (repeatable)")
+    g.add_argument("--encoder", action="append", default=[], metavar="URL", help="encoder server (repeatable; epd)")
+    g.add_argument("--redis-url", default=None, help="embedding cache index (epd)")
+    p = parser.add_argument_group("policies")
+    for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
+                          ("encoder", ENCODER_POLICIES)):
+        p.add_argument(f"--policy-{role}", choices=choices, default=_D[f"policy_{role}"], help=f"picks the {role}")
+    h = parser.add_argument_group("http")
+    h.add_argument("--host", default=_D["host"], help="address to bind")
+    h.add_argument("--port", type=int, default=_D["port"], help="port to bind (0: any free port)")
+    h.add_argument("--max-body-mb", type=float, default=_D["max_body_mb"], help="request body size cap (413)")
+    h.add_argument("--max-in-flight", type=int, default=_D["max_in_flight"],
+                   help="requests held at once; more get 503 with Retry-After")
+    h.add_argument("--allowed-image-hosts", nargs="+", action="extend", default=[], metavar="HOST[:PORT]",
+                   help="hosts whose http(s) image URLs the router fetches (none by default)")
+    h.add_argument("--image-fetch-timeout-s", type=float, default=_D["image_fetch_timeout_s"],
+                   help="deadline of one image fetch")
+    h.add_argument("--max-image-bytes", type=int, default=_D["max_image_bytes"], help="one fetched image, at most")
+    h.add_argument("--max-images-per-request", type=int, default=_D["max_images_per_request"],
+                   help="images per request")
+    h.add_argument("--log-level", default=_D["log_level"], choices=["debug", "info", "warning", "error"])
+    r = parser.add_argument_group("resilience")
+    r.add_argument("--upstream-timeout-s", type=float, default=_D["upstream_timeout_s"],
+                   help="deadline of one call to a stage, to its last byte")
+    r.add_argument("--connect-timeout-s", type=float, default=_D["connect_timeout_s"],
+                   help="deadline of opening a connection to a stage")
+    r.add_argument("--retries", type=int, default=_D["retries"],
+                   help="fresh attempts after a stage failed before anything reached the client")
+    r.add_argument("--health-interval-s", type=float, default=_D["health_interval_s"], help="between health checks")
+    r.add_argument("--health-timeout-s", type=float, default=_D["health_timeout_s"], help="deadline of one check")
+    r.add_argument("--breaker-failures", type=int, default=_D["breaker_failures"],
+                   help="consecutive failures that open a worker's circuit")
+    r.add_argument("--breaker-cooldown-s", type=float, default=_D["breaker_cooldown_s"],
+                   help="an open circuit lets a trial request through after this long")
+    r.add_argument("--startup-timeout-s", type=float, default=_D["startup_timeout_s"],
+                   help="wait this long for every worker to answer at startup")
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    """The validated config of a command line; ValueError names the flag to change."""
+    names = {f.name for f in fields(RouterConfig)}
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    for name in ("prefill", "decode", "colocated", "encoder", "allowed_image_hosts"):
+        values[name] = tuple(values[name])
+    return RouterConfig(**values)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = router_config(args)
+    except ValueError as exc:
+        print(f"stage serve router: error: {exc}", file=sys.stderr)
+        return 2
+    from router.runtime import StartupError
+    from router.server import serve
+
+    try:
+        serve(config)
+    except StartupError as exc:
+        print(f"stage serve router: cannot start: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,111 @@
+"""Configuration of the router: frozen, validated at construction, each error naming the flag that
+fixes it. Cheap to import (no aiohttp, no torch), so ``stage --help`` stays fast.
+
+The mode follows from the roles given: ``--colocated`` alone is ``colocated``; ``--prefill`` with
+``--decode`` is ``pd``; ``--encoder`` added to those is ``epd``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+MODES = ("colocated", "pd", "epd")
+POLICIES = ("round_robin", "least_load")
+ENCODER_POLICIES = (*POLICIES, "cache_aware")
+ROLES = ("encoder", "prefill", "decode", "colocated")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
+    colocated: tuple[str, ...] = ()
+    encoder: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str | None = None  # epd: the embedding cache index
+    policy_prefill: str = "round_robin"
+    policy_decode: str = "least_load"
+    policy_colocated: str = "least_load"
+    policy_encoder: str = "cache_aware"
+    max_body_mb: float = 64.0  # whole request body; checked from Content-Length and while reading
+    max_in_flight: int = 1024  # requests held at once; beyond: 503 + Retry-After
+    upstream_timeout_s: float = 600.0  # deadline of one upstream call, from sending to its last byte
+    connect_timeout_s: float = 5.0  # deadline of opening a connection to a stage
+    retries: int = 1  # fresh attempts after a failure that reached the client with nothing
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 2.0
+    breaker_failures: int = 3  # consecutive failures that open a worker's circuit
+    breaker_cooldown_s: float = 10.0  # open -> half-open after this long
+    startup_timeout_s: float = 60.0  # wait this long for the workers' first answers at startup
+    allowed_image_hosts: tuple[str, ...] = ()  # hosts (or host:port) http(s) image URLs may name
+    image_fetch_timeout_s: float = 10.0
+    max_image_bytes: int = 20 << 20  # one fetched image
+    max_images_per_request: int = 16
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for role in ROLES:
+            urls = getattr(self, role)
+            for url in urls:
+                check_worker_url(url, role)
+            if len(set(urls)) != len(urls):
+                raise ValueError(f"--{role} names the same URL twice: {sorted(urls)}")
+        self._check_roles()
+        for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
+                              ("encoder", ENCODER_POLICIES)):
+            if getattr(self, f"policy_{role}") not in choices:
+                raise ValueError(f"--policy-{role} must be one of {choices}, got {getattr(self, f'policy_{role}')!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "health_interval_s",
+                     "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        for name in ("max_in_flight", "breaker_failures", "max_image_bytes", "max_images_per_request"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.retries < 0:
+            raise ValueError(f"--retries must be >= 0, got {self.retries}")
+        for host in self.allowed_image_hosts:
+            if not host or "/" in host or host != host.strip():
+                raise ValueError(f"--allowed-image-hosts takes host or host:port entries, got {host!r}")
+
+    def _check_roles(self) -> None:
+        if self.colocated and (self.prefill or self.decode or self.encoder):
+            raise ValueError("--colocated cannot be mixed with --prefill, --decode or --encoder: "
+                             "a router runs one mode")
+        if not (self.colocated or self.prefill or self.decode):
+            raise ValueError("no workers: give --colocated URL, or --prefill URL and --decode URL")
+        if bool(self.prefill) != bool(self.decode):
+            missing = "--decode" if self.prefill else "--prefill"
+            raise ValueError(f"pd mode needs both --prefill and --decode workers; {missing} is missing")
+        if self.mode == "epd" and not self.redis_url:
+            raise ValueError("epd mode (--encoder given) needs --redis-url, the embedding cache index")
+
+    @property
+    def mode(self) -> str:
+        if self.colocated:
+            return "colocated"
+        return "epd" if self.encoder else "pd"
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * (1 << 20))
+
+    def workers(self) -> list[tuple[str, str]]:
+        """Every (role, url) this router was started with, encoders first."""
+        return [(role, url) for role in ROLES for url in getattr(self, role)]
+
+    def policy(self, role: str) -> str:
+        return getattr(self, f"policy_{role}")
+
+
+def check_worker_url(url: str, role: str) -> None:
+    """A worker URL is ``http://host:port`` (no path, query or trailing slash); ValueError names ``--ROLE``."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise ValueError(f"--{role} takes http://host:port URLs, got {url!r}")
+    if parts.path or parts.query or parts.fragment:
+        raise ValueError(f"--{role} takes http://host:port URLs without a path, got {url!r}")

@@ -1,0 +1,111 @@
+"""What the router learns from its workers, and keeps checking: their models, fingerprints and
+bootstrap addresses (``/v1/models``, ``/server_info``) and their health (``/health``).
+
+Contract: ``discover`` runs at startup for every worker (until each answers, or the startup
+deadline); ``health_loop`` runs for the router's whole life as a supervised task: every
+``--health-interval-s`` it asks every worker's ``/health`` (each within ``--health-timeout-s``),
+marks it healthy or not, and re-reads a worker's info when it comes back (a restarted prefill may
+have a new bootstrap port). Only these functions write a worker's info and (with the dispatcher,
+which marks a worker it could not reach) its ``healthy`` flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from router.config import RouterConfig
+from router.workers import Worker
+
+log = logging.getLogger(__name__)
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+class InfoError(Exception):
+    """A worker answered, but not as a stage of its role does."""
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        if response.status != 200:
+            raise InfoError(f"GET {url} answered HTTP {response.status}")
+        body = await response.json(content_type=None)
+    if not isinstance(body, dict):
+        raise InfoError(f"GET {url} did not answer a JSON object")
+    return body
+
+
+async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> None:
+    """Fill in ``worker``'s models (all roles), fingerprint (prefill, decode) and bootstrap address
+    (prefill). Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    models = await _get_json(session, worker.url + "/v1/models", timeout_s)
+    cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
+    fingerprint, bootstrap = None, None
+    if worker.role in ("prefill", "decode"):
+        info = await _get_json(session, worker.url + "/server_info", timeout_s)
+        if info.get("role") != worker.role:
+            raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --{worker.role}")
+        fingerprint = info.get("fingerprint")
+        if not isinstance(fingerprint, dict):
+            raise InfoError(f"{worker.url}/server_info has no fingerprint")
+        if worker.role == "prefill":
+            bootstrap = _bootstrap(worker, info.get("bootstrap"))
+    worker.cards, worker.models = cards, tuple(card["id"] for card in cards)
+    worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
+    worker.known = True
+
+
+def _bootstrap(worker: Worker, entry: object) -> tuple[str, int]:
+    """The prefill's bootstrap endpoint as a decode dials it: a wildcard bind address becomes the
+    host the router reaches the prefill at."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("port"), int):
+        raise InfoError(f"{worker.url}/server_info has no bootstrap address")
+    host = entry.get("host") if isinstance(entry.get("host"), str) else ""
+    if host in WILDCARDS:
+        host = urlsplit(worker.url).hostname or ""
+    return host, entry["port"]
+
+
+async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterConfig) -> None:
+    """One health check of one worker; updates ``worker.healthy`` (and its info when it comes back)."""
+    try:
+        async with session.get(worker.url + "/health",
+                               timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
+            ok = response.status == 200
+            reason = f"/health answered HTTP {response.status}"
+        if ok and not (worker.healthy and worker.known):
+            await read_info(session, worker, config.health_timeout_s)
+    except (aiohttp.ClientError, TimeoutError, InfoError, ValueError) as exc:
+        ok, reason = False, f"{type(exc).__name__}: {exc}"
+    if ok != worker.healthy:
+        if ok:
+            log.info("%s %s is healthy", worker.role, worker.url)
+        else:
+            log.warning("%s %s is unhealthy: %s", worker.role, worker.url, reason)
+    worker.healthy = ok
+
+
+async def discover(session: aiohttp.ClientSession, workers: list[Worker], config: RouterConfig) -> None:
+    """At startup: check every worker until each is healthy and known, or ``--startup-timeout-s``
+    has passed (those still unknown stay out of rotation until the health loop reaches them)."""
+    deadline = time.monotonic() + config.startup_timeout_s
+    while True:
+        waiting = [w for w in workers if not (w.healthy and w.known)]
+        await asyncio.gather(*(check(session, w, config) for w in waiting))
+        waiting = [w for w in workers if not (w.healthy and w.known)]
+        if not waiting or time.monotonic() >= deadline:
+            for w in waiting:
+                log.warning("%s %s did not answer at startup; it joins once its /health answers", w.role, w.url)
+            return
+        await asyncio.sleep(min(config.health_interval_s, 0.5))
+
+
+async def health_loop(session: aiohttp.ClientSession, workers: list[Worker], config: RouterConfig) -> None:
+    """Forever: check every worker, then sleep ``--health-interval-s``."""
+    while True:
+        await asyncio.gather(*(check(session, w, config) for w in workers))
+        await asyncio.sleep(config.health_interval_s)

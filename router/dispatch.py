@@ -1,0 +1,157 @@
+"""Running one request: plan, attempt, retry, commit, settle.
+
+An attempt sends every stage of its plan its body at once (the decode and the prefill of one room
+together), then waits for the first of: the answer under way (``open_answer`` returns), a side call
+failing (its stage is to blame; the rest of the attempt is aborted at once instead of waiting for
+the answering stage to time out), or the answering stage failing (``blame`` decides whether its
+partner was the cause). A failure before anything reached the client is retried once on a fresh
+plan (new room, the blamed worker excluded) unless the request itself was wrong (4xx).
+
+Aborting: whenever an attempt ends early (a failure, or the client leaving, which cancels the
+handler), every upstream call still open is cancelled, which closes its connection; the stages
+abort the room on a closed connection (``docs/protocol.md``). Each worker's lease gets exactly one
+verdict for its breaker: success, failure (it was to blame) or none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from router.attempt import Head, open_answer, side_call
+from router.config import RouterConfig
+from router.errors import RouterError
+from router.metrics import Metrics
+from router.modes import Call, ColocatedPlanner, PDPlanner, Plan
+from router.relay import relay_stream, send_json
+from router.tally import Tally
+from router.upstream import StageError, Upstream
+from router.verdict import Failure, blame
+from router.workers import Lease
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Answered:
+    response: web.StreamResponse
+    failure: Failure | None  # the stage failed after the answer started (the client got an error event)
+
+
+class Dispatcher:
+    def __init__(self, config: RouterConfig, planner: ColocatedPlanner | PDPlanner, upstream: Upstream,
+                 metrics: Metrics) -> None:
+        self.config = config
+        self.planner = planner
+        self.upstream = upstream
+        self.metrics = metrics
+
+    async def handle(self, request: web.Request, call: Call) -> Answered:
+        """The client's answer, sent. Raises RouterError (no worker) or StageError (every attempt
+        failed, or a stage refused the request) while nothing has been sent."""
+        exclude: set[str] = set()
+        last: StageError | None = None
+        for _ in range(self.config.retries + 1):
+            try:
+                plan = self.planner.plan(call, exclude)
+            except RouterError:
+                if last is None:
+                    raise
+                break  # nobody left to retry on: the client gets the stage's failure
+            if last is not None:
+                self.metrics.retries.labels(stage=last.failure.stage).inc()
+            try:
+                return await self._attempt(request, call, plan)
+            except StageError as exc:
+                if exc.failure.client_fault:
+                    raise
+                last = exc
+                log.warning("%s stage %s failed before the answer started: %s", exc.failure.stage, exc.failure.url,
+                            exc.failure.message)
+                if exc.failure.code != "room_conflict":
+                    exclude.add(exc.failure.url)
+        assert last is not None
+        raise last
+
+    async def _attempt(self, request: web.Request, call: Call, plan: Plan) -> Answered:
+        leases = [target.worker.lease() for target in (plan.answer, *plan.sides)]
+        tally = Tally(call.started)
+        answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
+        sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
+        try:
+            head = await self._head(plan, answer, sides)
+            if call.stream:
+                response, failure = await relay_stream(request, self.upstream, head)
+            else:
+                response, failure = await send_json(request, head), None
+            self.metrics.stage_seconds.labels(stage=plan.answer.stage).observe(time.perf_counter() - head.sent_at)
+            self._observe_stream(tally)
+            await self._settle(plan, sides, leases[1:])
+            if failure is not None:
+                self._charge(failure, plan, leases)
+            else:
+                leases[0].success()
+            return Answered(response, failure)
+        except StageError as exc:
+            self._charge(exc.failure, plan, leases)
+            raise
+        finally:
+            for task in (answer, *sides):
+                task.cancel()  # closes what is still open: the stage aborts the room
+            await asyncio.gather(answer, *sides, return_exceptions=True)
+            for lease in leases:
+                lease.cancel()  # no verdict for whoever has none yet
+
+    async def _head(self, plan: Plan, answer: asyncio.Future, sides: list[asyncio.Future]) -> Head:
+        pending = {answer, *sides}
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not answer and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]  # a side call failed: it is to blame
+            if answer in done:
+                error = answer.exception()
+                if error is None:
+                    return answer.result()
+                if not isinstance(error, StageError):
+                    raise error
+                partner = plan.partner
+                waiting = partner is not None and not sides[plan.sides.index(partner)].done()
+                raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if waiting else None))
+
+    async def _settle(self, plan: Plan, sides: list[asyncio.Future], leases: list[Lease]) -> None:
+        """After the answer: each side call's verdict and time (they have normally answered already)."""
+        for side, task, lease in zip(plan.sides, sides, leases):
+            try:
+                seconds = await task
+            except StageError as exc:
+                log.warning("%s stage %s failed after the answer started: %s", side.stage, side.worker.url,
+                            exc.failure.message)
+                lease.failure()
+            else:
+                lease.success()
+                self.metrics.stage_seconds.labels(stage=side.stage).observe(seconds)
+
+    def _charge(self, failure: Failure, plan: Plan, leases: list[Lease]) -> None:
+        for target, lease in zip((plan.answer, *plan.sides), leases):
+            if target.worker.url != failure.url:
+                continue
+            if failure.client_fault:
+                lease.success()  # it answered, correctly refusing a bad request
+            elif failure.code == "room_conflict":
+                lease.cancel()
+            else:
+                lease.failure()
+            if failure.unreachable and target.worker.healthy:
+                log.warning("%s stage %s marked unhealthy: %s", target.stage, target.worker.url, failure.message)
+                target.worker.healthy = False  # the health loop brings it back once /health answers
+
+    def _observe_stream(self, tally: Tally) -> None:
+        if tally.ttft is not None:
+            self.metrics.ttft.observe(tally.ttft)
+        if tally.tpot is not None:
+            self.metrics.tpot.observe(tally.tpot)

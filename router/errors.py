@@ -1,0 +1,62 @@
+"""OpenAI-style errors of the router: ``{"error": {"message", "type", "param", "code"}}``. Pure.
+
+The router's own refusals (body too large, overloaded, image host not allowed, no worker) and the
+stage failures it reports, each message naming the stage that failed. A stage's own 4xx answer is
+about the request and is forwarded unchanged, not wrapped.
+"""
+
+from __future__ import annotations
+
+
+class RouterError(Exception):
+    """Raised anywhere under a route; the app turns it into the JSON error response."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.code, self.param)
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> RouterError:
+    return RouterError(400, message, code=code, param=param)
+
+
+def body_too_large(size: int | str, max_bytes: int) -> RouterError:
+    return RouterError(413, f"The request body is {size} bytes; this router accepts at most {max_bytes} bytes "
+                       "(--max-body-mb).", code="request_too_large")
+
+
+def overloaded(limit: int, retry_after_s: int = 1) -> RouterError:
+    return RouterError(503, f"The router is at its limit of {limit} requests in flight (--max-in-flight); "
+                       f"retry after {retry_after_s} s.", code="server_overloaded",
+                       headers={"Retry-After": str(retry_after_s)})
+
+
+def no_worker(role: str, model: str | None) -> RouterError:
+    which = f" serving model `{model}`" if model else ""
+    return RouterError(503, f"No healthy {role} stage{which} is available now (all are down, unhealthy or "
+                       "their circuits are open); retry later.", code="no_healthy_worker",
+                       headers={"Retry-After": "1"})
+
+
+def model_not_found(model: str, served: list[str]) -> RouterError:
+    return RouterError(404, f"The model `{model}` does not exist; this router serves {served}.", param="model",
+                       code="model_not_found")
+
+
+def stage_failed(stage: str, status: int, message: str, code: str | None) -> RouterError:
+    """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code."""
+    return RouterError(status if status >= 500 else 502, f"The {stage} stage failed: {message}",
+                       code=code or "upstream_error")

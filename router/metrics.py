@@ -1,0 +1,63 @@
+"""Prometheus metrics of the router, on its own ``CollectorRegistry``; names carry the ``epd_router_``
+prefix (the stages' are ``epd_``), so one Prometheus can scrape the router and every stage.
+
+Requests are counted once, by outcome, when they end (``Metrics.finish``). Worker gauges (health,
+circuit state, outstanding requests) are read from the workers at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.workers import Worker
+
+OUTCOMES = ("success", "client_error", "upstream_error", "rejected", "aborted")
+STAGES = ("encoder", "prefill", "decode", "colocated")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("epd_router_requests", "Requests by how they ended: success, client_error (4xx), "
+                                "upstream_error (a stage failed), rejected (router limits), aborted (client left).",
+                                ["outcome"], registry=r)
+        self.ttft = Histogram("epd_router_time_to_first_token_seconds",
+                              "Streamed requests: arrival at the router to the first text chunk sent to the client.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("epd_router_time_per_output_token_seconds",
+                              "Streamed requests: mean time per output token after the first, one per request.",
+                              buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("epd_router_e2e_request_latency_seconds",
+                             "Arrival at the router to the last byte of the answer.", buckets=_LATENCY_BUCKETS,
+                             registry=r)
+        self.stage_seconds = Histogram("epd_router_stage_seconds",
+                                       "Time one stage took for one request: sent to its last byte.", ["stage"],
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("epd_router_retries", "Requests retried on fresh workers, by the stage that failed.",
+                               ["stage"], registry=r)
+        self.in_flight = Gauge("epd_router_in_flight_requests", "Requests the router holds now.", registry=r)
+        self._health = Gauge("epd_router_worker_healthy", "1 if the worker's last health check passed.",
+                             ["role", "worker"], registry=r)
+        self._circuit = Gauge("epd_router_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+                              ["role", "worker"], registry=r)
+        self._outstanding = Gauge("epd_router_worker_outstanding_requests", "Requests sent to the worker now.",
+                                  ["role", "worker"], registry=r)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome=outcome)
+        for stage in STAGES:
+            self.retries.labels(stage=stage)
+
+    def watch(self, workers: Iterable[Worker]) -> None:
+        """Export each worker's health, circuit state and load (read when scraped)."""
+        for w in workers:
+            labels = {"role": w.role, "worker": w.url}
+            self._health.labels(**labels).set_function(lambda w=w: float(w.healthy))
+            self._circuit.labels(**labels).set_function(lambda w=w: float(w.breaker.state))
+            self._outstanding.labels(**labels).set_function(lambda w=w: float(w.outstanding))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

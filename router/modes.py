@@ -1,0 +1,92 @@
+"""Who gets what, per mode: a ``Plan`` names the stage that answers the client and the side calls that
+must succeed for it to (the prefill in pd mode), each with the exact body it is sent.
+
+    colocated   one worker, the client's body
+    pd          one decode and one compatible prefill, one fresh room; the decode gets the body with
+                bootstrap_host/port/room, the prefill the same with ``stream: false`` (its answer
+                is for the router)
+
+The EPD mode plugs in here as a third planner: encoder side calls (one per encoder the images'
+keys hash to, with only the missing images), and prefill/decode bodies whose images are replaced
+by references (``docs/router.md``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import msgspec
+
+from router.errors import no_worker
+from router.workers import Pool, Worker, pick_pair
+
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class Call:
+    """One client request: the body (images already resolved to data: URLs) and what the router reads of it."""
+
+    body: dict
+    stream: bool
+    model: str | None
+    started: float  # arrival, time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Target:
+    stage: str  # encoder, prefill, decode, colocated
+    worker: Worker
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    answer: Target  # streams or returns the client's answer
+    sides: tuple[Target, ...] = ()  # must succeed; their answers are for the router
+    room: int | None = None
+
+    @property
+    def partner(self) -> Target | None:
+        """The side call whose failure the answering stage reports as a peer failure (the prefill)."""
+        return next((side for side in self.sides if side.stage == "prefill"), None)
+
+
+class ColocatedPlanner:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+        candidates = self.pool.candidates(call.model, exclude)
+        if not candidates:
+            raise no_worker("colocated", call.model)
+        return Plan(Target("colocated", self.pool.pick(candidates), _encode(call.body)))
+
+
+class PDPlanner:
+    def __init__(self, prefills: Pool, decodes: Pool) -> None:
+        self.prefills = prefills
+        self.decodes = decodes
+
+    def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+        pair = pick_pair(self.prefills, self.decodes, call.model, exclude)
+        if pair is None:
+            role = "decode" if self.prefills.candidates(call.model, exclude) else "prefill"
+            raise no_worker(role, call.model)
+        prefill, decode = pair
+        assert prefill.bootstrap is not None  # compatible() requires discovered prefills
+        room = new_room()
+        body = {k: v for k, v in call.body.items() if k not in BOOTSTRAP_FIELDS}
+        body.update(bootstrap_host=prefill.bootstrap[0], bootstrap_port=prefill.bootstrap[1], bootstrap_room=room)
+        prefill_body = {k: v for k, v in body.items() if k != "stream_options"}
+        prefill_body["stream"] = False
+        return Plan(Target("decode", decode, _encode(body)), (Target("prefill", prefill, _encode(prefill_body)),),
+                    room)
+
+
+def new_room() -> int:
+    """A random 63-bit room id (the stages accept [0, 2**63 - 1])."""
+    return secrets.randbits(63)

@@ -1,0 +1,68 @@
+"""Committing an answer to the client: the non-stream body as it is, or the stream relayed event by
+event as the stage produces it.
+
+Pacing: each read from the stage's socket is written to the client at once (its complete events;
+a partial event waits for its end, so the client never sees half an event). Nothing is buffered
+beyond that, and TCP_NODELAY is on at both ends (aiohttp sets it on every connection), so chunks
+leave in the order and at the pace the stage produced them.
+
+A stream that fails after it started (connection lost, deadline, or ended without ``[DONE]``) ends
+with an OpenAI error event naming the stage, then ``[DONE]``. A stage's own in-band error event is
+forwarded as it is. Errors writing to the client (it left) propagate to the caller, which aborts
+the request in every stage by closing their connections.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from router.attempt import Head
+from router.errors import stage_failed
+from router.sse import classify, error_event
+from router.upstream import StageError, Upstream
+from router.verdict import Failure, from_event, unreachable
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}
+
+
+async def send_json(request: web.Request, head: Head) -> web.Response:
+    response = web.Response(body=head.held, content_type="application/json")
+    await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+async def relay_stream(request: web.Request, upstream: Upstream, head: Head) -> tuple[web.StreamResponse, Failure | None]:
+    """Send the held events, then every event the stage sends, until its stream ends. Returns the
+    client response (ended) and the stage's failure after the stream started, if any (an in-band
+    error counts as one)."""
+    assert head.response is not None and head.splitter is not None and head.tally is not None
+    stage, worker = head.target.stage, head.target.worker
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    await response.write(head.held)
+    failure: Failure | None = None
+    try:
+        async for data in upstream.chunks(stage, worker, head.response):
+            events = head.splitter.feed(data)
+            if not events:
+                continue
+            now = time.perf_counter()
+            for raw in events:
+                head.tally.see(classify(raw), now)
+            await response.write(b"".join(events))
+        if not head.tally.done:
+            failure = unreachable(stage, worker.url, "the stream ended without [DONE]")
+    except StageError as exc:
+        failure = exc.failure
+    finally:
+        head.response.close()
+    if failure is not None:
+        await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code).body()))
+    elif head.tally.error is not None:
+        failure = from_event(stage, worker.url, head.tally.error)
+    await response.write_eof()
+    return response, failure

@@ -1,0 +1,113 @@
+"""Everything one router process owns: its workers (per role, each with a policy), the upstream
+client, the image fetcher, the dispatcher, the metrics and the supervised health loop.
+
+Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
+clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
+no worker answered, or, in pd mode, no prefill and decode share a fingerprint (each incompatible
+pair is logged with the fields that differ); then it starts the health loop. ``close`` stops the
+loop and closes the clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from router.breaker import CircuitBreaker
+from router.config import RouterConfig
+from router.discovery import discover, health_loop
+from router.dispatch import Dispatcher
+from router.image_fetch import ImageFetcher
+from router.metrics import Metrics
+from router.modes import ColocatedPlanner, PDPlanner
+from router.policy import make_policy
+from router.upstream import Upstream
+from router.workers import Pool, Worker, compatible, pairing_report
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The router cannot serve with the workers it was given; the message says why."""
+
+
+class Router:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.pools = {role: Pool(role, [Worker(url, role, CircuitBreaker(config.breaker_failures,
+                                                                         config.breaker_cooldown_s))
+                                        for url in urls], make_policy(config.policy(role)))
+                      for role, urls in (("encoder", config.encoder), ("prefill", config.prefill),
+                                         ("decode", config.decode), ("colocated", config.colocated)) if urls}
+        self.workers = [w for pool in self.pools.values() for w in pool.workers]
+        self.metrics.watch(self.workers)
+        self.upstream = Upstream(config)
+        self.images = ImageFetcher(config)
+        planner = (ColocatedPlanner(self.pools["colocated"]) if config.mode == "colocated"
+                   else PDPlanner(self.pools["prefill"], self.pools["decode"]))
+        self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics)
+        self.in_flight = 0
+        self._health: asyncio.Task | None = None
+
+    @property
+    def answering(self) -> Pool:
+        """The role whose workers answer clients (and whose models the router lists)."""
+        return self.pools["colocated" if self.config.mode == "colocated" else "decode"]
+
+    async def start(self) -> None:
+        if self.config.mode == "epd":
+            raise StartupError("epd mode (--encoder) is not built into the router yet; start it in pd mode "
+                               "(drop --encoder and --redis-url)")
+        await self.upstream.start()
+        await discover(self.upstream.session, self.workers, self.config)
+        self._check_servable()
+        self._health = asyncio.create_task(health_loop(self.upstream.session, self.workers, self.config),
+                                           name="health loop")
+        log.info("%s router ready: %s", self.config.mode,
+                 ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in self.pools.items()))
+
+    async def close(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            await asyncio.gather(self._health, return_exceptions=True)
+        await self.images.close()
+        await self.upstream.close()
+
+    def _check_servable(self) -> None:
+        for role, pool in self.pools.items():
+            if not any(w.known for w in pool.workers):
+                raise StartupError(f"no {role} worker answered within {self.config.startup_timeout_s:g} s "
+                                   f"(--startup-timeout-s): {[w.url for w in pool.workers]}")
+        if self.config.mode != "pd":
+            return
+        pairs, lines = pairing_report(self.pools["prefill"], self.pools["decode"])
+        for line in lines:
+            log.warning("%s", line)
+        if pairs == 0:
+            raise StartupError("no prefill and decode can be paired: " + "; ".join(lines))
+
+    def failures(self) -> dict[str, str]:
+        """Dead parts of the router itself (the supervised health loop), by name."""
+        task = self._health
+        if task is None or not task.done():
+            return {}
+        reason = "cancelled" if task.cancelled() else repr(task.exception() or "returned")
+        return {"health loop": reason}
+
+    def unservable(self) -> str | None:
+        """Why no request can be served right now, or None."""
+        if self.config.mode == "colocated":
+            return None if self.answering.candidates() else "no healthy colocated worker"
+        ps, ds = self.pools["prefill"].candidates(), self.pools["decode"].candidates()
+        if any(compatible(p, d) for p in ps for d in ds):
+            return None
+        return f"no healthy compatible prefill and decode pair ({len(ps)} prefill, {len(ds)} decode healthy)"
+
+    def models(self) -> list[dict]:
+        """The model cards of the answering workers, each id once."""
+        cards: dict[str, dict] = {}
+        for worker in self.answering.workers:
+            for card in worker.cards:
+                cards.setdefault(card["id"], card)
+        return list(cards.values())

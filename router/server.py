@@ -1,0 +1,42 @@
+"""Running the router process: bind, start (discovery; refuse to start if the mode cannot serve),
+serve until SIGINT/SIGTERM.
+
+The socket is bound first (so the port is ours) and listens only after startup has succeeded, so
+the router answers ``/health`` only once it can route. aiohttp serves with its C HTTP parser, sets
+TCP_NODELAY on every accepted connection, and cancels a request's handler when its client leaves
+(``handler_cancellation``), which is how an abandoned request is aborted in the stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from aiohttp import web
+
+from router.app import create_app
+from router.config import RouterConfig
+from router.runtime import Router
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 5.0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: any free port); aiohttp listens on it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def serve(config: RouterConfig) -> None:
+    """Run the router until SIGINT/SIGTERM. Raises ``StartupError`` if it cannot serve."""
+    sock = bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    log.info("%s router starting on http://%s:%d", config.mode, host, port)
+    try:
+        web.run_app(create_app(Router(config)), sock=sock, handler_cancellation=True, print=None,
+                    access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    finally:
+        sock.close()

@@ -1,0 +1,91 @@
+"""Server-sent events from a stage, split and read just enough to relay them. Pure.
+
+The router forwards the stage's bytes unchanged; it only needs to know, per event, whether it is
+the opening role chunk, a chunk with generated text, a usage chunk, an in-band error or the final
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+import msgspec
+
+_BOUNDARY = re.compile(rb"\r?\n\r?\n")
+_json = msgspec.json.Decoder()
+
+
+class Kind(Enum):
+    OPEN = "open"  # a chunk without text: the role chunk, or an empty delta
+    TEXT = "text"  # a chunk whose delta carries content
+    FINISH = "finish"  # a chunk with a finish_reason and no content
+    USAGE = "usage"  # the usage chunk (choices == [])
+    ERROR = "error"  # {"error": {...}}: the stage failed after the stream started
+    DONE = "done"  # data: [DONE]
+    OTHER = "other"  # comments, keep-alives, anything else
+
+
+@dataclass(frozen=True)
+class Event:
+    raw: bytes  # the event's bytes including its blank-line terminator
+    kind: Kind
+    body: dict | None = None  # the decoded JSON (None for DONE and most OTHER)
+
+    @property
+    def commits(self) -> bool:
+        """Past this event the answer is under way: it reaches the client and cannot be retried."""
+        return self.kind in (Kind.TEXT, Kind.FINISH, Kind.USAGE, Kind.DONE)
+
+
+class SSESplitter:
+    """Feed it bytes as they arrive; it returns the complete events, keeping a partial one."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._pending + data
+        events: list[bytes] = []
+        start = 0
+        for match in _BOUNDARY.finditer(buffer):
+            events.append(buffer[start:match.end()])
+            start = match.end()
+        self._pending = buffer[start:]
+        return events
+
+    @property
+    def pending(self) -> bytes:
+        return self._pending
+
+
+def classify(raw: bytes) -> Event:
+    """What one complete event is (see ``Kind``)."""
+    data = b"".join(line[5:].lstrip(b" ") for line in raw.splitlines() if line.startswith(b"data:"))
+    if not data:
+        return Event(raw, Kind.OTHER)
+    if data == b"[DONE]":
+        return Event(raw, Kind.DONE)
+    try:
+        body = _json.decode(data)
+    except msgspec.DecodeError:
+        return Event(raw, Kind.OTHER)
+    if not isinstance(body, dict):
+        return Event(raw, Kind.OTHER)
+    if "error" in body:
+        return Event(raw, Kind.ERROR, body)
+    choices = body.get("choices")
+    if choices == [] and body.get("usage"):
+        return Event(raw, Kind.USAGE, body)
+    if choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        if (choice.get("delta") or {}).get("content"):
+            return Event(raw, Kind.TEXT, body)
+        return Event(raw, Kind.FINISH if choice.get("finish_reason") else Kind.OPEN, body)
+    return Event(raw, Kind.OTHER, body)
+
+
+def error_event(body: dict) -> bytes:
+    """An in-band error event (the OpenAI error body) followed by ``[DONE]``."""
+    return b"data: " + msgspec.json.encode(body) + b"\n\ndata: [DONE]\n\n"

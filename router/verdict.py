@@ -1,0 +1,82 @@
+"""What went wrong in one attempt, and whose fault it was. Pure.
+
+A ``Failure`` is one stage's failure as the router saw it: an HTTP error answer, an in-band error
+event before anything reached the client, a connection it could not open or lost, or a deadline.
+``blame`` decides which stage an attempt's failure is charged to: the breaker of that worker
+counts it, a retry avoids it, and the client's error names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+# a stage's error codes that say its partner stage (not itself) failed or never came
+PEER_CODES = frozenset({"peer_failed", "room_timeout"})
+# the HTTP status an in-band error code stands for (a stream's status is already 200)
+CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
+               "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
+
+
+@dataclass(frozen=True)
+class Failure:
+    stage: str  # encoder, prefill, decode or colocated
+    url: str
+    status: int  # the stage's status; 502 when unreachable, 504 on the router's deadline
+    message: str
+    code: str | None = None
+    raw: bytes | None = None  # the stage's own error body, forwarded as-is for a client error
+    unreachable: bool = False  # no connection, or it was lost: mark the worker unhealthy at once
+
+    @property
+    def client_fault(self) -> bool:
+        """The request is wrong (4xx): answer the client, retry nothing, blame no worker. A room
+        conflict is the router's bad luck with a random number, not the client's."""
+        return 400 <= self.status < 500 and self.code != "room_conflict"
+
+
+def from_answer(stage: str, url: str, status: int, raw: bytes) -> Failure:
+    """A non-2xx answer; its OpenAI error body, if any, gives the message and code."""
+    error = _error_of(raw)
+    message = error.get("message") if isinstance(error.get("message"), str) else raw[:200].decode(errors="replace")
+    code = error.get("code") if isinstance(error.get("code"), str) else None
+    return Failure(stage, url, status, message or f"HTTP {status}", code, raw)
+
+
+def from_event(stage: str, url: str, body: dict) -> Failure:
+    """An in-band error event (``{"error": {...}}``) that came before anything reached the client."""
+    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    code = error.get("code") if isinstance(error.get("code"), str) else None
+    message = error.get("message") if isinstance(error.get("message"), str) else "error event without a message"
+    return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code)
+
+
+def unreachable(stage: str, url: str, detail: str) -> Failure:
+    return Failure(stage, url, 502, f"{url} could not be reached or went away: {detail}", "upstream_unavailable",
+                   unreachable=True)
+
+
+def timed_out(stage: str, url: str, deadline_s: float, flag: str) -> Failure:
+    return Failure(stage, url, 504, f"{url} did not answer within {deadline_s:g} s ({flag})", "upstream_timeout")
+
+
+def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
+    """The failure to act on when the answering stage failed before the client got anything.
+    ``partner``: (stage, url) of the answering stage's partner (the prefill that feeds a decode)
+    if its own call has not answered yet, else None. When the answering stage says its partner
+    failed or never came and the partner has not answered, the partner is to blame; otherwise the
+    answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)"""
+    if answer.code in PEER_CODES and partner is not None:
+        stage, url = partner
+        return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}", answer.code)
+    return answer
+
+
+def _error_of(raw: bytes) -> dict:
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}

@@ -1,0 +1,132 @@
+"""The workers the router knows, per role, and how one is picked. Pure: no I/O.
+
+A ``Worker`` is one stage server. What the router learns from it (models, fingerprint, bootstrap
+address) is written by discovery (``router.discovery``) from its ``/v1/models`` and
+``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
+it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from router.breaker import CircuitBreaker
+from router.policy import Policy
+
+
+@dataclass
+class Worker:
+    url: str
+    role: str
+    breaker: CircuitBreaker
+    healthy: bool = False  # until its first /health answers 200
+    outstanding: int = 0  # requests sent to it and not yet finished
+    models: tuple[str, ...] = ()  # ids from its /v1/models
+    cards: tuple[dict, ...] = ()  # its /v1/models entries, served by the router's /v1/models
+    fingerprint: dict | None = None  # prefill and decode: /server_info "fingerprint"
+    bootstrap: tuple[str, int] | None = None  # prefill: where decodes dial it
+    known: bool = False  # discovery has read its info at least once
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    def eligible(self) -> bool:
+        return self.known and self.healthy and self.breaker.allows()
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or model in self.models
+
+    def lease(self) -> Lease:
+        """Count one request against this worker until the lease ends (see ``Lease``)."""
+        self.breaker.begin()
+        self.outstanding += 1
+        return Lease(self)
+
+
+class Lease:
+    """One request's hold on a worker. Ended exactly once: ``success()``, ``failure()`` or
+    ``cancel()`` (no verdict); ending it again does nothing, so ``cancel()`` in a ``finally``
+    after a verdict is safe."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._open = True
+
+    def success(self) -> None:
+        self._end(self.worker.breaker.success)
+
+    def failure(self) -> None:
+        self._end(self.worker.breaker.failure)
+
+    def cancel(self) -> None:
+        self._end(self.worker.breaker.cancel)
+
+    def _end(self, verdict) -> None:  # type: ignore[no-untyped-def]
+        if self._open:
+            self._open = False
+            self.worker.outstanding -= 1
+            verdict()
+
+
+@dataclass
+class Pool:
+    """The workers of one role and the policy that picks among them."""
+
+    role: str
+    workers: list[Worker]
+    policy: Policy
+    by_url: dict[str, Worker] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_url = {w.url: w for w in self.workers}
+
+    def candidates(self, model: str | None = None, exclude: Collection[str] = ()) -> list[Worker]:
+        return [w for w in self.workers if w.eligible() and w.serves(model) and w.url not in exclude]
+
+    def pick(self, candidates: Sequence[Worker], key: str | None = None) -> Worker:
+        return self.policy.choose(candidates, key)  # type: ignore[return-value]
+
+
+def compatible(prefill: Worker, decode: Worker) -> bool:
+    """A P's KV is valid in a D's blocks only if their fingerprints are equal."""
+    return prefill.fingerprint is not None and prefill.fingerprint == decode.fingerprint
+
+
+def fingerprint_diff(a: dict | None, b: dict | None) -> list[str]:
+    """The fields on which two fingerprints differ, as ``field: a != b`` (all of them if one is missing)."""
+    if a is None or b is None:
+        return ["fingerprint: unknown"]
+    return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str]) -> tuple[Worker, Worker] | None:
+    """D by its policy among decodes with at least one compatible prefill, then P by its policy among
+    the prefills compatible with that D; None when no compatible pair is eligible."""
+    ps = prefills.candidates(model, exclude)
+    ds = [d for d in decodes.candidates(model, exclude) if any(compatible(p, d) for p in ps)]
+    if not ds:
+        return None
+    decode = decodes.pick(ds)
+    prefill = prefills.pick([p for p in ps if compatible(p, decode)])
+    return prefill, decode
+
+
+def pairing_report(prefills: Pool, decodes: Pool) -> tuple[int, list[str]]:
+    """Among the workers discovery knows: how many (prefill, decode) pairs are compatible, and one
+    line per incompatible pair naming the fingerprint fields that differ (they are never paired)."""
+    pairs, lines = 0, []
+    for p in (w for w in prefills.workers if w.known):
+        for d in (w for w in decodes.workers if w.known):
+            if compatible(p, d):
+                pairs += 1
+            else:
+                lines.append(f"prefill {p.url} and decode {d.url} are never paired: their fingerprints differ "
+                             f"({'; '.join(fingerprint_diff(p.fingerprint, d.fingerprint))})")
+    return pairs, lines

@@ -1,6 +1,7 @@
 """The ``stage`` command.
 
     stage serve colocated --model DIR [--host 127.0.0.1] [--port 8000] [...]
+    stage serve router --port N --prefill URL --decode URL | --colocated URL [...]   (router/cli.py)
     stage make-model --family qwen2_vl --size tiny --out DIR
     stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
 
@@ -290,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
         role_parser = roles.add_parser(role, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         _role_args(role)(role_parser)
         role_parser.set_defaults(run=_serve)
+    from router.cli import add_router_args, run as run_router  # light: the router's server loads in run
+
+    router = roles.add_parser("router", help="the OpenAI front door over stage servers",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_router_args(router)
+    router.set_defaults(run=run_router)
 
     make = commands.add_parser("make-model", help="write a random-weight checkpoint for tests and benchmarks")
     make.add_argument("--family", choices=FAMILIES, required=True)

@@ -19,7 +19,7 @@ import os
 from collections.abc import AsyncIterator
 
 from stages.config import DisaggConfig
-from stages.disagg.errors import DisaggError, bad_gateway, timed_out, unavailable
+from stages.disagg.errors import DisaggError, bad_gateway, not_allowed, timed_out, unavailable
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -43,7 +43,8 @@ class DecodeCoordinator:
         self.supervisor = supervisor
         self.faults = faults
         self.descriptor = backend.descriptor()
-        self.client = BootstrapClient()
+        self.client = BootstrapClient(allow=config.allow_list(), max_links=config.max_peer_links,
+                                      link_idle_s=config.peer_link_idle_s)
         self.decode_id = f"decode-{os.getpid()}"
         self._cleanups: set[asyncio.Task] = set()
 
@@ -57,7 +58,11 @@ class DecodeCoordinator:
 
     async def generate(self, room: int, host: str, port: int, prompt: Prompt,
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives."""
+        """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives, and
+        403 before reserving anything if ``host:port`` is not an allowed prefill."""
+        if not self.client.allow.allows(host, port):
+            raise not_allowed(f"prefill {host}:{port} is not allowed by --allowed-bootstrap "
+                              f"(allowed: {self.client.allow})")
         blocks = await self._reserve(prompt, params)
         if self.faults.take("decode.exit_before_request"):
             os._exit(EXIT_CODE)
@@ -80,7 +85,8 @@ class DecodeCoordinator:
             yield output
 
     async def _reserve(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_blocks(prompt, params)))
+        call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_blocks(prompt, params),
+                                                      undo=lambda engine, blocks: engine.free_blocks(blocks)))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:  # the blocks may still arrive: free them when they do

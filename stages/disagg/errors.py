@@ -9,6 +9,7 @@ room's ``KVFailed`` reason) can tell a dead or slow peer from this stage's own f
     conflict         409 room_conflict       the room is already in flight, answered or aborted
     unavailable      503 kv_pool_full        no KV blocks for the request now
     internal         500 internal_error      this stage failed on its own (a bug, an engine failure)
+    not_allowed      403 bootstrap_not_allowed  the request names a prefill --allowed-bootstrap does not allow
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 class DisaggError(RuntimeError):
     """A room failed. ``status`` is what the stage server answers its client."""
 
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.param = param
 
 
 def bad_gateway(message: str) -> DisaggError:
@@ -48,3 +50,8 @@ def unavailable(message: str) -> DisaggError:
 def internal(message: str) -> DisaggError:
     """This stage failed for a reason of its own; ``message`` names the exception class and its text."""
     return DisaggError(500, message, "internal_error")
+
+
+def not_allowed(message: str) -> DisaggError:
+    """The request names a prefill this decode may not dial; nothing was dialed or reserved."""
+    return DisaggError(403, message, "bootstrap_not_allowed", param="bootstrap_host")

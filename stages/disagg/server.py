@@ -38,7 +38,8 @@ def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
 
 
 def _api_error(exc: DisaggError) -> APIError:
-    return APIError(exc.status, str(exc), code=exc.code, type="server_error" if exc.status >= 500 else None)
+    return APIError(exc.status, str(exc), param=exc.param, code=exc.code,
+                    type="server_error" if exc.status >= 500 else None)
 
 
 def prefill_generate(coordinator: PrefillCoordinator):
@@ -119,6 +120,10 @@ def build(config: ServerConfig) -> FastAPI:
         }
         if isinstance(coordinator, PrefillCoordinator):
             info["bootstrap"] = {"host": disagg.bootstrap_host, "port": coordinator.bootstrap_port}
+        else:
+            client = coordinator.client
+            info["peer_links"] = {"open": list(client.links.addresses()), "max": disagg.max_peer_links,
+                                  "allowed": list(client.allow.patterns())}
         return info
 
     return app

@@ -2,6 +2,7 @@
 
     stage serve colocated --model DIR [--host 127.0.0.1] [--port 8000] [...]
     stage serve router --port N --prefill URL --decode URL | --colocated URL [...]   (router/cli.py)
+    stage serve encoder --model DIR --redis-url URL [--port 8300] [--max-batch-images 16] [...]
     stage make-model --family qwen2_vl --size tiny --out DIR
     stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
 
@@ -29,8 +30,10 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from stages.config import DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, ImageLimits, ServerConfig
-from stages.engine.config import DTYPES, EngineConfig
+from cache.config import MIB, CacheConfig
+from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, EncoderConfig,
+                           ImageLimits, ServerConfig)
+from stages.engine.config import DTYPES, PARTS, TEXT, VISION, EngineConfig
 from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
 from transfer.base import TransferConfig
 
@@ -42,20 +45,23 @@ def _defaults(cls) -> dict:  # type: ignore[no-untyped-def]
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``EngineConfig``, shared by every role that runs a model."""
+def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
+    """Flags of ``EngineConfig``, shared by every role that runs a model; ``kv=False`` (the encoder,
+    which has no KV pool or scheduler) leaves out the KV and batching flags."""
     d = _defaults(EngineConfig)
     g = parser.add_argument_group("engine")
     g.add_argument("--model", required=True, help="checkpoint directory (Hugging Face layout)")
     g.add_argument("--dtype", choices=DTYPES, default=d["dtype"], help="weights and KV dtype")
     g.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
+    g.add_argument("--seed", type=int, default=d["seed"], help="torch seed at startup")
+    if not kv:
+        return
     g.add_argument("--block-size", type=int, default=d["block_size"], help="tokens per KV block")
     g.add_argument("--kv-cache-mib", type=int, default=d["kv_cache_mib"], help="KV pool size")
     g.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="requests per batch")
     g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"], help="tokens per step")
     g.add_argument("--max-model-len", type=int, default=d["max_model_len"],
                    help="context length; None: the model's max_position_embeddings")
-    g.add_argument("--seed", type=int, default=d["seed"], help="torch seed at startup")
 
 
 def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -109,22 +115,55 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="close a link to a prefill after this long without a room")
 
 
+def add_cache_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the embedding cache (``CacheConfig``): the Redis it lives in, its budget and TTL."""
+    d = _defaults(CacheConfig)
+    g = parser.add_argument_group("embedding cache")
+    g.add_argument("--redis-url", required=True, help="the cache's Redis: redis://HOST:PORT/DB or unix:///PATH")
+    g.add_argument("--cache-budget-mib", type=float, default=CACHE_BUDGET_MIB,
+                   help="bytes of embeddings kept; least recently used entries are evicted past it")
+    g.add_argument("--cache-ttl-s", type=float, default=CACHE_TTL_S, help="drop an entry unused this long")
+    g.add_argument("--cache-op-timeout-s", type=float, default=d["op_timeout_s"], help="deadline of each Redis call")
+
+
+def cache_config(args: argparse.Namespace) -> CacheConfig:
+    return CacheConfig(url=args.redis_url, budget_bytes=int(args.cache_budget_mib * MIB), ttl_s=args.cache_ttl_s,
+                       op_timeout_s=args.cache_op_timeout_s)
+
+
+def add_encoder_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``EncoderConfig`` (the cache flags come from ``add_cache_args``)."""
+    d = _defaults(EncoderConfig)
+    g = parser.add_argument_group("encoder")
+    g.add_argument("--max-batch-images", type=int, default=d["max_batch_images"], help="images per vision-tower call")
+    g.add_argument("--claim-lease-s", type=float, default=d["claim_lease_s"],
+                   help="an image's single-flight claim lapses this long after its last renewal")
+    g.add_argument("--encode-timeout-s", type=float, default=d["encode_timeout_s"],
+                   help="an encode request's images must be in the cache within this")
+
+
 def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(parser: argparse.ArgumentParser) -> None:
-        add_engine_args(parser)
-        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200}[role])
+        add_engine_args(parser, kv=role != "encoder")
+        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300}[role])
         if role in DISAGG_ROLES:
             add_disagg_args(parser, role)
+        if role == "encoder":
+            add_cache_args(parser)
+            add_encoder_args(parser)
 
     return add
 
 
+ROLE_PARTS = {"encoder": (VISION,), "decode": (TEXT,)}  # what each role loads; the others load both halves
+_ENGINE_FLAGS = ("dtype", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
+                 "threads", "seed")
+
+
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     """The validated config of a ``stage serve ROLE`` command line; ValueError names the flag to change."""
-    engine = EngineConfig(model=args.model, dtype=args.dtype, block_size=args.block_size,
-                          kv_cache_mib=args.kv_cache_mib, max_num_seqs=args.max_num_seqs,
-                          max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-                          threads=args.threads, seed=args.seed)
+    engine = EngineConfig(model=args.model, parts=ROLE_PARTS.get(role, PARTS),
+                          **{name: getattr(args, name) for name in _ENGINE_FLAGS if hasattr(args, name)})
     disagg = None
     if role in DISAGG_ROLES:
         side = {name: getattr(args, name) for name in (
@@ -135,11 +174,15 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
             transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
             allowed_bootstrap=tuple(getattr(args, "allowed_bootstrap", None) or ()), **side)
+    encoder = None
+    if role == "encoder":
+        encoder = EncoderConfig(cache=cache_config(args), max_batch_images=args.max_batch_images,
+                                claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s)
     return ServerConfig(
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
         max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
-        log_level=args.log_level, disagg=disagg)
+        log_level=args.log_level, disagg=disagg, encoder=encoder)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ naming the flag that fixes it. Cheap to import (no torch, no fastapi), so ``stag
       .engine  EngineConfig  the model and its KV pool (stages/engine/config.py)
       .limits  ImageLimits   per-image and per-request image limits
       .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines
+      .encoder EncoderConfig encoder only: the embedding cache, batching, claims, deadlines
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache.config import CacheConfig
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList
 
-ROLES = ("colocated", "prefill", "decode")
+ROLES = ("colocated", "prefill", "decode", "encoder")
 DISAGG_ROLES = ("prefill", "decode")
 TRANSFERS = ("mooncake", "nixl")
+CACHE_BUDGET_MIB = 1024.0  # --cache-budget-mib default
+CACHE_TTL_S = 3600.0  # --cache-ttl-s default
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,28 @@ class DisaggConfig:
 
 
 @dataclass(frozen=True)
+class EncoderConfig:
+    """What an encoder server adds: the cache it writes (``--redis-url``, ``--cache-budget-mib``,
+    ``--cache-ttl-s``, ``--cache-op-timeout-s``), how many images one vision-tower call takes, how long
+    its single-flight claims last between renewals, and how long an encode request may take."""
+
+    cache: CacheConfig
+    max_batch_images: int = 16
+    claim_lease_s: float = 10.0  # a claim lapses this long after its last renewal (renewed every third of it)
+    encode_timeout_s: float = 60.0  # request arrival -> every image it needs encoded is in the cache
+
+    def __post_init__(self) -> None:
+        if self.max_batch_images <= 0:
+            raise ValueError(f"--max-batch-images must be > 0, got {self.max_batch_images}")
+        for name in ("claim_lease_s", "encode_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    """One stage server. ``disagg`` is required for prefill and decode and refused otherwise."""
+    """One stage server. ``disagg`` is required for prefill and decode and refused otherwise;
+    ``encoder`` likewise for the encoder."""
 
     role: str
     engine: EngineConfig
@@ -88,12 +112,15 @@ class ServerConfig:
     debug_faults: bool = False  # serve /debug/faults (fault points for tests); loopback only
     log_level: str = "info"
     disagg: DisaggConfig | None = None
+    encoder: EncoderConfig | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if (self.disagg is not None) != (self.role in DISAGG_ROLES):
             raise ValueError(f"a {self.role} server {'needs' if self.disagg is None else 'takes no'} DisaggConfig")
+        if (self.encoder is not None) != (self.role == "encoder"):
+            raise ValueError(f"a {self.role} server {'needs' if self.encoder is None else 'takes no'} EncoderConfig")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.served_model_name is not None and not self.served_model_name.strip():

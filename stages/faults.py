@@ -27,6 +27,10 @@ POINTS: dict[str, str] = {
     "decode.exit_before_request": "the decode process exits (code 17) after reserving blocks, before asking for KV",
     "engine.thread_crash": "the engine thread raises RuntimeError between steps and dies",
     "engine.stall": "the engine thread sleeps delay_s before its next step",
+    "encoder.stall": "the encoder thread sleeps delay_s after taking a batch, before its vision-tower call "
+                     "(work arriving meanwhile stays queued)",
+    "encoder.crash": "the next vision-tower call raises RuntimeError (its images fail; the encoder stays up)",
+    "encoder.exit_mid_encode": "the encoder process exits (code 17) during a vision-tower call",
 }
 EXIT_CODE = 17
 

@@ -26,6 +26,19 @@ class PromptError(ValueError):
     """The conversation cannot be turned into a prompt (template or image mismatch)."""
 
 
+def preprocess_image(image_processor, adapter: ModelAdapter, image: Image.Image) -> ImageInput:  # type: ignore[no-untyped-def]
+    """One image through the model's image processor: what the vision tower eats, and the number of
+    placeholder tokens it fills (the adapter's rule on the processed pixels). Shared by the prompt
+    builder and the encoder server. ValueError for an image the processor refuses."""
+    out = image_processor(images=[image.convert("RGB")], return_tensors="pt")
+    grid = out.get("image_grid_thw")
+    if grid is not None:
+        item = ImageInput(out["pixel_values"], tuple(int(x) for x in grid[0]), 0)
+    else:
+        item = ImageInput(out["pixel_values"][0], None, 0)
+    return ImageInput(item.pixel_values, item.grid_thw, adapter.num_image_tokens(item))
+
+
 @dataclass
 class PromptBuilder:
     tokenizer: object
@@ -44,13 +57,7 @@ class PromptBuilder:
         return self.tokenizer.convert_ids_to_tokens(self.adapter.image_token_id)
 
     def preprocess(self, image: Image.Image) -> ImageInput:
-        out = self.image_processor(images=[image.convert("RGB")], return_tensors="pt")
-        grid = out.get("image_grid_thw")
-        if grid is not None:
-            item = ImageInput(out["pixel_values"], tuple(int(x) for x in grid[0]), 0)
-        else:
-            item = ImageInput(out["pixel_values"][0], None, 0)
-        return ImageInput(item.pixel_values, item.grid_thw, self.adapter.num_image_tokens(item))
+        return preprocess_image(self.image_processor, self.adapter, image)
 
     def render(self, messages: list[dict]) -> str:
         """The chat template applied to HF-style messages (image parts are ``{"type": "image"}``)."""

@@ -14,7 +14,8 @@ import socket
 from stages.config import ServerConfig
 
 log = logging.getLogger(__name__)
-BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", "decode": "stages.disagg.server"}
+BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", "decode": "stages.disagg.server",
+            "encoder": "stages.encoder.server"}
 
 
 def bind(host: str, port: int) -> socket.socket:

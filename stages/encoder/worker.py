@@ -6,7 +6,7 @@ seen), runs the adapter's ``encode`` over the whole batch, and hands each job's 
 image's failure is its own: if a batch call raises, its images are retried one by one.
 
 Contract for ``deliver``: called on the encoder thread, exactly once per taken job, after the job is
-ENDED; it must not raise or block (the service crosses to its event loop with
+ENDED; it must not raise or block (``Flights.deliver`` crosses to the event loop with
 ``call_soon_threadsafe``).
 """
 

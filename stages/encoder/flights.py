@@ -1,0 +1,216 @@
+"""Flights: this process's work on one image key, from its claim to its release.
+
+``Flights.start`` creates a flight and, shielded from the caller's cancellation, claims the key for
+this encoder (``renew`` first: the router may have claimed it on this encoder's behalf; then
+``claim``, NX). Won: the job is queued for the encoder thread and a completion task waits for it,
+writes the entry (``put``), or publishes the failure (``publish_failed``), and always releases the
+claim. Lost: the flight ends at once as ``pending_elsewhere``. A flight ends exactly once: its
+``result`` future holds ``"encoded"``, ``"pending_elsewhere"`` or a ``Failure``; it leaves the table
+(``get`` no longer finds it) in the same step.
+
+Interest: a flight knows which requests (serial -> room) wait for it. ``forget`` drops interests;
+a job nobody waits for that is still queued is cancelled (its completion task then publishes the
+failure and releases the claim). Work already running finishes and is cached.
+
+Single event loop: everything here runs on the server's loop except ``deliver`` (the encoder
+thread's callback), which crosses with ``call_soon_threadsafe``. Every wait has a deadline:
+``encode_timeout_s`` for the encoder thread, the cache's per-call deadline for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cache.errors import CacheUnavailable, EntryTooLarge
+from cache.store import EmbeddingCache
+from stages.config import EncoderConfig
+from stages.encoder.batcher import Batcher, Job
+from stages.engine.multimodal import ImageEmbedding, ImageInput
+
+log = logging.getLogger(__name__)
+ENCODED, PENDING_ELSEWHERE = "encoded", "pending_elsewhere"
+_CANCELLED = "cancelled: every request waiting for this image went away (room aborted or deadline passed)"
+SHUTDOWN_GRACE_S = 3.0  # at shutdown, how long flights get to report their end before they are abandoned
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a flight ended without an entry; each waiting request turns it into its own APIError."""
+
+    status: int
+    message: str
+    code: str
+
+
+@dataclass(eq=False)
+class Flight:
+    job: Job
+    encoded: asyncio.Future  # ImageEmbedding | str (why not): set by the encoder thread, or on cancel
+    result: asyncio.Future  # ENCODED | PENDING_ELSEWHERE | Failure, set when the flight ends
+    interests: dict[int, int] = field(default_factory=dict)  # request serial -> room
+    owned: bool = False  # this process holds the key's claim
+    cancelled: bool = False
+    ended_at: float = 0.0  # time.monotonic() when it ended
+
+
+class Flights:
+    def __init__(self, config: EncoderConfig, cache: EmbeddingCache, batcher: Batcher, encoder_id: str) -> None:
+        self.config = config
+        self.cache = cache
+        self.batcher = batcher
+        self.encoder_id = encoder_id
+        self._table: dict[str, Flight] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop ``deliver`` crosses to; call once from the server's lifespan."""
+        self._loop = loop
+
+    def get(self, key: str) -> Flight | None:
+        return self._table.get(key)
+
+    async def start(self, key: str, image: ImageInput, serial: int, room: int) -> Flight:
+        """A new flight for ``key`` (none may be in the table), joined by request ``serial``. Returns
+        once it is queued or has ended; a caller cancelled meanwhile leaves no half-started flight."""
+        assert key not in self._table
+        loop = asyncio.get_running_loop()
+        flight = Flight(Job(key, image), loop.create_future(), loop.create_future(), {serial: room})
+        self._table[key] = flight  # before any await: concurrent requests join this flight
+        await asyncio.shield(self._launch(flight))
+        return flight
+
+    def forget(self, gone: Callable[[int, int], bool]) -> int:
+        """Drop the interests ``gone(serial, room)`` selects; cancel queued jobs nobody waits for.
+        Returns how many jobs were cancelled."""
+        cancelled = 0
+        for flight in list(self._table.values()):
+            for serial, room in list(flight.interests.items()):
+                if gone(serial, room):
+                    del flight.interests[serial]
+            if not flight.interests and flight.owned and self.batcher.cancel(flight.job):
+                flight.cancelled = True
+                _set(flight.encoded, _CANCELLED)
+                cancelled += 1
+        return cancelled
+
+    def deliver(self, job: Job, result: ImageEmbedding | str) -> None:
+        """The encoder thread's callback (see ``worker.py``): crosses to the event loop."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._delivered, job, result)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
+
+    async def renew_claims(self) -> None:
+        """Supervised loop: restart the lease of every claim this process holds, every third of it."""
+        lease = self.config.claim_lease_s
+        while True:
+            await asyncio.sleep(lease / 3)
+            for key in [key for key, flight in self._table.items() if flight.owned]:
+                try:
+                    if not await self.cache.renew(key, self.encoder_id, lease):
+                        log.warning("lost the claim on image %s (it lapsed or Redis lost it); encoding it anyway", key)
+                except CacheUnavailable as exc:
+                    log.warning("cannot renew claims: %s", exc)
+                    break
+
+    async def shutdown(self) -> None:
+        """Cancel every queued job, then give flights ``SHUTDOWN_GRACE_S`` to report and release."""
+        self.forget(lambda _serial, _room: True)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=SHUTDOWN_GRACE_S)
+
+    # --- internals -----------------------------------------------------------------------------
+    async def _launch(self, flight: Flight) -> None:
+        key, lease = flight.job.key, self.config.claim_lease_s
+        try:
+            owned = (await self.cache.renew(key, self.encoder_id, lease)
+                     or await self.cache.claim(key, self.encoder_id, lease))
+        except CacheUnavailable as exc:
+            self._end(flight, redis_failure(exc))
+            return
+        except Exception as exc:  # a bug: fail this image, never leave a flight nobody ends
+            log.exception("starting the encode of image %s failed", key)
+            self._end(flight, Failure(500, f"Internal error: {type(exc).__name__}: {exc}", "internal_error"))
+            return
+        if not owned:
+            self._end(flight, PENDING_ELSEWHERE)
+            return
+        flight.owned = True
+        self.batcher.put(flight.job)
+        task = asyncio.get_running_loop().create_task(self._complete(flight), name=f"encode-{key[:12]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _delivered(self, job: Job, result: ImageEmbedding | str) -> None:
+        flight = self._table.get(job.key)
+        if flight is not None and flight.job is job:
+            _set(flight.encoded, result)
+
+    async def _complete(self, flight: Flight) -> None:
+        """Wait for the encoder thread, write the entry (or report the failure), release the claim."""
+        key, outcome = flight.job.key, None
+        try:
+            try:
+                result = await asyncio.wait_for(asyncio.shield(flight.encoded), self.config.encode_timeout_s)
+            except TimeoutError:
+                self.batcher.cancel(flight.job)
+                result = f"not encoded within {self.config.encode_timeout_s:g} s (--encode-timeout-s)"
+            if isinstance(result, ImageEmbedding):
+                outcome = await self._store(key, result)
+            else:
+                outcome = _encode_failure(result, cancelled=flight.cancelled)
+                await self._quietly("report the failure", self.cache.publish_failed(key, result))
+        finally:
+            await self._quietly("release the claim", self.cache.release(key, self.encoder_id))
+            self._end(flight, outcome or Failure(500, "The encoder stopped before this image was encoded.",
+                                                 "encode_failed"))
+
+    async def _store(self, key: str, embedding: ImageEmbedding) -> str | Failure:
+        tensors = {"embeds": embedding.embeds}
+        if embedding.deepstack is not None:
+            tensors["deepstack"] = embedding.deepstack
+        try:
+            await self.cache.put(key, tensors, num_tokens=embedding.num_tokens,
+                                 image_grid=list(embedding.grid_thw or ()), encoder=self.encoder_id)
+        except (CacheUnavailable, EntryTooLarge) as exc:
+            await self._quietly("report the failure", self.cache.publish_failed(key, f"cache write failed: {exc}"))
+            if isinstance(exc, CacheUnavailable):
+                return redis_failure(exc)
+            return Failure(500, f"The embedding could not be cached: {exc}", "cache_entry_too_large")
+        return ENCODED
+
+    def _end(self, flight: Flight, outcome: str | Failure) -> None:
+        if self._table.get(flight.job.key) is flight:
+            del self._table[flight.job.key]
+        flight.ended_at = time.monotonic()
+        _set(flight.result, outcome)
+
+    async def _quietly(self, what: str, call) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await call
+        except CacheUnavailable as exc:
+            log.warning("could not %s: %s", what, exc)
+
+
+def redis_failure(exc: CacheUnavailable) -> Failure:
+    return Failure(503, f"The embedding cache is unavailable: {exc}", "cache_unavailable")
+
+
+def _encode_failure(reason: str, cancelled: bool) -> Failure:
+    if cancelled:
+        return Failure(409, f"The encode was {reason}.", "room_aborted")
+    if reason.startswith("not encoded within"):
+        return Failure(504, f"The image was {reason}.", "encode_timeout")
+    return Failure(500, f"The image could not be encoded: {reason}", "encode_failed")
+
+
+def _set(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)

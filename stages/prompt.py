@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -26,7 +27,7 @@ class PromptError(ValueError):
     """The conversation cannot be turned into a prompt (template or image mismatch)."""
 
 
-def preprocess_image(image_processor, adapter: ModelAdapter, image: Image.Image) -> ImageInput:  # type: ignore[no-untyped-def]
+def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.Image) -> ImageInput:
     """One image through the model's image processor: what the vision tower eats, and the number of
     placeholder tokens it fills (the adapter's rule on the processed pixels). Shared by the prompt
     builder and the encoder server. ValueError for an image the processor refuses."""

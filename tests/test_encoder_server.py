@@ -276,10 +276,8 @@ async def test_abort_cancels_the_rooms_queued_work(encoders, redis_url):
     running, queued = png(64, 64, 201), png(64, 64, 202)
     before = encoded_total(server)
     async with httpx.AsyncClient() as client, EmbeddingCache(make_config(redis_url)) as store:
-        await client.post(f"{server.url}/debug/faults", json={"point": "encoder.stall", "delay_s": 2.0})
-        first = asyncio.create_task(post(client, server, "/v1/encode", {"room": 11, "images": [{"data": b64(running)}]}))
-        await wait_for(lambda: httpx.get(f"{server.url}/debug/faults").json()["armed"] == [], 10)  # taken, stalling
-        second = asyncio.create_task(post(client, server, "/v1/encode", {"room": 12, "images": [{"data": b64(queued)}]}))
+        first = await stalled_encode(client, server, 2.0, 11, running)
+        second = asyncio.create_task(post(client, server, "/v1/encode", images_body(12, queued)))
         await wait_for(lambda: metric(server, "epd_encoder_queue_depth") == 1, 10)
         waiter = asyncio.create_task(store.wait_ready(image_key(queued, fingerprint), 10.0))
         await wait_for(lambda: store.stats().misses == 1, 10)  # the waiter is subscribed and has seen the claim
@@ -297,6 +295,22 @@ async def test_abort_cancels_the_rooms_queued_work(encoders, redis_url):
             await store.wait_ready(image_key(queued, fingerprint), 5.0)
 
 
+async def test_work_queued_from_many_requests_is_batched_up_to_max_batch_images(encoders):
+    server = encoders[1]  # --max-batch-images 16 (the default)
+    counts = lambda: (metric(server, "epd_encoder_batch_size_count"), metric(server, "epd_encoder_batch_size_sum"))
+    before_calls, before_images = counts()
+    async with httpx.AsyncClient() as client:
+        first = await stalled_encode(client, server, 1.0, 20, png(48, 48, 300))
+        rest = [asyncio.create_task(post(client, server, "/v1/encode", images_body(
+            21 + r, *[png(48, 48, 310 + 6 * r + i) for i in range(6)]))) for r in range(3)]
+        await wait_for(lambda: metric(server, "epd_encoder_queue_depth") == 18, 10)
+        responses = [await first, *[await task for task in rest]]
+    assert [r.status_code for r in responses] == [200] * 4
+    assert all(im["status"] == "encoded" for r in responses for im in r.json()["images"])
+    calls, images = counts()
+    assert (calls - before_calls, images - before_images) == (3, 19)  # 1 stalled, then 16 + 2 across requests
+
+
 async def test_redis_down_is_a_503_naming_redis(start_server):
     dead = f"redis://127.0.0.1:{free_port()}/0"
     server = start_server("encoder", "--model", str(model_dir("qwen2_vl")), "--redis-url", dead,
@@ -305,6 +319,19 @@ async def test_redis_down_is_a_503_naming_redis(start_server):
         response = await post(client, server, "/v1/encode", {"room": 1, "images": [{"data": b64(png(30, 30, 1))}]})
         assert_error(response, 503, "cache_unavailable", None, f"Redis at {dead}")
         assert (await client.get(f"{server.url}/health")).status_code == 200
+
+
+def images_body(room: int, *files: bytes) -> dict:
+    return {"room": room, "images": [{"data": b64(data)} for data in files]}
+
+
+async def stalled_encode(client: httpx.AsyncClient, server, delay_s: float, room: int, data: bytes) -> asyncio.Task:
+    """Start encoding ``data`` with the encoder thread set to stall ``delay_s`` once it has taken it:
+    returns the request's task once the image is taken, so work sent now stays queued meanwhile."""
+    await client.post(f"{server.url}/debug/faults", json={"point": "encoder.stall", "delay_s": delay_s})
+    task = asyncio.create_task(post(client, server, "/v1/encode", images_body(room, data)))
+    await wait_for(lambda: httpx.get(f"{server.url}/debug/faults").json()["armed"] == [], 10)
+    return task
 
 
 async def wait_for(condition, timeout_s: float) -> None:

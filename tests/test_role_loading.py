@@ -29,7 +29,8 @@ def by_half(adapter_cls, named) -> dict[str, dict[str, torch.Tensor]]:
     """The full model's tensors split by the adapter's module paths (every one belongs to a half)."""
     halves: dict[str, dict[str, torch.Tensor]] = {"vision": {}, "text": {}}
     for name, tensor in named:
-        owners = [part for part in halves if any(name.startswith(path + ".") for path in adapter_cls.modules_of((part,)))]
+        owners = [part for part in halves
+                  if any(name.startswith(path + ".") for path in adapter_cls.modules_of((part,)))]
         assert len(owners) == 1, f"{name} belongs to {owners}"
         halves[owners[0]][name] = tensor
     return halves

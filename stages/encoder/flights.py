@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cache.errors import CacheUnavailable, EntryTooLarge
@@ -192,7 +192,7 @@ class Flights:
         flight.ended_at = time.monotonic()
         _set(flight.result, outcome)
 
-    async def _quietly(self, what: str, call) -> None:  # type: ignore[no-untyped-def]
+    async def _quietly(self, what: str, call: Awaitable[object]) -> None:
         try:
             await call
         except CacheUnavailable as exc:

@@ -16,7 +16,9 @@ import binascii
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -37,6 +39,7 @@ from stages.faults import Faults
 from stages.supervisor import Supervisor
 
 MAX_ROOM = (1 << 63) - 1
+M = TypeVar("M", bound=BaseModel)
 
 
 class ImagePart(BaseModel):
@@ -121,7 +124,7 @@ def build(config: ServerConfig) -> FastAPI:
 
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
-                       faults: Faults, render_metrics, lifespan) -> FastAPI:  # type: ignore[no-untyped-def]
+                       faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)
@@ -169,7 +172,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     return app
 
 
-def _parse(model: type[BaseModel], raw: bytes):  # type: ignore[no-untyped-def]
+def _parse(model: type[M], raw: bytes) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

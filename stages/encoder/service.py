@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 
@@ -65,7 +66,7 @@ class _Request:
 
 class EncodeService:
     def __init__(self, config: EncoderConfig, limits: ImageLimits, flights: Flights, adapter: ModelAdapter,
-                 image_processor) -> None:  # type: ignore[no-untyped-def]
+                 image_processor: Any) -> None:
         self.config = config
         self.limits = limits
         self.flights = flights
@@ -169,7 +170,7 @@ def room_aborted(room: int) -> APIError:
     return APIError(409, f"Room {room} was aborted on this encoder.", param="room", code="room_aborted")
 
 
-def _preprocess(image_processor, adapter: ModelAdapter, image: Image.Image, param: str) -> ImageInput:  # type: ignore[no-untyped-def]
+def _preprocess(image_processor: Any, adapter: ModelAdapter, image: Image.Image, param: str) -> ImageInput:
     try:
         return preprocess_image(image_processor, adapter, image)
     except ValueError as exc:  # e.g. an aspect ratio the processor refuses

@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from stages.engine.models.base import PARTS, ModelAdapter
@@ -27,7 +28,7 @@ ADAPTERS: dict[str, type[ModelAdapter]] = {
 }
 
 
-def adapter_class(config) -> type[ModelAdapter]:  # type: ignore[no-untyped-def]
+def adapter_class(config: PretrainedConfig) -> type[ModelAdapter]:
     """The adapter of ``config.model_type``; ValueError if no adapter serves it."""
     adapter_cls = ADAPTERS.get(config.model_type)
     if adapter_cls is None:
@@ -64,12 +65,13 @@ def _without(model_cls: type, dropped: tuple[str, ...]) -> type:
     def gone(name: str) -> bool:
         return any(name == path or name.startswith(path + ".") for path in dropped)
 
-    def __init__(self, config, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, config: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
         model_cls.__init__(self, config, *args, **kwargs)
         for path in dropped:
             parent, _, name = path.rpartition(".")
             setattr(self.get_submodule(parent) if parent else self, name, None)
-        self.all_tied_weights_keys = {k: v for k, v in self.all_tied_weights_keys.items() if not gone(k) and not gone(v)}
+        self.all_tied_weights_keys = {k: v for k, v in self.all_tied_weights_keys.items()
+                                      if not gone(k) and not gone(v)}
         self._keys_to_ignore_on_load_unexpected = set(self._keys_to_ignore_on_load_unexpected or ()) | {
             rf"^{re.escape(path)}(\.|$)" for path in dropped}
 

@@ -15,7 +15,7 @@ so they hold whichever half is loaded.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -75,7 +75,7 @@ class ModelAdapter(ABC):
         """Placeholder tokens one preprocessed image fills in the prompt (from its pixel tensor's shape)."""
 
     @abstractmethod
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
         """Placeholder tokens an image of ``width`` x ``height`` fills, from the configs alone (no
         pixels): equals ``num_image_tokens`` of that image after ``image_processor``. ValueError for a
         size the processor refuses."""

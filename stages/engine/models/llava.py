@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -28,7 +30,7 @@ class LlavaAdapter(ModelAdapter):
         _, height, width = image.pixel_values.shape
         return self._tokens_for_pixels(width, height)
 
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
         """Every image becomes the processor's fixed output size (CLIP: resize, then center crop to
         ``crop_size``; SigLIP: resize to ``size``), whatever its own size."""
         crop, size = getattr(image_processor, "crop_size", None), image_processor.size

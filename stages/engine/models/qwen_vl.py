@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class QwenVLAdapter(ModelAdapter):
     def num_image_tokens(self, image: ImageInput) -> int:
         return math.prod(image.grid_thw) // self.merge_size**2
 
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor) -> int:  # type: ignore[no-untyped-def]
+    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
         """The processor's own size rule (``smart_resize`` under its min/max pixels, patch and merge size)."""
         return image_processor.get_number_of_image_patches(height, width) // image_processor.merge_size**2
 

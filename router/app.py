@@ -19,8 +19,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.errors import RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded, \
-    stage_failed
+from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
+                           stage_failed)
 from router.modes import Call
 from router.runtime import Router
 from router.upstream import StageError

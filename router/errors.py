@@ -58,5 +58,6 @@ def model_not_found(model: str, served: list[str]) -> RouterError:
 
 def stage_failed(stage: str, status: int, message: str, code: str | None) -> RouterError:
     """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code."""
-    return RouterError(status if status >= 500 else 502, f"The {stage} stage failed: {message}",
-                       code=code or "upstream_error")
+    status = status if status >= 500 else 502
+    return RouterError(status, f"The {stage} stage failed: {message}", code=code or "upstream_error",
+                       headers={"Retry-After": "1"} if status == 503 else None)

@@ -64,6 +64,7 @@ class Router:
         self._check_servable()
         self._health = asyncio.create_task(health_loop(self.upstream.session, self.workers, self.config),
                                            name="health loop")
+        self._health.add_done_callback(_report_death)
         log.info("%s router ready: %s", self.config.mode,
                  ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in self.pools.items()))
 
@@ -111,3 +112,10 @@ class Router:
             for card in worker.cards:
                 cards.setdefault(card["id"], card)
         return list(cards.values())
+
+
+def _report_death(task: asyncio.Task) -> None:
+    """Log the health loop's end unless it was stopped; ``/health`` reports it from then on."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("the health loop died; /health answers 503 from now on", exc_info=(type(exc), exc, exc.__traceback__))

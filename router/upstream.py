@@ -21,6 +21,9 @@ from router.workers import Worker
 
 CHAT_PATH = "/v1/chat/completions"
 JSON_HEADERS = {"Content-Type": "application/json"}
+# idle connections are dropped before the stages' own keep-alive ends (uvicorn: 5 s), so a request is
+# never sent on a connection the stage is closing at that moment
+KEEPALIVE_S = 4.0
 
 
 class StageError(Exception):
@@ -39,7 +42,7 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
 
@@ -94,4 +97,6 @@ class Upstream:
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 return StageError(timed_out(stage, worker.url, self.config.connect_timeout_s, "--connect-timeout-s"))
             return StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return StageError(unreachable(stage, worker.url, "the connection closed before the answer was complete"))
         return StageError(unreachable(stage, worker.url, f"{type(exc).__name__}: {exc}".rstrip(": ")))

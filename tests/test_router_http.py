@@ -6,8 +6,6 @@ client that leaves, and startup refusals."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import socket
 import statistics
 import subprocess
@@ -17,7 +15,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-import openai
 import pytest
 
 from router.config import RouterConfig
@@ -25,54 +22,10 @@ from router.runtime import Router
 from router.upstream import Upstream
 from stages.cli import free_port
 from tests.conftest import REPO
-from tests.hf_reference import random_image
+from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
 
 pytestmark = pytest.mark.timeout(180)
 MAX_IMAGE_BYTES = 200_000
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    buffer = io.BytesIO()
-    random_image(width, height, seed).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def messages(text: str, urls: list[str]) -> list[dict]:
-    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
-
-
-def ask(base_url: str, msgs: list[dict], stream: bool, max_tokens: int = 12) -> tuple[str, dict]:
-    """Greedy text and usage through the official client."""
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=60)
-    kwargs = dict(model=client.models.list().data[0].id, messages=msgs, max_tokens=max_tokens, temperature=0,
-                  extra_body={"ignore_eos": True})
-    if not stream:
-        reply = client.chat.completions.create(**kwargs)
-        return reply.choices[0].message.content, reply.usage.model_dump()
-    text, usage = "", None
-    for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-        if chunk.usage is not None:
-            usage = chunk.usage.model_dump()
-    return text, usage
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in {url}/metrics")
-
-
-def arm(server, point: str, times: int, delay_s: float = 0.0) -> None:
-    response = httpx.post(f"{server.url}/debug/faults", json={"point": point, "times": times, "delay_s": delay_s})
-    assert response.status_code == 200, response.text
 
 
 class ImageServer:
@@ -219,8 +172,8 @@ async def test_in_flight_limit_answers_503_with_retry_after(router, colocated):
             "type": "server_error", "param": None, "code": "server_overloaded"}
         finished = (True, "data: [DONE]")
         assert await asyncio.gather(*holders) == [finished, finished]
-    assert metric(router.url, 'epd_router_requests_total{outcome="rejected"}') == rejected + 1
-    assert metric(router.url, "epd_router_in_flight_requests") == 0.0
+    wait_metric(router.url, 'epd_router_requests_total{outcome="rejected"}', rejected + 1)
+    wait_metric(router.url, "epd_router_in_flight_requests", 0.0)
 
 
 # --- image URLs ------------------------------------------------------------------------------
@@ -358,7 +311,7 @@ async def test_client_leaving_mid_stream_aborts_the_request(router, colocated):
     while metric(colocated.url, "epd_kv_blocks_used") or metric(router.url, "epd_router_in_flight_requests"):
         assert time.monotonic() < deadline, "the stage still holds the abandoned request's blocks"
         await asyncio.sleep(0.1)
-    assert metric(router.url, 'epd_router_requests_total{outcome="aborted"}') == aborted + 1
+    wait_metric(router.url, 'epd_router_requests_total{outcome="aborted"}', aborted + 1)
 
 
 # --- startup ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "inva
           413: "invalid_request_error", 500: "server_error", 503: "server_error"}
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's union member tags
+_MISMATCH = re.compile(r".*_type|none_required")  # a union member of another type: the least useful error
 
 
 class APIError(Exception):
@@ -77,14 +78,15 @@ def param_name(loc: tuple) -> str | None:
 
 
 def validation_error(errors: list[dict]) -> APIError:
-    """The most specific of pydantic's errors (a union reports one per member; the deepest is the useful one)."""
+    """The most specific of pydantic's errors: a union reports one per member, and the useful one is the
+    deepest, and at equal depth the one from the member whose type matched."""
     if not errors:
         return bad_request("Invalid request body.")
     first = errors[0]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
-    error = max(errors, key=lambda e: len(e.get("loc", ())))
+    error = max(errors, key=lambda e: (len(e.get("loc", ())), not _MISMATCH.fullmatch(e.get("type", ""))))
     param = param_name(tuple(error.get("loc", ())))
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     if error.get("type") == "missing" and param:

@@ -27,8 +27,16 @@ def _error(description: str, headers: dict | None = None) -> dict:
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying; sent with code server_overloaded.",
                                "schema": {"type": "integer", "minimum": 0}}}
 INTERNAL_ERROR = "A failure of this server (code internal_error or engine_error); the request is not retried."
-SSE = ("With `stream: true`: one `data: {json}` event per chat.completion.chunk (x-sse-data), then "
-       "`data: [DONE]`. A failure after the stream started is sent as one `data: {error body}` event before [DONE].")
+SSE_EVENT = {  # one server-sent event, as OpenAPI 3.2's itemSchema (and schemathesis) read a text/event-stream schema
+    "type": "object", "required": ["data"],
+    "description": "With `stream: true`: one event per chat.completion.chunk, then `data: [DONE]`. A failure after "
+                   "the stream started is sent as one event whose data is an error body, before [DONE].",
+    "properties": {"event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+                   "data": {"anyOf": [{"const": "[DONE]"}, {
+                       "type": "string", "contentMediaType": "application/json",
+                       "contentSchema": {"anyOf": [{"$ref": REF.format(model="ChatCompletionChunk")},
+                                                   {"$ref": REF.format(model="ErrorBody")}]}}]}},
+}
 
 CHAT_ROUTE: dict = {
     "summary": "Create a chat completion (OpenAI-compatible; text and data: URL images)",
@@ -38,8 +46,7 @@ CHAT_ROUTE: dict = {
     "responses": {
         200: {"model": ChatCompletion, "description": "The completion; with `stream: true`, a server-sent event "
               "stream instead. A prefill server answers with its first token only (finish_reason length).",
-              "content": {"text/event-stream": {"schema": {"type": "string", "description": SSE},
-                                                "x-sse-data": {"$ref": REF.format(model="ChatCompletionChunk")}}}},
+              "content": {"text/event-stream": {"schema": SSE_EVENT}}},
         400: _error("The request is invalid: the error's param names the parameter, its code says why "
                     "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, ...)."),
         403: _error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "

@@ -2,8 +2,9 @@
 non-stream), ``/v1/models``, ``/health`` and ``/metrics``.
 
 Body parsing lives in ``parse``, request conversion in ``chat``, the wire shapes in ``schemas``, errors
-in ``errors``, what ``/openapi.json`` says of each route in ``openapi``; this module only wires them to routes and owns the request's lifetime: a request is aborted in the
-engine whenever its response ends early (client disconnect, stream closed, engine failure).
+in ``errors``, what ``/openapi.json`` says of each route in ``openapi``. This module only wires them to
+routes and owns the request's lifetime: a request is aborted in the engine whenever its response
+ends early (client disconnect, stream closed, engine failure).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator,
+                      model_validator)
 
 MAX_MESSAGES = 2048  # as OpenAI's API
 MAX_CONTENT_PARTS = 64  # per message
@@ -20,10 +21,28 @@ MIN_TEMPERATURE = 0.01  # a sampled temperature below this is raised to it (smal
 MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most likely token)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 ROOM_MAX = 2**63 - 1
+MAX_HOST_CHARS = 255  # a DNS name's limit
+
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's integers include 721.0; strict validation then takes it as 721, and still refuses
+    ``true``, ``"721"`` and 721.5."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+AsInteger = BeforeValidator(_integral)  # after the bounds in Annotated, so that they show in the JSON schema
+Integer = Annotated[int, AsInteger]
+TokenCount = Annotated[int, Field(ge=1), AsInteger]
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Unknown fields are ignored; known ones take exactly their JSON type (``true`` is not 1, ``"0.5"``
+    is not 0.5), as the JSON schema in /openapi.json says."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class ImageURL(_Lenient):
@@ -34,6 +53,10 @@ class ImageURL(_Lenient):
 class ContentPart(_Lenient):
     """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": ...} | "..."}``."""
 
+    model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
+        {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["text"]},
+        {"properties": {"type": {"const": "image_url"}, "image_url": {"not": {"type": "null"}}},
+         "required": ["image_url"]}]})
     type: Literal["text", "image_url"]
     text: str | None = Field(None, description="Required when type is text.")
     image_url: ImageURL | str | None = Field(None, description="Required when type is image_url: an object with "
@@ -82,20 +105,20 @@ class ChatCompletionRequest(_Lenient):
         None, gt=0.0, le=1.0, allow_inf_nan=False,
         description=f"Nucleus sampling, in (0, 1]. Default 1. A value below {MIN_TOP_P} is raised to {MIN_TOP_P}: "
         "either keeps only the most likely token. NaN gets 400.")
-    top_k: int | None = Field(
-        None, ge=-1, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
+    top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
+        None, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
         "does a k at or above the vocabulary size (it would keep every token).")
-    max_tokens: int | None = Field(
-        None, ge=1, description="Tokens to generate at most. The prompt plus this must fit the model's context "
+    max_tokens: TokenCount | None = Field(
+        None, description="Tokens to generate at most. The prompt plus this must fit the model's context "
         "(--max-model-len), else 400 context_length_exceeded. Default: what is left of the context.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="As max_tokens, which it overrides.")
-    stop: str | list[str] | None = Field(
+    max_completion_tokens: TokenCount | None = Field(None, description="As max_tokens, which it overrides.")
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters "
         "each. Generation stops before the first one found, which is not returned.")
-    seed: int | None = Field(
-        None, ge=SEED_MIN, le=SEED_MAX, description="A signed 64-bit integer seeding this request's own sampler: a "
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), AsInteger] | None = Field(
+        None, description="A signed 64-bit integer seeding this request's own sampler: a "
         "seeded request draws the same tokens whatever shares its batch.")
-    n: int | None = Field(1, json_schema_extra={"enum": [1, None]},
+    n: Integer | None = Field(1, json_schema_extra={"enum": [1, None]},
                           description="Must be 1: one choice per request.")
     stream: bool | None = Field(False, description="Answer as server-sent events (text/event-stream): "
                                 "chat.completion.chunk objects, then `data: [DONE]`.")
@@ -104,12 +127,15 @@ class ChatCompletionRequest(_Lenient):
                                     "tokens until max_tokens or a stop string.")
     # prefill/decode disaggregation: the fields SGLang's PD router injects (one room for both stages)
     bootstrap_host: str | None = Field(
-        None, max_length=255, description="Prefill and decode servers (required there, with bootstrap_port and "
+        None, max_length=MAX_HOST_CHARS,
+        description="Prefill and decode servers (required there, with bootstrap_port and "
         "bootstrap_room; 400 without): the prefill's bootstrap address, the same in both halves of a request. "
         "A decode dials only prefills its --allowed-bootstrap allows (403 otherwise). Colocated servers ignore it.")
-    bootstrap_port: int | None = Field(None, ge=1, le=65535, description="The prefill's bootstrap port.")
-    bootstrap_room: int | None = Field(None, ge=0, le=ROOM_MAX, description="The room pairing the prefill half and "
-                                       "the decode half of one request; unique among requests in flight.")
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535), AsInteger] | None = Field(
+        None, description="The prefill's bootstrap port.")
+    bootstrap_room: Annotated[int, Field(ge=0, le=ROOM_MAX), AsInteger] | None = Field(
+        None, description="The room pairing the prefill half and the decode half of one request; unique among "
+        "requests in flight.")
 
     @field_validator("n")
     @classmethod
@@ -117,19 +143,6 @@ class ChatCompletionRequest(_Lenient):
         if n not in (None, 1):
             raise ValueError(f"n must be 1 (this server returns one choice per request), got {n}")
         return n
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        strings = [stop] if isinstance(stop, str) else stop or []
-        if len(strings) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(strings)}")
-        if any(not s for s in strings):
-            raise ValueError("stop strings must be non-empty")
-        longest = max(map(len, strings), default=0)
-        if longest > MAX_STOP_CHARS:
-            raise ValueError(f"stop strings may have at most {MAX_STOP_CHARS} characters, got one of {longest}")
-        return stop
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

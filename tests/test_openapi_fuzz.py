@@ -1,0 +1,209 @@
+"""schemathesis against each role's own ``/openapi.json``, on real servers (tiny model, loopback).
+
+Every answer must be documented (status, media type, headers, body schema), invalid bodies must be
+refused, and no 5xx may come back except those the role documents for a request whose other half
+never comes: a prefill waits ``--pair-timeout-s`` for the decode's KV request (504), a decode's KV
+request reaches a prefill that never gets the HTTP half (502 or 504). Afterwards each server is
+healthy, with nothing running and every KV block free.
+
+Each operation gets ``FUZZ_EXAMPLES`` valid cases and, where it has a body, as many invalid ones,
+seeded (``derandomize``). The test drives ``operation.as_strategy()`` with hypothesis itself:
+schemathesis's loader for a schema served by a fixture (``schemathesis.pytest.from_fixture``) fails
+on pytest 9 (``Node._nodeid`` is gone), and with it its coverage phase, so the schema's boundary
+values are sent explicitly (``BOUNDARY_BODIES``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi import checks as openapi_checks
+
+from stages.api.schemas import MAX_HOST_CHARS, ChatCompletionRequest
+from stages.cli import free_port
+
+pytestmark = pytest.mark.timeout(240)
+FUZZ_EXAMPLES = 30
+ROOMS = random.Random(0)  # distinct rooms for the bodies that come without one
+MODEL = "tiny-vl"
+SERVE = ["--kv-cache-mib", "16", "--max-model-len", "256", "--served-model-name", MODEL]
+PD = ["--transfer", "mooncake", "--pair-timeout-s", "1"]
+CHECKS = [openapi_checks.status_code_conformance, openapi_checks.content_type_conformance,
+          openapi_checks.response_headers_conformance, openapi_checks.response_schema_conformance,
+          openapi_checks.negative_data_rejection]
+# positive_data_acceptance is left out on purpose: a body valid by the schema is still refused with a
+# documented 400 when its prompt plus max_tokens outruns the context, or an image part has no data: URL.
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return str(tiny_model("qwen2_vl"))
+
+
+@pytest.fixture(scope="module")
+def colocated(start_server, model):
+    return start_server("colocated", "--model", model, *SERVE)
+
+
+@pytest.fixture(scope="module")
+def bootstrap_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def prefill(start_server, model, bootstrap_port):
+    return start_server("prefill", "--model", model, *SERVE, *PD, "--bootstrap-port", str(bootstrap_port))
+
+
+@pytest.fixture(scope="module")
+def decode(start_server, model, prefill):
+    return start_server("decode", "--model", model, *SERVE, *PD, "--accept-timeout-s", "1")
+
+
+def call_and_check(case, server, allowed_5xx: frozenset[int]):
+    response = case.call(base_url=server.url, timeout=30)
+    assert response.status_code < 500 or response.status_code in allowed_5xx, (
+        f"{case.operation.label}: {response.status_code} {response.text[:500]}")
+    case.validate_response(response, checks=CHECKS)
+    return response
+
+
+def completed(case, mode: GenerationMode, bootstrap_port: int | None = None) -> None:
+    """Make a valid body likelier to get through: the served model's id where it names a model (any
+    other is a documented 404), and for prefill and decode a room on the test's own prefill (so a
+    decode dials nothing else) with the room fields the schema leaves optional but these roles need.
+    A value the fuzzer made invalid on purpose (wrong type, too long, out of range) stays."""
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    positive = mode is GenerationMode.POSITIVE
+    if positive and isinstance(body.get("model"), str):
+        body["model"] = MODEL
+    if bootstrap_port is None:
+        return
+    host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+    if isinstance(host, str) and len(host) <= MAX_HOST_CHARS or host is None and positive:
+        body["bootstrap_host"] = "127.0.0.1"
+    if type(port) is int and 1 <= port <= 65535 or port is None and positive:
+        body["bootstrap_port"] = bootstrap_port
+    if body.get("bootstrap_room") is None and positive:
+        body["bootstrap_room"] = ROOMS.getrandbits(63)
+
+
+def assert_settled(server, within_s: float = 15.0) -> None:
+    """Healthy, and (once abandoned rooms expire) nothing running and no KV block held."""
+    deadline = time.monotonic() + within_s
+    while True:
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        gauges = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith(("epd_running_requests ", "epd_kv_blocks_used ", "epd_queue_depth "))}
+        if health.status_code == 200 and not any(gauges.values()):
+            break
+        assert time.monotonic() < deadline, f"{health.status_code} {health.text} {gauges}"
+        time.sleep(0.2)
+    assert health.json() == {"status": "ok"}
+
+
+def operations(server) -> list:
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def fuzz(server, allowed_5xx: frozenset[int] = frozenset(), bootstrap_port: int | None = None) -> dict[str, Counter]:
+    """Every operation of ``server``'s document, valid cases and (where there is an input to break)
+    invalid ones. Returns the statuses seen per operation and mode."""
+    seen: dict[str, Counter] = {}
+    for operation in operations(server):
+        modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if operation.body else [])
+        for mode in modes:
+            statuses = seen.setdefault(f"{operation.label} {mode.value}", Counter())
+
+            @FUZZ
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def run(case) -> None:
+                completed(case, mode, bootstrap_port)
+                statuses[call_and_check(case, server, allowed_5xx).status_code] += 1
+
+            run()
+    return seen
+
+
+def test_colocated_answers_as_documented(colocated):
+    seen = fuzz(colocated)
+    assert seen["POST /v1/chat/completions positive"][200] > 0, seen  # the fuzzer got through, not just 400s
+
+
+def test_prefill_answers_as_documented(prefill, bootstrap_port):
+    seen = fuzz(prefill, frozenset({504}), bootstrap_port)
+    assert seen["POST /v1/chat/completions positive"][504] > 0, seen  # valid rooms waited for their decode
+
+
+def test_decode_answers_as_documented(decode, bootstrap_port):
+    seen = fuzz(decode, frozenset({502, 504}), bootstrap_port)
+    chat = seen["POST /v1/chat/completions positive"]
+    assert chat[502] + chat[504] > 0, seen  # valid rooms reached the prefill, which never got their other half
+
+
+HI = [{"role": "user", "content": "hi"}]
+BOUNDARY_BODIES = {  # valid by the schema, each at an edge of it; max_tokens small to keep it quick
+    "denormal temperature": {"temperature": 5e-324}, "hottest": {"temperature": 2},
+    "denormal top_p": {"top_p": 1e-320, "temperature": 1}, "top_k past 64 bits": {"top_k": 2**70},
+    "top_k -1": {"top_k": -1}, "lowest seed": {"seed": -(2**63)}, "highest seed": {"seed": 2**63 - 1},
+    "longest stops": {"stop": ["\u00e9" * 256, "x" * 256, "stop", "\n"]},
+    "most parts": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 64}]},
+    "highest room": {"bootstrap_room": 2**63 - 1, "bootstrap_host": "x" * 255, "bootstrap_port": 65535},
+    "integral floats": {"max_tokens": 4.0, "seed": 7.0, "n": 1.0},
+    "usage stream": {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True},
+}
+
+
+def chat_case(server, body: dict):
+    operation = operations(server)[-1]
+    assert operation.label == "POST /v1/chat/completions"
+    return operation.Case(body=body, media_type="application/json")
+
+
+@pytest.mark.parametrize("name", list(BOUNDARY_BODIES))
+def test_boundary_values_on_a_real_engine(colocated, name):
+    body = {"messages": HI, "max_tokens": 4, **BOUNDARY_BODIES[name]}
+    assert call_and_check(chat_case(colocated, body), colocated, frozenset()).status_code == 200
+
+
+def test_as_many_messages_as_allowed_reach_the_context_check(colocated):
+    response = call_and_check(chat_case(colocated, {"messages": HI * 2048}), colocated, frozenset())
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_every_server_is_settled_after_the_fuzzing(colocated, prefill, decode):
+    for server in (colocated, prefill, decode):
+        assert_settled(server)
+
+
+def test_the_documents_describe_each_role(colocated, prefill, decode):
+    """The chat body is the request model itself; /server_info exists only on prefill and decode."""
+    request_schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    del request_schema["$defs"]  # each is a component of its own
+    documents = {name: httpx.get(f"{s.url}/openapi.json", timeout=10).json()
+                 for name, s in (("colocated", colocated), ("prefill", prefill), ("decode", decode))}
+    for name, document in documents.items():
+        chat = document["paths"]["/v1/chat/completions"]["post"]
+        assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ChatCompletionRequest"}, name
+        assert document["components"]["schemas"]["ChatCompletionRequest"] == request_schema, name
+        assert set(chat["responses"]) == {"200", "400", "403", "404", "409", "413", "499", "500", "502", "503",
+                                          "504"}, name
+        assert "Retry-After" in chat["responses"]["503"]["headers"]
+        assert list(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+        assert not any(path.startswith("/debug") for path in document["paths"]), name
+    assert "/server_info" not in documents["colocated"]["paths"]
+    assert all("/server_info" in documents[role]["paths"] for role in ("prefill", "decode"))

@@ -77,7 +77,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         router.metrics.requests.labels(outcome="rejected").inc()
         raise overloaded(router.config.max_in_flight)
     router.in_flight += 1
-    router.metrics.in_flight.inc()
     started = time.perf_counter()
     outcome = "aborted"
     try:
@@ -98,7 +97,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         raise stage_failed(failure.stage, failure.status, failure.message, failure.code) from None
     finally:
         router.in_flight -= 1
-        router.metrics.in_flight.dec()
         router.metrics.requests.labels(outcome=outcome).inc()
 
 

@@ -82,6 +82,7 @@ class Dispatcher:
         tally = Tally(call.started)
         answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
         sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
+        head: Head | None = None
         try:
             head = await self._head(plan, answer, sides)
             if call.stream:
@@ -100,6 +101,8 @@ class Dispatcher:
             self._charge(exc.failure, plan, leases)
             raise
         finally:
+            if head is not None and head.response is not None:
+                head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
             for task in (answer, *sides):
                 task.cancel()  # closes what is still open: the stage aborts the room
             await asyncio.gather(answer, *sides, return_exceptions=True)

@@ -8,8 +8,8 @@ leave in the order and at the pace the stage produced them.
 
 A stream that fails after it started (connection lost, deadline, or ended without ``[DONE]``) ends
 with an OpenAI error event naming the stage, then ``[DONE]``. A stage's own in-band error event is
-forwarded as it is. Errors writing to the client (it left) propagate to the caller, which aborts
-the request in every stage by closing their connections.
+forwarded as it is. Errors writing to the client (it left) propagate to the caller, which closes
+the stage's response (``Head.response``), aborting the request there.
 """
 
 from __future__ import annotations
@@ -58,8 +58,7 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head) -> 
             failure = unreachable(stage, worker.url, "the stream ended without [DONE]")
     except StageError as exc:
         failure = exc.failure
-    finally:
-        head.response.close()
+    head.response.release()  # read to its end: the connection goes back to the pool
     if failure is not None:
         await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code).body()))
     elif head.tally.error is not None:

@@ -47,7 +47,8 @@ class Router:
         planner = (ColocatedPlanner(self.pools["colocated"]) if config.mode == "colocated"
                    else PDPlanner(self.pools["prefill"], self.pools["decode"]))
         self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics)
-        self.in_flight = 0
+        self.in_flight = 0  # chat requests held now; the app's admission gate counts them
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
         self._health: asyncio.Task | None = None
 
     @property

@@ -182,3 +182,14 @@ def test_response_models_describe_the_built_bodies():
         ChatCompletionChunk.model_validate(body, strict=True)
     ModelList.model_validate({"object": "list", "data": [model_card("m", 1, "epd-stage")]}, strict=True)
     ErrorBody.model_validate(APIError(503, "busy", code="server_overloaded").body(), strict=True)
+
+
+def test_the_first_pass_knows_every_field_of_the_schema():
+    """``parse`` drops what its shapes do not name: a field added to the schema alone would vanish."""
+    from stages.api import parse, schemas
+
+    pairs = ((schemas.ChatCompletionRequest, parse._Request), (schemas.ChatMessage, parse._Message),
+             (schemas.ContentPart, parse._Part), (schemas.ImageURL, parse._ImageURL),
+             (schemas.StreamOptions, parse._StreamOptions))
+    for model, shape in pairs:
+        assert set(model.model_fields) == set(shape.__struct_fields__), model.__name__

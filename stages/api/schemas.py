@@ -38,19 +38,19 @@ Integer = Annotated[int, AsInteger]
 TokenCount = Annotated[int, Field(ge=1), AsInteger]
 
 
-class _Lenient(BaseModel):
+class _RequestModel(BaseModel):
     """Unknown fields are ignored; known ones take exactly their JSON type (``true`` is not 1, ``"0.5"``
     is not 0.5), as the JSON schema in /openapi.json says."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class ImageURL(_Lenient):
+class ImageURL(_RequestModel):
     url: str = Field(description="A data: URL (data:image/...;base64,...). Stage servers fetch no remote URL.")
     detail: str | None = Field(None, description="Accepted and ignored.")
 
 
-class ContentPart(_Lenient):
+class ContentPart(_RequestModel):
     """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": ...} | "..."}``."""
 
     model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
@@ -75,18 +75,18 @@ class ContentPart(_Lenient):
         return self.image_url if isinstance(self.image_url, str) else self.image_url.url  # type: ignore[union-attr]
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(_RequestModel):
     role: Literal["system", "user", "assistant"]
     content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = Field(
         None, description=f"Text, or at most {MAX_CONTENT_PARTS} text and image parts. Images count against the "
         "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413).")
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_RequestModel):
     include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(_RequestModel):
     """An OpenAI chat completion request. Unknown fields are ignored, including those that would change
     the logits or the answer's shape (``logit_bias``, ``frequency_penalty``, ``presence_penalty``,
     ``logprobs``, ``tools``, ``response_format``): this server implements none of them."""

@@ -70,8 +70,10 @@ def _bootstrap(worker: Worker, entry: object) -> tuple[str, int]:
     return host, entry["port"]
 
 
-async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterConfig) -> None:
-    """One health check of one worker; updates ``worker.healthy`` (and its info when it comes back)."""
+async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterConfig) -> InfoError | None:
+    """One health check of one worker; updates ``worker.healthy`` (and its info when it comes back).
+    Returns the InfoError if it answered but not as a stage of its role does."""
+    misfit = None
     try:
         async with session.get(worker.url + "/health",
                                timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
@@ -79,7 +81,9 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
             reason = f"/health answered HTTP {response.status}"
         if ok and not (worker.healthy and worker.known):
             await read_info(session, worker, config.health_timeout_s)
-    except (aiohttp.ClientError, TimeoutError, InfoError, ValueError) as exc:
+    except InfoError as exc:
+        ok, reason, misfit = False, str(exc), exc
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         ok, reason = False, f"{type(exc).__name__}: {exc}"
     if ok != worker.healthy:
         if ok:
@@ -87,15 +91,19 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
         else:
             log.warning("%s %s is unhealthy: %s", worker.role, worker.url, reason)
     worker.healthy = ok
+    return misfit
 
 
 async def discover(session: aiohttp.ClientSession, workers: list[Worker], config: RouterConfig) -> None:
     """At startup: check every worker until each is healthy and known, or ``--startup-timeout-s``
-    has passed (those still unknown stay out of rotation until the health loop reaches them)."""
+    has passed (those still unknown stay out of rotation until the health loop reaches them).
+    Raises InfoError at once if a worker answers but is not a stage of the role it was given as."""
     deadline = time.monotonic() + config.startup_timeout_s
     while True:
         waiting = [w for w in workers if not (w.healthy and w.known)]
-        await asyncio.gather(*(check(session, w, config) for w in waiting))
+        misfits = [m for m in await asyncio.gather(*(check(session, w, config) for w in waiting)) if m is not None]
+        if misfits:
+            raise InfoError("; ".join(str(m) for m in misfits))
         waiting = [w for w in workers if not (w.healthy and w.known)]
         if not waiting or time.monotonic() >= deadline:
             for w in waiting:

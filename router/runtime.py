@@ -15,7 +15,7 @@ import logging
 
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.discovery import discover, health_loop
+from router.discovery import InfoError, discover, health_loop
 from router.dispatch import Dispatcher
 from router.image_fetch import ImageFetcher
 from router.metrics import Metrics
@@ -61,7 +61,10 @@ class Router:
             raise StartupError("epd mode (--encoder) is not built into the router yet; start it in pd mode "
                                "(drop --encoder and --redis-url)")
         await self.upstream.start()
-        await discover(self.upstream.session, self.workers, self.config)
+        try:
+            await discover(self.upstream.session, self.workers, self.config)
+        except InfoError as exc:
+            raise StartupError(str(exc)) from None
         self._check_servable()
         self._health = asyncio.create_task(health_loop(self.upstream.session, self.workers, self.config),
                                            name="health loop")

@@ -9,8 +9,7 @@ it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease`
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
 from router.breaker import CircuitBreaker
 from router.policy import Policy
@@ -32,10 +31,6 @@ class Worker:
     @property
     def name(self) -> str:
         return self.url
-
-    @property
-    def host(self) -> str:
-        return urlsplit(self.url).hostname or ""
 
     def eligible(self) -> bool:
         return self.known and self.healthy and self.breaker.allows()
@@ -82,10 +77,6 @@ class Pool:
     role: str
     workers: list[Worker]
     policy: Policy
-    by_url: dict[str, Worker] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.by_url = {w.url: w for w in self.workers}
 
     def candidates(self, model: str | None = None, exclude: Collection[str] = ()) -> list[Worker]:
         return [w for w in self.workers if w.eligible() and w.serves(model) and w.url not in exclude]

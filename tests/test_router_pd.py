@@ -101,6 +101,16 @@ def test_refuses_to_start_without_a_compatible_pair(prefills, odd_decode):
             "block_size: 16 != 32)") in result.stderr
 
 
+def test_refuses_a_worker_given_as_the_wrong_role_at_once(decodes):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "stages.cli", "serve", "router", "--port", str(free_port()),
+                             "--prefill", decodes[0].url, "--decode", decodes[1].url],
+                            cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and time.monotonic() - started < 15
+    assert (f"stage serve router: cannot start: {decodes[0].url} is a 'decode' server, given as --prefill"
+            in result.stderr)
+
+
 # --- parity and load -------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("n_images", [0, 1, 3])

@@ -394,6 +394,20 @@ def test_dead_engine_is_503():
     assert error_of(chat(client), 503)["type"] == "server_error"
 
 
+def test_engine_ending_under_a_request_is_503_not_500():
+    from stages.engine.async_engine import EngineTimeout, EngineUnavailable
+
+    for failure in (EngineUnavailable("the engine thread has ended"), EngineTimeout("call passed its deadline")):
+        def script(request_id, prompt, failure=failure):
+            yield RequestOutput(request_id, "a", [1], None, 4, 1)
+            raise failure
+
+        engine = FakeAsyncEngine(script)
+        assert error_of(chat(client_for(engine)), 503)["code"] == "engine_unavailable"
+        events = sse_events(chat(client_for(engine), stream=True))
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_unavailable"
+
+
 def test_engine_dying_mid_request_fails_it_instead_of_hanging(monkeypatch):
     monkeypatch.setattr(routes, "LIVENESS_CHECK_S", 0.02)
     engine = FakeAsyncEngine(lambda rid, prompt: iter([RequestOutput(rid, "partial", [1], None, 4, 1)]))

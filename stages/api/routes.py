@@ -29,7 +29,7 @@ from stages.api.errors import APIError, bad_request, engine_unavailable, install
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
-from stages.engine.async_engine import AsyncEngine
+from stages.engine.async_engine import AsyncEngine, EngineUnavailable
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
@@ -111,6 +111,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
             outputs = _guarded(engine, generate(call.id, prompt, params, body))
         except ValueError as exc:  # already checked by prepare(); the engine checks again
             raise bad_request(str(exc)) from None
+        except EngineUnavailable:  # the engine thread ended after the check above
+            raise engine_unavailable() from None
         if body.stream:
             return _ClosingStreamingResponse(_sse(call, outputs, body.include_usage), media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -209,6 +211,8 @@ async def _guarded(engine: AsyncEngine, outputs: AsyncIterator[RequestOutput]) -
                     await asyncio.wait({step})
             if step.cancelled() or isinstance(step.exception(), StopAsyncIteration):
                 return
+            if isinstance(step.exception(), EngineUnavailable):  # died or stalled past a deadline
+                raise engine_unavailable() from step.exception()
             yield step.result()
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]

@@ -176,6 +176,25 @@ async def test_in_flight_limit_answers_503_with_retry_after(router, colocated):
     wait_metric(router.url, "epd_router_in_flight_requests", 0.0)
 
 
+def test_upstream_deadline(start_server, colocated):
+    """A stage slower than --upstream-timeout-s: 504 naming it within the deadline, and the request is
+    aborted at the stage (the connection closed)."""
+    impatient = start_server("router", "--colocated", colocated.url, "--upstream-timeout-s", "1", "--retries", "0")
+    aborted = metric(colocated.url, 'epd_requests_total{finish_reason="abort"}')
+    arm(colocated, "engine.stall", times=1, delay_s=3.0)
+    started = time.monotonic()
+    response = httpx.post(f"{impatient.url}/v1/chat/completions", timeout=30,
+                          json={"messages": [{"role": "user", "content": "slow"}], "max_tokens": 4})
+    assert 1.0 <= time.monotonic() - started < 2.5
+    assert response.status_code == 504
+    assert response.json()["error"] == {
+        "message": f"The colocated stage failed: {colocated.url} did not answer within 1 s (--upstream-timeout-s)",
+        "type": "server_error", "param": None, "code": "upstream_timeout"}
+    wait_metric(colocated.url, 'epd_requests_total{finish_reason="abort"}', aborted + 1, within_s=10)
+    wait_metric(colocated.url, "epd_kv_blocks_used", 0.0, within_s=10)
+    impatient.stop()
+
+
 # --- image URLs ------------------------------------------------------------------------------
 def test_allowed_image_url_is_fetched_and_answers_like_its_data_url(router, images):
     direct = ask(router.base_url, messages("what", [data_url(images.files["/img.png"])]), stream=False)

@@ -104,8 +104,12 @@ class RouterConfig:
 
 def check_worker_url(url: str, role: str) -> None:
     """A worker URL is ``http://host:port`` (no path, query or trailing slash); ValueError names ``--ROLE``."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bad port or IPv6 literal
+        raise ValueError(f"--{role} takes http://host:port URLs, got {url!r}") from None
+    if parts.scheme != "http" or not parts.hostname or port is None:
         raise ValueError(f"--{role} takes http://host:port URLs, got {url!r}")
     if parts.path or parts.query or parts.fragment:
         raise ValueError(f"--{role} takes http://host:port URLs without a path, got {url!r}")

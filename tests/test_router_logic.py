@@ -35,6 +35,8 @@ def test_mode_follows_from_the_roles():
     ({"colocated": ("h:1",)}, "--colocated takes http://host:port URLs, got 'h:1'"),
     ({"colocated": ("http://h:1/v1",)}, "--colocated takes http://host:port URLs without a path"),
     ({"colocated": ("http://h",)}, "--colocated takes http://host:port URLs, got 'http://h'"),
+    ({"prefill": ("http://h:99999",), "decode": (D,)}, "--prefill takes http://host:port URLs, got 'http://h:99999'"),
+    ({"colocated": ("http://[::1:80",)}, "--colocated takes http://host:port URLs, got 'http://[::1:80'"),
     ({"colocated": ("http://h:1", "http://h:1")}, "--colocated names the same URL twice"),
     ({"colocated": ("http://h:1",), "policy_decode": "random"}, "--policy-decode must be one of"),
     ({"colocated": ("http://h:1",), "policy_colocated": "cache_aware"}, "--policy-colocated must be one of"),

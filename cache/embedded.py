@@ -97,7 +97,7 @@ class EmbeddedRedis:
                 "--loglevel", "warning", "--logfile", ""]
         with open(self._dir / "redis.log", "wb") as log_file:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                    preexec_fn=functools.partial(_die_with_parent, os.getpid())
+                                    preexec_fn=functools.partial(die_with_parent, os.getpid())
                                     if sys.platform == "linux" else None)
 
     def _wait_ping(self) -> None:
@@ -140,8 +140,9 @@ def _answers_ping(port: int) -> bool:
         return False
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """In the child, before exec: SIGTERM me when the thread that forked me ends."""
+def die_with_parent(parent_pid: int) -> None:
+    """In the child, before exec (``preexec_fn``, Linux): SIGTERM me when the thread that forked me ends.
+    Shared with ``stages/up.py``, whose children must not outlive a killed ``stage up`` either."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:  # the parent already died between fork and prctl
         os._exit(1)

@@ -5,6 +5,7 @@
     stage serve encoder --model DIR --redis-url URL [--port 8300] [--max-batch-images 16] [...]
     stage make-model --family qwen2_vl --size tiny --out DIR
     stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
+    stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/up.py)
 
 ``serve`` takes one role per subcommand; every role goes through one config (``stages.config``)
 and one serve path (``stages.server``). Flag defaults come from the config dataclasses, and
@@ -362,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     demo.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server and the answer")
     demo.set_defaults(run=_demo)
+
+    from stages.up import add_up_args, run as run_up  # light: the model and the servers load in run
+
+    up = commands.add_parser("up", help="start a whole stack behind the router on this machine, until Ctrl-C",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_up_args(up)
+    up.set_defaults(run=run_up)
     return parser
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from cache.config import MIB, CacheConfig
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, EncoderConfig,
                            ImageLimits, ServerConfig)
-from stages.engine.config import DTYPES, PARTS, TEXT, VISION, EngineConfig
+from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
 from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
 from transfer.base import TransferConfig
 
@@ -53,7 +53,8 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", required=True, help="checkpoint directory (Hugging Face layout)")
     g.add_argument("--dtype", choices=DTYPES, default=d["dtype"], help="weights and KV dtype")
-    g.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
+    g.add_argument("--device", default=d["device"], help=f"where the model, KV pool and embeddings live: {DEVICE_HELP}")
+    g.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads (set on --device cpu only)")
     g.add_argument("--seed", type=int, default=d["seed"], help="torch seed at startup")
     if not kv:
         return
@@ -157,7 +158,7 @@ def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
 
 
 ROLE_PARTS = {"encoder": (VISION,), "decode": (TEXT,)}  # what each role loads; the others load both halves
-_ENGINE_FLAGS = ("dtype", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
+_ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
                  "threads", "seed")
 
 
@@ -189,6 +190,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
 def _serve(args: argparse.Namespace) -> int:
     try:
         config = server_config(args, args.role)
+        config.engine.torch_device  # noqa: B018 - resolves --device (imports torch): no GPU there is an error here
     except ValueError as exc:  # the message names the flag to change
         print(f"stage serve {args.role}: error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import pytest
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
 
@@ -33,7 +34,7 @@ def drain(engine: Engine, limit: int = 64) -> None:
     ids=["qwen3_vl-greedy", "llava-greedy", "qwen2_vl-seeded"],
 )
 def test_prefill_here_decode_there_equals_colocated(variant, params):
-    config = EngineConfig(model=str(model_dir(variant)), kv_cache_mib=16)
+    config = EngineConfig(model=str(model_dir(variant)), kv_cache_mib=16, device=DEVICE)
     prefill, decode = Engine(config), Engine(config)
     parts = [{"type": "image"}, {"type": "text", "text": "what is this?"}]
     build = lambda: prefill.prompts.build([{"role": "user", "content": parts}], [random_image(80, 64, seed=5)])
@@ -62,7 +63,7 @@ def test_prefill_here_decode_there_equals_colocated(variant, params):
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16))
+    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16, device=DEVICE))
 
 
 def test_a_failing_step_fails_its_requests_and_frees_their_blocks(engine, monkeypatch):

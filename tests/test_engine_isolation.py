@@ -17,6 +17,7 @@ from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
 
@@ -25,7 +26,7 @@ MAX_STEPS = 64
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=32))
+    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=32, device=DEVICE))
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -151,7 +152,7 @@ def assert_no_trace(engine: Engine) -> None:
 def test_admission_that_fails_half_way_leaves_no_trace(engine, monkeypatch):
     prompt = build(engine, 1, with_image=False)
 
-    def no_generator(seed):
+    def no_generator(seed, device):
         raise RuntimeError("injected generator failure")
 
     monkeypatch.setattr(engine_module, "make_generator", no_generator)

@@ -7,12 +7,21 @@ which receives the step's ``AttentionMetadata`` through the ``epd_attn`` keyword
 passes to every decoder layer. Nothing is global: the metadata carries the pool.
 
 Prefills here always start from an empty context (no prefix reuse, no chunking), so a prefill
-attends causally over its own fresh keys, exactly as Hugging Face's SDPA path does. Decodes
-gather their context from the pool with a padding mask, all in one batched SDPA call.
+attends causally over its own fresh keys, exactly as Hugging Face's SDPA path does. Decodes read
+their context from the pool with one of three kernels, chosen once per process (``decode_kernel``):
+
+- ``"sdpa"`` (the CPU, and a GPU without Triton): gather each decode's context out of the pool
+  (a copy, padded to the longest) and run one batched SDPA call with a padding mask;
+- ``"flash"`` (a GPU with flash-attn, fp16/bf16, ``--block-size`` a multiple of 256):
+  ``flash_attn_with_kvcache`` with a block table over ``KVPool.keys(layer)``, in place;
+- ``"triton"`` (any other GPU case): ``paged_decode.py``, in place, any block size and dtype.
+
+Every index tensor is made on the pool's device, once per step (``build_decode_group``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -23,14 +32,31 @@ from transformers.masking_utils import AttentionMaskInterface
 from stages.engine.kv_pool import KVPool
 
 ATTENTION_NAME = "epd_paged"
+DECODE_KERNELS = ("sdpa", "flash", "triton")
+FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2: "Paged KV cache block size must be divisible by 256"
+
+
+def decode_kernel(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int) -> str:
+    """The decode kernel for this process (see the module docstring); "sdpa" on the CPU, so the
+    CPU path is the one Hugging Face runs."""
+    if device.type != "cuda":
+        return "sdpa"
+    if (dtype in (torch.float16, torch.bfloat16) and block_size % FLASH_BLOCK_MULTIPLE == 0 and head_dim <= 256
+            and head_dim % 8 == 0 and torch.cuda.get_device_capability(device) >= (8, 0)
+            and importlib.util.find_spec("flash_attn") is not None):
+        return "flash"
+    return "triton" if importlib.util.find_spec("triton") is not None else "sdpa"
 
 
 @dataclass
 class DecodeGroup:
     start: int  # index of the first decode token in the packed sequence; decodes run to the end
-    kv_blocks: torch.Tensor  # [B, Lmax] block id of each context slot (padded with 0)
-    kv_offsets: torch.Tensor  # [B, Lmax] offset within the block
-    mask: torch.Tensor | None  # [B, 1, 1, Lmax] True where a slot is real context; None if no padding
+    kernel: str  # one of DECODE_KERNELS
+    block_table: torch.Tensor  # [B, W] int32: block ids of each context, padded with 0 (paged kernels)
+    lengths: torch.Tensor  # [B] int32: context slots of each decode, the new token's included
+    kv_blocks: torch.Tensor | None = None  # "sdpa" only: [B, Lmax] block id of each context slot (0 past the end)
+    kv_offsets: torch.Tensor | None = None  # "sdpa" only: [B, Lmax] offset within the block
+    mask: torch.Tensor | None = None  # "sdpa" only: [B, 1, 1, Lmax] True where a slot is real; None if no padding
 
 
 @dataclass
@@ -42,19 +68,24 @@ class AttentionMetadata:
     decode: DecodeGroup | None
 
 
-def build_decode_group(start: int, blocks: list[list[int]], lengths: list[int], block_size: int) -> DecodeGroup:
-    """Index tensors for decoding requests whose contexts (including the new token) have ``lengths``."""
-    max_len = max(lengths)
-    slots = torch.arange(max_len)
-    kv_blocks = torch.zeros((len(lengths), max_len), dtype=torch.long)
-    for row, (owned, length) in enumerate(zip(blocks, lengths)):
-        table = torch.tensor(owned, dtype=torch.long)
-        kv_blocks[row, :length] = table[slots[:length] // block_size]
-    kv_offsets = (slots % block_size).expand(len(lengths), max_len).contiguous()
-    mask = None
-    if min(lengths) != max_len:
-        mask = (slots[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
-    return DecodeGroup(start=start, kv_blocks=kv_blocks, kv_offsets=kv_offsets, mask=mask)
+def build_decode_group(start: int, blocks: list[list[int]], lengths: list[int], block_size: int,
+                       device: torch.device, kernel: str = "sdpa") -> DecodeGroup:
+    """Index tensors, on ``device``, for decoding requests whose contexts (including the new token)
+    have ``lengths`` and live in ``blocks`` (each request's own list, at least long enough)."""
+    used = [-(-length // block_size) for length in lengths]
+    width = max(used)
+    table = torch.tensor([owned[:n] + [0] * (width - n) for owned, n in zip(blocks, used)], dtype=torch.int32,
+                         device=device)
+    sizes = torch.tensor(lengths, dtype=torch.int32, device=device)
+    group = DecodeGroup(start=start, kernel=kernel, block_table=table, lengths=sizes)
+    if kernel == "sdpa":
+        max_len = max(lengths)
+        slots = torch.arange(max_len, device=device)
+        real = slots[None, :] < sizes[:, None]
+        group.kv_blocks = torch.where(real, table.long()[:, slots // block_size], 0)
+        group.kv_offsets = (slots % block_size).expand(len(lengths), max_len).contiguous()
+        group.mask = None if min(lengths) == max_len else real[:, None, None, :]
+    return group
 
 
 def paged_attention(
@@ -81,13 +112,36 @@ def paged_attention(
         out[span] = o[0].transpose(0, 1)
     if meta.decode is not None:
         group = meta.decode
-        q = query[0, :, group.start :].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
-        k, v = meta.pool.gather(layer, group.kv_blocks, group.kv_offsets)  # [B, L, KVH, D]
-        o = F.scaled_dot_product_attention(
-            q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scaling, enable_gqa=True
-        )
-        out[group.start :] = o[:, :, 0]
+        q = query[0, :, group.start :].transpose(0, 1)  # [B, H, D]
+        out[group.start :] = _DECODE[group.kernel](meta.pool, layer, group, q, scaling)
     return out.unsqueeze(0), None
+
+
+# Each: (pool, layer, group, q [B, H, D], scaling or None for 1/sqrt(D)) -> [B, H, D]
+def _decode_sdpa(pool: KVPool, layer: int, group: DecodeGroup, q: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    k, v = pool.gather(layer, group.kv_blocks, group.kv_offsets)  # [B, L, KVH, D]: a copy
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scaling, enable_gqa=True
+    )
+    return o[:, :, 0]
+
+
+def _decode_flash(pool: KVPool, layer: int, group: DecodeGroup, q: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    from flash_attn import flash_attn_with_kvcache
+
+    o = flash_attn_with_kvcache(q.unsqueeze(1), pool.keys(layer), pool.values(layer), cache_seqlens=group.lengths,
+                                block_table=group.block_table, softmax_scale=scaling)
+    return o[:, 0]
+
+
+def _decode_triton(pool: KVPool, layer: int, group: DecodeGroup, q: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    from stages.engine.paged_decode import paged_decode
+
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    return paged_decode(q.contiguous(), pool.keys(layer), pool.values(layer), group.block_table, group.lengths, scale)
+
+
+_DECODE = {"sdpa": _decode_sdpa, "flash": _decode_flash, "triton": _decode_triton}
 
 
 def _no_mask(*args, **kwargs) -> None:

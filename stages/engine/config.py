@@ -4,6 +4,7 @@ Importing this module is cheap (no torch), so the CLI builds its parsers from th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,8 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes; torch is imported only when a model loads
+DEVICE_HELP = "auto (cuda:0 when torch sees a GPU, else cpu), cpu, cuda (= cuda:0) or cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 VISION, TEXT = "vision", "text"  # the halves of a model (see stages/engine/models/base.py)
 PARTS = (VISION, TEXT)
 
@@ -27,10 +30,13 @@ class EngineConfig:
     threads: int = 1
     seed: int = 0
     parts: tuple[str, ...] = PARTS  # what to load: ("text",) for a stage that never encodes images
+    device: str = "auto"  # see DEVICE_HELP; resolved (and checked against the machine) by torch_device
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"--device must be {DEVICE_HELP}; got {self.device!r}")
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -44,3 +50,27 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """``device`` on this machine: ``auto`` and ``cuda`` become ``cuda:0`` or ``cpu``. Imports torch.
+        ValueError naming --device when the GPU asked for is not there."""
+        return resolve_device(self.device)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The torch device of a ``--device`` value (see ``DEVICE_HELP``), always with an index for a GPU."""
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    index = int(spec.partition(":")[2] or 0)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
+        raise ValueError(f"--device {spec}: torch sees no GPU here (a CPU build of torch, or no driver); "
+                         "use --device cpu or auto")
+    if index >= count:
+        raise ValueError(f"--device {spec}: torch sees {count} GPU(s); use --device cuda:N with N < {count}")
+    return torch.device("cuda", index)

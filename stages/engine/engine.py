@@ -73,10 +73,12 @@ class _Tracked:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        torch.set_num_threads(config.threads)
+        self.device = config.torch_device  # ValueError naming --device if that GPU is not there
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME, config.parts)
+        self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME, config.parts, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.prompts = PromptBuilder(self.tokenizer, AutoImageProcessor.from_pretrained(config.model), self.adapter)
         text = self.adapter.text_config
@@ -90,7 +92,7 @@ class Engine:
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
             dtype=config.torch_dtype,
         )
-        self.pool = KVPool(self.layout)
+        self.pool = KVPool(self.layout, self.device)
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batched_tokens)
         self.runner = ModelRunner(self.adapter, self.pool)
@@ -194,7 +196,7 @@ class Engine:
 
     def _new_tracked(self, request: Request) -> _Tracked:
         params = request.params
-        return _Tracked(IncrementalDetokenizer(self.tokenizer, params.stop), make_generator(params.seed))
+        return _Tracked(IncrementalDetokenizer(self.tokenizer, params.stop), make_generator(params.seed, self.device))
 
     def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
         """Give the requests that came with pixels their embeddings; record those that fail."""
@@ -240,7 +242,7 @@ class Engine:
     def _skip_draw(self, generator: torch.Generator) -> None:
         """Advance ``generator`` exactly as one ``sample()`` draw over this vocabulary does, so a seeded
         request continues on the decode server with the numbers it would have used colocated."""
-        torch.multinomial(torch.ones(self.vocab_size), 1, generator=generator)
+        torch.multinomial(torch.ones(self.vocab_size, device=self.device), 1, generator=generator)
 
     def _append_or_fail(self, request: Request, token: int) -> RequestOutput:
         try:

@@ -5,15 +5,20 @@ builds the packed inputs (token embeddings with image embeddings spliced in, per
 including Qwen M-RoPE deltas, KV slots), runs the model's own decoder layers with paged attention,
 and returns the logits of each request's last position. It advances ``num_computed`` and sets
 ``rope_delta`` on prefilled requests; everything else about a request is the engine's business.
+
+Devices: the step's inputs are built on the host as plain lists (``PackedStep``), then each becomes
+one tensor made on the pool's device; image embeddings (which may come from the cache on the CPU)
+are moved there once per step. Nothing in a step makes a tensor without naming its device
+(tests/test_device_placement.py runs steps with torch's default device set to ``meta``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from stages.engine.attention import AttentionMetadata, build_decode_group
+from stages.engine.attention import AttentionMetadata, build_decode_group, decode_kernel
 from stages.engine.kv_pool import KVPool
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageEmbedding
@@ -22,19 +27,24 @@ from stages.engine.request import Request
 
 @dataclass
 class PackedStep:
-    token_ids: list[int]
-    positions: list[torch.Tensor]  # each [rows, n]
-    slot_blocks: list[torch.Tensor]
-    slot_offsets: list[torch.Tensor]
-    spans: list[tuple[int, int]]
-    image_rows: list[int]
-    embeddings: list[ImageEmbedding]
-    last_rows: list[int]
+    """One step's inputs on the host: every packed token's id, position (one list per position row),
+    KV slot; each prefill's span; the packed rows of image tokens and their embeddings; the last row
+    of each request."""
+
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)  # [rows][tokens]
+    slot_blocks: list[int] = field(default_factory=list)
+    slot_offsets: list[int] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    image_rows: list[int] = field(default_factory=list)
+    embeddings: list[ImageEmbedding] = field(default_factory=list)
+    last_rows: list[int] = field(default_factory=list)
 
 
-# The LM head over many rows runs as matmuls over column chunks of a transposed weight copy: on a
-# CPU the chunk stays in cache (measured: 32 rows x 32k vocab, 51 -> 31 ms, same bits). Fewer rows
+# On the CPU the LM head over many rows runs as matmuls over column chunks of a transposed weight
+# copy: the chunk stays in cache (measured: 32 rows x 32k vocab, 51 -> 31 ms, same bits). Fewer rows
 # use the model's own layer, which is what generate() runs, so single requests match it bit for bit.
+# A GPU always uses the model's own layer (and holds no copy).
 LM_HEAD_CHUNK = 2048
 LM_HEAD_CHUNKED_ROWS = 8
 
@@ -43,12 +53,16 @@ class ModelRunner:
     def __init__(self, adapter: ModelAdapter, pool: KVPool) -> None:
         self.adapter = adapter
         self.pool = pool
+        self.device = pool.device
         self.block_size = pool.layout.block_size
-        self._lm_head_t = adapter.lm_head.weight.detach().t().contiguous()  # [hidden, vocab]
+        self.decode_kernel = decode_kernel(self.device, pool.layout.dtype, self.block_size, pool.layout.head_dim)
+        self._lm_head_t = None  # [hidden, vocab], CPU only
+        if self.device.type == "cpu":
+            self._lm_head_t = adapter.lm_head.weight.detach().t().contiguous()
 
     @torch.inference_mode()
     def forward(self, prefills: list[Request], decodes: list[Request]) -> torch.Tensor:
-        """Logits [len(prefills) + len(decodes), vocab] in float32, prefills first."""
+        """Logits [len(prefills) + len(decodes), vocab] in float32 on the device, prefills first."""
         step = self._pack(prefills, decodes)
         decode_group = None
         if decodes:
@@ -57,25 +71,32 @@ class ModelRunner:
                 blocks=[r.blocks for r in decodes],
                 lengths=[r.num_computed + 1 for r in decodes],
                 block_size=self.block_size,
+                device=self.device,
+                kernel=self.decode_kernel,
             )
         meta = AttentionMetadata(
             pool=self.pool,
-            slot_blocks=torch.cat(step.slot_blocks),
-            slot_offsets=torch.cat(step.slot_offsets),
+            slot_blocks=self._tensor(step.slot_blocks),
+            slot_offsets=self._tensor(step.slot_offsets),
             prefill_spans=step.spans,
             decode=decode_group,
         )
         hidden = self._run_layers(step, meta)
-        logits = self._logits(hidden[0, step.last_rows]).float()
+        self.pool.mark_written()
+        logits = self._logits(hidden[0, self._tensor(step.last_rows)]).float()
         for request in prefills:
             request.num_computed = request.prompt_len
         for request in decodes:
             request.num_computed += 1
         return logits
 
+    def _tensor(self, values: list) -> torch.Tensor:
+        """An int64 tensor of ``values`` made on the device (one host-to-device copy)."""
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
     def _logits(self, rows: torch.Tensor) -> torch.Tensor:
         head = self.adapter.lm_head
-        if rows.shape[0] < LM_HEAD_CHUNKED_ROWS or getattr(head, "bias", None) is not None:
+        if self._lm_head_t is None or rows.shape[0] < LM_HEAD_CHUNKED_ROWS or getattr(head, "bias", None) is not None:
             return head(rows)
         vocab = self._lm_head_t.shape[1]
         out = rows.new_empty((rows.shape[0], vocab))
@@ -85,45 +106,53 @@ class ModelRunner:
         return out
 
     def _pack(self, prefills: list[Request], decodes: list[Request]) -> PackedStep:
-        step = PackedStep([], [], [], [], [], [], [], [])
-        rows = self.adapter.position_rows
+        step = PackedStep(positions=[[] for _ in range(self.adapter.position_rows)])
         for request in prefills:
             start, ids = len(step.token_ids), request.prompt.token_ids
             positions, request.rope_delta = self.adapter.prefill_positions(ids, request.prompt.image_grids)
-            self._add_tokens(step, request, ids, positions, first_slot=0)
+            self._add_tokens(step, request, ids, positions.tolist(), first_slot=0)
             step.spans.append((start, len(step.token_ids)))
             self._add_images(step, request, start)
         for request in decodes:
             position = request.num_computed + request.rope_delta
-            self._add_tokens(step, request, [request.last_token], torch.full((rows, 1), position), request.num_computed)
+            rows = [[position]] * self.adapter.position_rows
+            self._add_tokens(step, request, [request.last_token], rows, request.num_computed)
         return step
 
-    def _add_tokens(self, step: PackedStep, request: Request, ids: list[int], positions: torch.Tensor, first_slot: int) -> None:
-        slots = torch.arange(first_slot, first_slot + len(ids))
-        step.slot_blocks.append(torch.tensor(request.blocks, dtype=torch.long)[slots // self.block_size])
-        step.slot_offsets.append(slots % self.block_size)
+    def _add_tokens(self, step: PackedStep, request: Request, ids: list[int], positions: list[list[int]],
+                    first_slot: int) -> None:
+        slots = range(first_slot, first_slot + len(ids))
+        step.slot_blocks.extend(request.blocks[slot // self.block_size] for slot in slots)
+        step.slot_offsets.extend(slot % self.block_size for slot in slots)
         step.token_ids.extend(ids)
-        step.positions.append(positions)
+        for row, values in zip(step.positions, positions):
+            row.extend(values)
         step.last_rows.append(len(step.token_ids) - 1)
 
     def _add_images(self, step: PackedStep, request: Request, start: int) -> None:
-        embeddings = request.prompt.embeddings or []
-        ids = torch.tensor(request.prompt.token_ids)
+        image_token = self.adapter.image_token_id
         # Engine.check_request has made sure the placeholders and the images' tokens agree
-        step.image_rows.extend((torch.nonzero(ids == self.adapter.image_token_id).flatten() + start).tolist())
-        step.embeddings.extend(embeddings)
+        step.image_rows.extend(start + i for i, token in enumerate(request.prompt.token_ids) if token == image_token)
+        step.embeddings.extend(request.prompt.embeddings or [])
+
+    def _on_device(self, embedding: ImageEmbedding) -> ImageEmbedding:
+        """``embedding`` with its tensors on the device (those from the cache arrive on the CPU)."""
+        deepstack = embedding.deepstack
+        return replace(embedding, embeds=embedding.embeds.to(self.device),
+                       deepstack=None if deepstack is None else deepstack.to(self.device))
 
     def _run_layers(self, step: PackedStep, meta: AttentionMetadata) -> torch.Tensor:
         text = self.adapter.text_model
-        embeds = text.embed_tokens(torch.tensor(step.token_ids))
-        image_rows = torch.tensor(step.image_rows, dtype=torch.long)
-        if step.embeddings:
-            embeds[image_rows] = torch.cat([e.embeds for e in step.embeddings]).to(embeds.dtype)
+        embeds = text.embed_tokens(self._tensor(step.token_ids))
+        image_rows = self._tensor(step.image_rows)
+        embeddings = [self._on_device(e) for e in step.embeddings]
+        if embeddings:
+            embeds[image_rows] = torch.cat([e.embeds for e in embeddings]).to(embeds.dtype)
         hidden = embeds.unsqueeze(0)
-        positions = torch.cat(step.positions, dim=1)
+        positions = self._tensor(step.positions)
         position_ids = positions.unsqueeze(1) if self.adapter.position_rows > 1 else positions
         position_embeddings = text.rotary_emb(hidden, position_ids)
         for index, layer in enumerate(text.layers):
             hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, epd_attn=meta)
-            hidden = self.adapter.layer_hook(index, hidden, image_rows, step.embeddings)
+            hidden = self.adapter.layer_hook(index, hidden, image_rows, embeddings)
         return text.norm(hidden)

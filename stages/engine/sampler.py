@@ -7,6 +7,11 @@ request gives the same tokens whatever else shares its batch.
 One row's failure is its own: a row whose parameters cannot be sampled (a temperature so small that
 the scaled logits overflow, say) gets a ``SamplingError`` in place of its token, and the other rows
 are drawn as if it were not there.
+
+Devices: logits and generators live on the engine's device, and ``sample`` reads the device once
+per step (the token ids and each sampled row's verdict, together). A row that cannot be sampled is
+drawn from a harmless distribution meanwhile and reported after that read: on a GPU,
+``multinomial`` over NaN or infinite probabilities is a device-side assert, not an exception.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import torch
 
 from stages.engine.sampling_params import SamplingParams
 
+SAMPLEABLE, NOT_FINITE, OVERFLOW = 0, 1, 2  # a sampled row's verdict, read on the host with its token
+
 
 class SamplingError(ValueError):
     """One request's logits could not be sampled with its parameters; the message names them."""
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A request's own generator on ``device`` (the engine's), seeded with ``seed`` or at random."""
+    generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:
@@ -31,13 +39,8 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """One row of logits scaled by temperature with everything outside top-k / top-p set to -inf.
-    Raises SamplingError if the logits are not finite or the temperature scales them out of range."""
-    if not torch.isfinite(logits.max()):
-        raise SamplingError("the model's logits for this request are not finite")
+    Never reads the device; rows it cannot make sense of are caught by ``sample`` (``_verdict``)."""
     logits = logits / params.temperature
-    if not torch.isfinite(logits.max()):
-        raise SamplingError(f"temperature={params.temperature!r} scales the logits out of {logits.dtype} range; "
-                            "use temperature 0 for greedy decoding")
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -55,19 +58,38 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator]) -> list[int | SamplingError]:
     """logits [N, vocab] float32 -> one token id per row, or the row's SamplingError."""
-    tokens: list[int | SamplingError] = list(logits.argmax(dim=-1).tolist())
+    tokens = logits.argmax(dim=-1)
+    verdicts = torch.zeros_like(tokens)
+    failed: dict[int, SamplingError] = {}
     for row, (p, generator) in enumerate(zip(params, generators)):
-        if not p.greedy:
-            tokens[row] = _draw(logits[row], p, generator)
-    return tokens
+        if p.greedy:
+            continue
+        try:
+            tokens[row], verdicts[row] = _draw(logits[row], p, generator)
+        except Exception as exc:  # noqa: BLE001 - whatever torch raises for this row stays with this row
+            failed[row] = SamplingError(f"sampling failed with temperature={p.temperature!r}, top_p={p.top_p!r}, "
+                                        f"top_k={p.top_k}: {type(exc).__name__}: {exc}")
+    ids, verdict = torch.stack([tokens, verdicts]).tolist()  # the step's one read of the device
+    return [failed.get(row) or _result(ids[row], verdict[row], p, logits.dtype) for row, p in enumerate(params)]
 
 
-def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int | SamplingError:
-    try:
-        probs = filter_logits(logits, params).softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=generator).item())
-    except SamplingError as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - whatever torch raises for this row stays with this row
-        return SamplingError(f"sampling failed with temperature={params.temperature!r}, top_p={params.top_p!r}, "
-                             f"top_k={params.top_k}: {type(exc).__name__}: {exc}")
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, verdict) of one sampled row, both still on the device."""
+    verdict = _verdict(logits, params)
+    probs = filter_logits(logits, params).softmax(-1)
+    probs = torch.where(verdict == SAMPLEABLE, probs, torch.ones_like(probs))  # see the module docstring
+    return torch.multinomial(probs, 1, generator=generator)[0], verdict
+
+
+def _verdict(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    finite, scaled = torch.isfinite(logits.max()), torch.isfinite((logits / params.temperature).max())
+    return torch.where(finite, torch.where(scaled, SAMPLEABLE, OVERFLOW), NOT_FINITE)
+
+
+def _result(token: int, verdict: int, params: SamplingParams, dtype: torch.dtype) -> int | SamplingError:
+    if verdict == NOT_FINITE:
+        return SamplingError("the model's logits for this request are not finite")
+    if verdict == OVERFLOW:
+        return SamplingError(f"temperature={params.temperature!r} scales the logits out of {dtype} range; "
+                             "use temperature 0 for greedy decoding")
+    return token

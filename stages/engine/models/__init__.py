@@ -37,9 +37,10 @@ def adapter_class(config: PretrainedConfig) -> type[ModelAdapter]:
 
 
 def load_adapter(path: str | Path, dtype: torch.dtype, attn_implementation: str,
-                 parts: tuple[str, ...] = PARTS) -> ModelAdapter:
-    """Load the ``parts`` of a checkpoint directory (``"vision"``, ``"text"``, or both) and wrap them.
-    The language model's attention is switched to ``attn_implementation``; the vision tower keeps SDPA."""
+                 parts: tuple[str, ...] = PARTS, device: torch.device | str = "cpu") -> ModelAdapter:
+    """Load the ``parts`` of a checkpoint directory (``"vision"``, ``"text"``, or both) onto ``device``
+    and wrap them. The language model's attention is switched to ``attn_implementation``; the vision
+    tower keeps SDPA. Weights are read on the CPU and then moved (every parameter and buffer)."""
     if not parts or set(parts) - set(PARTS):
         raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {parts}")
     parts = tuple(part for part in PARTS if part in parts)
@@ -50,6 +51,8 @@ def load_adapter(path: str | Path, dtype: torch.dtype, attn_implementation: str,
     if dropped:
         model_cls = _without(model_cls, dropped)
     model = model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    if torch.device(device).type != "cpu":
+        model.to(device)
     model.eval()
     model.config.get_text_config()._attn_implementation = attn_implementation
     return adapter_cls(model, parts)

@@ -42,6 +42,11 @@ class ModelAdapter(ABC):
         return tuple(path for part in parts for path in {VISION: cls.vision_modules, TEXT: cls.text_modules}[part])
 
     @property
+    def device(self) -> torch.device:
+        """Where the loaded weights are (``load_adapter``'s ``device``)."""
+        return next(self.model.parameters()).device
+
+    @property
     def num_parameters(self) -> int:
         """Parameters this adapter holds (the loaded parts only; a tied weight counts once)."""
         return sum(p.numel() for p in self.model.parameters())
@@ -85,9 +90,9 @@ class ModelAdapter(ABC):
         """Run the vision tower and projector; one embedding per image, in order."""
 
     def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
-        """Positions [rows, len] of a fresh prompt and the rope delta (decode position = tokens so far + delta).
-        Default: plain 1-D positions 0..len-1, delta 0."""
-        return torch.arange(len(token_ids)).unsqueeze(0), 0
+        """Positions [rows, len] of a fresh prompt, on the CPU (host-side index arithmetic), and the rope
+        delta (decode position = tokens so far + delta). Default: plain 1-D positions 0..len-1, delta 0."""
+        return torch.arange(len(token_ids), device="cpu").unsqueeze(0), 0
 
     @property
     def position_rows(self) -> int:

@@ -54,7 +54,7 @@ class LlavaAdapter(ModelAdapter):
         if not images:
             return []
         out = self.model.model.get_image_features(
-            pixel_values=torch.stack([im.pixel_values for im in images]),
+            pixel_values=torch.stack([im.pixel_values for im in images]).to(self.device),
             vision_feature_layer=self.config.vision_feature_layer,
             vision_feature_select_strategy=self.config.vision_feature_select_strategy,
         )

@@ -46,9 +46,10 @@ class QwenVLAdapter(ModelAdapter):
         self._require(VISION)
         if not images:
             return []
+        device = self.device
         out = self.model.model.get_image_features(
-            pixel_values=torch.cat([im.pixel_values for im in images]),
-            image_grid_thw=torch.tensor([im.grid_thw for im in images]),
+            pixel_values=torch.cat([im.pixel_values for im in images]).to(device),
+            image_grid_thw=torch.tensor([im.grid_thw for im in images], device=device),
         )
         deepstack = getattr(out, "deepstack_features", None)
         return [
@@ -61,18 +62,18 @@ class QwenVLAdapter(ModelAdapter):
         ]
 
     def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
-        ids = torch.tensor([token_ids])
+        ids = torch.tensor([token_ids], device="cpu")  # host-side index arithmetic: see the base class
         positions, delta = self.model.model.get_rope_index(
             ids,
             mm_token_type_ids=(ids == self.image_token_id).int(),
-            image_grid_thw=torch.tensor(grids) if grids else None,
+            image_grid_thw=torch.tensor(grids, device="cpu") if grids else None,
         )
         return positions[:, 0], int(delta.item())
 
     def layer_hook(self, layer: int, hidden: torch.Tensor, image_rows: torch.Tensor, embeddings: list[ImageEmbedding]) -> torch.Tensor:
         if not embeddings or embeddings[0].deepstack is None or layer >= embeddings[0].deepstack.shape[0]:
             return hidden
-        features = torch.cat([e.deepstack[layer] for e in embeddings]).to(hidden.dtype)
+        features = torch.cat([e.deepstack[layer] for e in embeddings]).to(hidden.device, hidden.dtype)
         hidden = hidden.clone()
         hidden[0, image_rows] = hidden[0, image_rows] + features
         return hidden

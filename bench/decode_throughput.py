@@ -106,7 +106,6 @@ def scrape_metrics(base: str) -> dict[str, float]:
 # --- HF baseline -----------------------------------------------------------------------------
 def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int, repeat: int = 1) -> dict:
     import torch
-    from transformers import AutoImageProcessor, AutoTokenizer
 
     from stages.engine.models import load_adapter
     from stages.prompt import PromptBuilder
@@ -117,8 +116,7 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int,
     # with "sdpa" the model is plain HF, and the adapter gives PromptBuilder its image-token rule.
     adapter = load_adapter(model_dir, torch.float32, "sdpa")
     model = adapter.model
-    builder = PromptBuilder(AutoTokenizer.from_pretrained(model_dir), AutoImageProcessor.from_pretrained(model_dir),
-                            adapter)
+    builder = PromptBuilder.load(model_dir, adapter)
     load_s = time.perf_counter() - t0
 
     def inputs_for(index: int) -> dict:

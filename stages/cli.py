@@ -102,6 +102,10 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
         g.add_argument("--bootstrap-port", type=int, default=8998, help="bootstrap endpoint port (0: any)")
         g.add_argument("--prefill-timeout-s", type=float, default=d["prefill_timeout_s"],
                        help="room paired -> KV written and ready sent, at most")
+        g.add_argument("--embedding-timeout-s", type=float, default=d["embedding_timeout_s"],
+                       help="EPD mode: request arrival -> every image embedding it references read from the "
+                            "cache (waiting for encodes in flight), at most; keep it below the decode's "
+                            "--kv-timeout-s")
     else:
         g.add_argument("--kv-timeout-s", type=float, default=d["kv_timeout_s"],
                        help="KV request sent -> KV ready, at most")
@@ -117,11 +121,15 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="close a link to a prefill after this long without a room")
 
 
-def add_cache_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of the embedding cache (``CacheConfig``): the Redis it lives in, its budget and TTL."""
+def add_cache_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """Flags of the embedding cache (``CacheConfig``): the Redis it lives in, its budget and TTL. Not
+    ``required`` (prefill, decode): the URL switches the server to EPD mode."""
     d = _defaults(CacheConfig)
     g = parser.add_argument_group("embedding cache")
-    g.add_argument("--redis-url", required=True, help="the cache's Redis: redis://HOST:PORT/DB or unix:///PATH")
+    g.add_argument("--redis-url", required=required, default=None,
+                   help="the cache's Redis: redis://HOST:PORT/DB or unix:///PATH" if required else
+                   "EPD mode: take image_ref parts (images encoded by `stage serve encoder` into the cache at this "
+                   "Redis) instead of pixels; the prefill reads the embeddings, the decode only the sizes")
     g.add_argument("--cache-budget-mib", type=float, default=CACHE_BUDGET_MIB,
                    help="bytes of embeddings kept; least recently used entries are evicted past it")
     g.add_argument("--cache-ttl-s", type=float, default=CACHE_TTL_S, help="drop an entry unused this long")
@@ -150,6 +158,7 @@ def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
         add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300}[role])
         if role in DISAGG_ROLES:
             add_disagg_args(parser, role)
+            add_cache_args(parser, required=False)
         if role == "encoder":
             add_cache_args(parser)
             add_encoder_args(parser)
@@ -157,22 +166,33 @@ def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
     return add
 
 
-ROLE_PARTS = {"encoder": (VISION,), "decode": (TEXT,)}  # what each role loads; the others load both halves
+
+def role_parts(role: str, epd: bool) -> tuple[str, ...]:
+    """The halves of the model a role loads (``stages.loading``): the encoder the vision half; decode,
+    and prefill in EPD mode, the text half; colocated and a PD prefill (which encodes) both."""
+    if role == "encoder":
+        return (VISION,)
+    if role == "decode" or (role == "prefill" and epd):
+        return (TEXT,)
+    return PARTS
+
+
 _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
                  "threads", "seed")
 
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     """The validated config of a ``stage serve ROLE`` command line; ValueError names the flag to change."""
-    engine = EngineConfig(model=args.model, parts=ROLE_PARTS.get(role, PARTS),
+    epd = role in DISAGG_ROLES and args.redis_url is not None
+    engine = EngineConfig(model=args.model, parts=role_parts(role, epd),
                           **{name: getattr(args, name) for name in _ENGINE_FLAGS if hasattr(args, name)})
     disagg = None
     if role in DISAGG_ROLES:
         side = {name: getattr(args, name) for name in (
             "bootstrap_host", "bootstrap_port", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s",
-            "abort_grace_s", "max_peer_links", "peer_link_idle_s") if hasattr(args, name)}
+            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s") if hasattr(args, name)}
         disagg = DisaggConfig(
-            transfer=args.transfer, pair_timeout_s=args.pair_timeout_s,
+            transfer=args.transfer, pair_timeout_s=args.pair_timeout_s, cache=cache_config(args) if epd else None,
             transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
             allowed_bootstrap=tuple(getattr(args, "allowed_bootstrap", None) or ()), **side)

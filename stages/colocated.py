@@ -13,26 +13,39 @@ from stages.config import ServerConfig
 
 
 def build(config: ServerConfig) -> FastAPI:
-    """Load the model and build the app; its lifespan starts and stops the engine thread."""
+    """Load the model (both halves) and build the app; its lifespan starts and stops the engine thread."""
+    from stages.api.chat import ImageMode, Preparer
     from stages.api.routes import create_app
     from stages.engine.async_engine import AsyncEngine
-    from stages.engine.engine import Engine
     from stages.faults import Faults, engine_hook
+    from stages.loading import load_engine
     from stages.metrics import Metrics
+    from stages.resources import model_info
     from stages.supervisor import Supervisor
 
     metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
-    engine = AsyncEngine(Engine(config.engine), on_step=metrics.observe_step, before_step=engine_hook(faults))
+    engine, prompts = load_engine(config.engine, pixels=True)
+    async_engine = AsyncEngine(engine, on_step=metrics.observe_step, before_step=engine_hook(faults))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.start()
+        async_engine.start()
         try:
             yield
         finally:
             await supervisor.stop()
-            engine.shutdown()
+            async_engine.shutdown()
 
-    return create_app(engine, model_name=config.model_name, limits=config.limits, metrics=metrics,
-                      lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
-                      supervisor=supervisor, faults=faults)
+    app = create_app(async_engine, model_name=config.model_name,
+                     prepare=Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS), metrics=metrics,
+                     lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
+                     supervisor=supervisor, faults=faults)
+
+    @app.get("/server_info")
+    async def server_info() -> dict:
+        stats = async_engine.stats()
+        return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
+                **model_info(engine.adapter, images="pixels"),
+                "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total}}
+
+    return app

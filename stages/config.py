@@ -4,7 +4,7 @@ naming the flag that fixes it. Cheap to import (no torch, no fastapi), so ``stag
     ServerConfig            one per process: role, bind address, HTTP limits, admission, debug faults
       .engine  EngineConfig  the model and its KV pool (stages/engine/config.py)
       .limits  ImageLimits   per-image and per-request image limits
-      .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines
+      .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines, EPD cache
       .encoder EncoderConfig encoder only: the embedding cache, batching, claims, deadlines
 """
 
@@ -43,8 +43,13 @@ class ImageLimits:
 @dataclass(frozen=True)
 class DisaggConfig:
     """What a prefill or decode server adds to a colocated one. Deadlines are per side: the prefill's
-    ``pair_timeout_s`` and ``prefill_timeout_s``; the decode's ``pair_timeout_s``, ``accept_timeout_s``,
-    ``kv_timeout_s`` and ``abort_grace_s``."""
+    ``pair_timeout_s``, ``prefill_timeout_s`` and ``embedding_timeout_s``; the decode's
+    ``pair_timeout_s``, ``accept_timeout_s``, ``kv_timeout_s`` and ``abort_grace_s``.
+
+    ``cache`` (``--redis-url``) switches the server to EPD mode: it takes image references
+    (``image_ref`` parts) instead of pixels. The prefill reads their embeddings from that cache,
+    waiting at most ``embedding_timeout_s`` for encodes in flight (keep it below the decode's
+    ``--kv-timeout-s``); the decode needs only the references' sizes and reads no cache."""
 
     transfer: str = "mooncake"
     transfer_config: TransferConfig = field(default_factory=TransferConfig)
@@ -58,12 +63,14 @@ class DisaggConfig:
     allowed_bootstrap: tuple[str, ...] = ()  # decode: prefills it may dial (host:port or CIDR); () = loopback
     max_peer_links: int = 64  # decode: cached links to prefills
     peer_link_idle_s: float = 60.0  # decode: close a link to a prefill after this long without a room
+    cache: CacheConfig | None = None  # EPD mode (--redis-url): image references instead of pixels
+    embedding_timeout_s: float = 20.0  # prefill, EPD: request arrival -> every embedding it references read
 
     def __post_init__(self) -> None:
         if self.transfer not in TRANSFERS:
             raise ValueError(f"--transfer must be one of {TRANSFERS}, got {self.transfer!r}")
         for name in ("pair_timeout_s", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s", "abort_grace_s",
-                     "peer_link_idle_s"):
+                     "peer_link_idle_s", "embedding_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.max_peer_links <= 0:
@@ -71,6 +78,11 @@ class DisaggConfig:
         if not 0 <= self.bootstrap_port < 65536:
             raise ValueError(f"--bootstrap-port must be in [0, 65535], got {self.bootstrap_port}")
         self.allow_list()  # raises ValueError naming --allowed-bootstrap on a bad pattern
+
+    @property
+    def epd(self) -> bool:
+        """EPD mode: image references in, embeddings from the cache (``--redis-url`` given)."""
+        return self.cache is not None
 
     def allow_list(self) -> AllowList:
         """A fresh ``AllowList`` of ``--allowed-bootstrap`` (loopback when none is given)."""

@@ -6,20 +6,26 @@ the placeholder that many times and tokenizes the whole string, exactly as the m
 processor does, so prompt ids match ``processor.apply_chat_template`` token for token.
 
 ``build_from_sizes`` gives the same token ids from each image's (width, height) alone: the count
-follows from the processor config (``num_image_tokens``), so a stage that receives image references
-(decode; prefill in EPD mode) never touches pixels. The builder reads only the adapter's config
-rules, never its weights: an adapter of either half serves.
+follows from the processor config (the adapter's ``SizeRule``), so a stage that receives image
+references or only needs counts (decode; prefill in EPD mode) never touches pixels: its builder is
+loaded with ``pixels=False`` and holds no image processor at all. The builder reads only the
+adapter's config rules, never its weights: an adapter of either half serves.
+
+The engine never loads or holds a tokenizer: ``text_decoding`` gives it what it needs of the
+builder's (detokenizers and end-of-sequence ids); ``stages.loading`` composes the two.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-from stages.engine.models.base import ModelAdapter
+from stages.engine.detokenizer import IncrementalDetokenizer, TextDecoding
+from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageInput, Prompt
 
 
@@ -42,22 +48,34 @@ def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.I
 
 @dataclass
 class PromptBuilder:
-    tokenizer: object
-    image_processor: object
+    """``tokenizer``: the checkpoint's. ``adapter``: the family's rules (either half). ``sizes``: the
+    processor config's size rule. ``image_processor``: for pixels; None on a stage that builds
+    prompts from sizes only (then ``build``/``preprocess`` raise)."""
+
+    tokenizer: Any
     adapter: ModelAdapter
+    sizes: SizeRule
+    image_processor: Any | None
 
     @classmethod
-    def load(cls, model_dir: str | Path, adapter: ModelAdapter) -> PromptBuilder:
-        """The checkpoint's tokenizer and image processor, with ``adapter``'s rules."""
-        from transformers import AutoImageProcessor, AutoTokenizer
+    def load(cls, model_dir: str | Path, adapter: ModelAdapter, *, pixels: bool = True,
+             tokenizer: Any | None = None) -> PromptBuilder:
+        """The checkpoint's tokenizer (unless given) and image processor config, with ``adapter``'s
+        rules. With ``pixels=False`` the image processor is read for its size rule and not kept."""
+        from transformers import AutoImageProcessor
 
-        return cls(AutoTokenizer.from_pretrained(model_dir), AutoImageProcessor.from_pretrained(model_dir), adapter)
+        image_processor = AutoImageProcessor.from_pretrained(model_dir)
+        return cls(tokenizer if tokenizer is not None else load_tokenizer(model_dir), adapter,
+                   adapter.size_rule(image_processor), image_processor if pixels else None)
 
     @property
     def placeholder(self) -> str:
         return self.tokenizer.convert_ids_to_tokens(self.adapter.image_token_id)
 
     def preprocess(self, image: Image.Image) -> ImageInput:
+        if self.image_processor is None:
+            raise RuntimeError("this prompt builder was loaded without an image processor (pixels=False): "
+                               "it builds prompts from image sizes only")
         return preprocess_image(self.image_processor, self.adapter, image)
 
     def render(self, messages: list[dict]) -> str:
@@ -67,19 +85,25 @@ class PromptBuilder:
     def num_image_tokens(self, width: int, height: int) -> int:
         """Placeholder tokens an image of ``width`` x ``height`` pixels fills, without its pixels.
         ValueError (e.g. an aspect ratio the processor refuses) exactly where ``preprocess`` fails."""
-        if width <= 0 or height <= 0:
-            raise ValueError(f"an image must be at least 1x1 pixels, got {width}x{height}")
-        return self.adapter.num_image_tokens_for_size(width, height, self.image_processor)
+        _check_size(width, height)
+        return self.sizes.num_tokens(width, height)
+
+    def image_grid(self, width: int, height: int) -> tuple[int, int, int] | None:
+        """The ``grid_thw`` such an image gets (None for families without one); ValueError as above."""
+        _check_size(width, height)
+        return self.sizes.grid(width, height)
 
     def build(self, messages: list[dict], images: list[Image.Image]) -> Prompt:
         """Token ids and preprocessed pixels (to encode here)."""
         inputs = [self.preprocess(image) for image in images]
-        return Prompt(token_ids=self._token_ids(messages, [im.num_tokens for im in inputs]), images=inputs)
+        counts = [im.num_tokens for im in inputs]
+        return Prompt(token_ids=self._token_ids(messages, counts), image_tokens=counts, images=inputs)
 
     def build_from_sizes(self, messages: list[dict], sizes: list[tuple[int, int]]) -> Prompt:
-        """Token ids for images known only by (width, height); no pixels. The caller fills
-        ``embeddings`` (encoded elsewhere) before the prompt is prefilled."""
-        return Prompt(token_ids=self._token_ids(messages, [self.num_image_tokens(w, h) for w, h in sizes]))
+        """Token ids for images known only by (width, height); no pixels. A prefill fills
+        ``embeddings`` (encoded elsewhere) before the prompt is prefilled; a decode needs none."""
+        counts = [self.num_image_tokens(w, h) for w, h in sizes]
+        return Prompt(token_ids=self._token_ids(messages, counts), image_tokens=counts)
 
     def _token_ids(self, messages: list[dict], counts: list[int]) -> list[int]:
         """The rendered conversation with image i's placeholder repeated ``counts[i]`` times, tokenized."""
@@ -88,3 +112,32 @@ class PromptBuilder:
             raise PromptError(f"the chat template wrote {len(pieces) - 1} image placeholders for {len(counts)} images")
         text = pieces[0] + "".join(self.placeholder * count + piece for count, piece in zip(counts, pieces[1:]))
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _check_size(width: int, height: int) -> None:
+    if width <= 0 or height <= 0:
+        raise ValueError(f"an image must be at least 1x1 pixels, got {width}x{height}")
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def text_decoding(model_dir: str | Path, tokenizer: Any) -> TextDecoding:
+    """What an engine needs of ``tokenizer``: a detokenizer per request, and the end-of-sequence ids
+    (the generation config's, else the tokenizer's)."""
+    return TextDecoding(functools.partial(IncrementalDetokenizer, tokenizer), _eos_ids(model_dir, tokenizer))
+
+
+def _eos_ids(model_dir: str | Path, tokenizer: Any) -> frozenset[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else (eos or []))

@@ -189,7 +189,7 @@ def test_the_first_pass_knows_every_field_of_the_schema():
     from stages.api import parse, schemas
 
     pairs = ((schemas.ChatCompletionRequest, parse._Request), (schemas.ChatMessage, parse._Message),
-             (schemas.ContentPart, parse._Part), (schemas.ImageURL, parse._ImageURL),
+             (schemas.ContentPart, parse._Part), (schemas.ImageURL, parse._ImageURL), (schemas.ImageRef, parse._ImageRef),
              (schemas.StreamOptions, parse._StreamOptions))
     for model, shape in pairs:
         assert set(model.model_fields) == set(shape.__struct_fields__), model.__name__

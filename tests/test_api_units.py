@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from stages.api import routes
-from stages.api.chat import hf_messages, image_sources, load_images, sampling_params
+from stages.api.chat import ImageMode, Preparer, hf_messages, image_sources, load_images, sampling_params
 from stages.api.errors import APIError, param_name
 from stages.api.images import ImageLimits, decode_data_url, load_image, open_image
 from stages.api.routes import create_app
@@ -185,13 +185,12 @@ def test_param_names_drop_union_tags():
 
 # --- the app, against a scripted engine ---------------------------------------------------------
 class FakeEngine:
-    """The sync Engine surface ``chat.prepare`` uses: a prompt of 4 tokens + 10 per image."""
+    """The prompt builder and engine limits ``chat.Preparer`` uses: a prompt of 4 tokens + 10 per image."""
 
     max_model_len = 64
     vocab_size = 1000
 
     def __init__(self) -> None:
-        self.prompts = self
         self.built: list[tuple[list, list]] = []
 
     def build(self, messages: list[dict], images: list) -> Prompt:
@@ -240,7 +239,8 @@ class FakeAsyncEngine:
 
 
 def client_for(engine: FakeAsyncEngine, metrics: Metrics | None = None) -> TestClient:
-    app = create_app(engine, model_name=MODEL, limits=LIMITS, metrics=metrics)
+    prepare = Preparer(engine.engine, engine.engine, LIMITS, ImageMode.PIXELS)  # FakeEngine: builder and limits
+    app = create_app(engine, model_name=MODEL, prepare=prepare, metrics=metrics)
     return TestClient(app, raise_server_exceptions=False)
 
 

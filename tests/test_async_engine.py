@@ -23,6 +23,7 @@ from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
 from tests.generated_models import model_dir
 
 CRASH = "engine thread died: RuntimeError: injected engine crash"
@@ -46,13 +47,18 @@ class Hook:
 
 
 @pytest.fixture
-def engine() -> Engine:
-    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16))
+def loaded():
+    return load_engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16), pixels=True)
 
 
 @pytest.fixture
-def prompt(engine):
-    return engine.prompts.build([{"role": "user", "content": "tell me a story"}], [])
+def engine(loaded) -> Engine:
+    return loaded[0]
+
+
+@pytest.fixture
+def prompt(loaded):
+    return loaded[1].build([{"role": "user", "content": "tell me a story"}], [])
 
 
 async def collect(outputs) -> list[RequestOutput]:
@@ -141,11 +147,12 @@ async def test_a_call_to_a_stuck_engine_times_out_at_its_deadline_and_never_runs
         await async_engine.call(lambda e: 1)
 
 
-async def test_a_call_that_runs_past_its_deadline_is_undone(engine):
+async def test_a_call_that_runs_past_its_deadline_is_undone(loaded):
     """``fn`` started before the deadline and returned after it: ``undo`` gets its result."""
+    engine, prompts = loaded
     async_engine = AsyncEngine(engine)
     async_engine.start()
-    prompt = engine.prompts.build([{"role": "user", "content": "hi"}], [])
+    prompt = prompts.build([{"role": "user", "content": "hi"}], [])
 
     def slow_reserve(e: Engine) -> list[int]:
         time.sleep(0.5)

@@ -11,6 +11,7 @@ import pytest
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
 from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
@@ -35,9 +36,9 @@ def drain(engine: Engine, limit: int = 64) -> None:
 )
 def test_prefill_here_decode_there_equals_colocated(variant, params):
     config = EngineConfig(model=str(model_dir(variant)), kv_cache_mib=16, device=DEVICE)
-    prefill, decode = Engine(config), Engine(config)
+    (prefill, prompts), (decode, _) = load_engine(config, pixels=True), load_engine(config, pixels=True)
     parts = [{"type": "image"}, {"type": "text", "text": "what is this?"}]
-    build = lambda: prefill.prompts.build([{"role": "user", "content": parts}], [random_image(80, 64, seed=5)])
+    build = lambda: prompts.build([{"role": "user", "content": parts}], [random_image(80, 64, seed=5)])
 
     colocated = prefill.add_request("colocated", build(), params)
     drain(prefill)
@@ -62,12 +63,22 @@ def test_prefill_here_decode_there_equals_colocated(variant, params):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16, device=DEVICE))
+def loaded():
+    return load_engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16, device=DEVICE), pixels=True)
 
 
-def test_a_failing_step_fails_its_requests_and_frees_their_blocks(engine, monkeypatch):
-    good = engine.prompts.build([{"role": "user", "content": "fine"}], [])
+@pytest.fixture(scope="module")
+def engine(loaded):
+    return loaded[0]
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    return loaded[1]
+
+
+def test_a_failing_step_fails_its_requests_and_frees_their_blocks(engine, prompts, monkeypatch):
+    good = prompts.build([{"role": "user", "content": "fine"}], [])
     params = SamplingParams(max_tokens=4, temperature=0.0)
     engine.add_request("first", good, params)
     engine.step()  # "first" is decoding now
@@ -86,17 +97,17 @@ def test_a_failing_step_fails_its_requests_and_frees_their_blocks(engine, monkey
     assert engine.allocator.num_used == 0
 
 
-def test_placeholders_must_match_the_images(engine):
-    prompt = engine.prompts.build([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+def test_placeholders_must_match_the_images(engine, prompts):
+    prompt = prompts.build([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
                                   [random_image(64, 64, seed=1)])
     prompt.images.clear()
-    with pytest.raises(ValueError, match="prompt has 4 image placeholder tokens but its images fill 0"):
+    with pytest.raises(ValueError, match="prompt has 1 images but 0 preprocessed images"):
         engine.add_request("broken", prompt, SamplingParams(max_tokens=4))
     assert not engine.has_work()
 
 
-def test_prefilled_request_that_ends_at_once_frees_its_blocks(engine):
-    prompt = engine.prompts.build([{"role": "user", "content": "one token"}], [])
+def test_prefilled_request_that_ends_at_once_frees_its_blocks(engine, prompts):
+    prompt = prompts.build([{"role": "user", "content": "one token"}], [])
     params = SamplingParams(max_tokens=1, temperature=0.0)
     blocks = engine.reserve_blocks(prompt, params)
     output = engine.add_prefilled("one", prompt, params, blocks, first_token=7, rope_delta=0)

@@ -17,6 +17,8 @@ from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
+from stages.prompt import PromptBuilder
 from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
@@ -25,18 +27,28 @@ MAX_STEPS = 64
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=32, device=DEVICE))
+def loaded() -> tuple[Engine, PromptBuilder]:
+    return load_engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=32, device=DEVICE), pixels=True)
+
+
+@pytest.fixture(scope="module")
+def engine(loaded) -> Engine:
+    return loaded[0]
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> PromptBuilder:
+    return loaded[1]
 
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def build(engine: Engine, i: int, with_image: bool):
+def build(prompts: PromptBuilder, i: int, with_image: bool):
     images = [random_image(32 + 16 * (i % 3), 48 + 16 * (i % 2), seed=300 + i)] if with_image else []
     parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": "tell me about " + "word " * (i + 1)}]
-    return engine.prompts.build([{"role": "user", "content": parts}], images)
+    return prompts.build([{"role": "user", "content": parts}], images)
 
 
 def run(engine: Engine, arrivals: dict[int, list[tuple[str, object, SamplingParams]]]) -> dict[str, list[RequestOutput]]:
@@ -59,13 +71,13 @@ def text(outputs: list[RequestOutput]) -> str:
     return "".join(o.text for o in outputs)
 
 
-def test_poison_requests_fail_alone_and_the_batch_keeps_its_exact_text(engine, monkeypatch):
-    normal = {f"normal-{i}": (build(engine, i, with_image=i % 2 == 1), greedy(6 + i % 4)) for i in range(8)}
+def test_poison_requests_fail_alone_and_the_batch_keeps_its_exact_text(engine, prompts, monkeypatch):
+    normal = {f"normal-{i}": (build(prompts, i, with_image=i % 2 == 1), greedy(6 + i % 4)) for i in range(8)}
     alone = {rid: run(engine, {0: [(rid, prompt, params)]})[rid] for rid, (prompt, params) in normal.items()}
-    narrow_prompt = build(engine, 20, with_image=False)
+    narrow_prompt = build(prompts, 20, with_image=False)
     narrow_alone = run(engine, {0: [("narrow-alone", narrow_prompt, greedy(6))]})["narrow-alone"]
 
-    bad_image, short_image = build(engine, 30, with_image=True), build(engine, 31, with_image=True)
+    bad_image, short_image = build(prompts, 30, with_image=True), build(prompts, 31, with_image=True)
     encode = engine.adapter.encode
 
     def faulty_encode(images):
@@ -104,14 +116,14 @@ def test_poison_requests_fail_alone_and_the_batch_keeps_its_exact_text(engine, m
     items = list(normal.items())
     arrivals = {
         0: [(rid, prompt, params) for rid, (prompt, params) in items[:4]] + [
-            ("cold", build(engine, 40, with_image=False), SamplingParams(max_tokens=8, temperature=5e-324)),
+            ("cold", build(prompts, 40, with_image=False), SamplingParams(max_tokens=8, temperature=5e-324)),
             ("bad-image", bad_image, greedy(8)),
             ("short-image", short_image, greedy(8)),
-            ("faulty-sampler", build(engine, 41, with_image=False), SamplingParams(max_tokens=8, seed=666)),
+            ("faulty-sampler", build(prompts, 41, with_image=False), SamplingParams(max_tokens=8, seed=666)),
         ],
         2: [(rid, prompt, params) for rid, (prompt, params) in items[4:]] + [
             ("narrow", narrow_prompt, SamplingParams(max_tokens=6, top_p=1e-320, ignore_eos=True)),
-            ("bad-forward", build(engine, 42, with_image=True), greedy(8)),
+            ("bad-forward", build(prompts, 42, with_image=True), greedy(8)),
         ],
     }
     outputs = run(engine, arrivals)
@@ -149,8 +161,8 @@ def assert_no_trace(engine: Engine) -> None:
     assert not engine.has_work() and engine._tracked == {} and engine.allocator.num_used == 0
 
 
-def test_admission_that_fails_half_way_leaves_no_trace(engine, monkeypatch):
-    prompt = build(engine, 1, with_image=False)
+def test_admission_that_fails_half_way_leaves_no_trace(engine, prompts, monkeypatch):
+    prompt = build(prompts, 1, with_image=False)
 
     def no_generator(seed, device):
         raise RuntimeError("injected generator failure")
@@ -167,8 +179,8 @@ def test_admission_that_fails_half_way_leaves_no_trace(engine, monkeypatch):
     assert text(run(engine, {0: [("half-way", prompt, greedy(4))]})["half-way"])  # the id is free again
 
 
-def test_add_prefilled_refuses_what_it_cannot_decode_and_frees_the_blocks(engine):
-    prompt, params = build(engine, 2, with_image=False), greedy(4)
+def test_add_prefilled_refuses_what_it_cannot_decode_and_frees_the_blocks(engine, prompts):
+    prompt, params = build(prompts, 2, with_image=False), greedy(4)
     cases = [
         (dict(first_token=-1), "first token -1 is not in this model's vocabulary"),
         (dict(first_token=engine.vocab_size), f"first token {engine.vocab_size} is not in this model's vocabulary"),
@@ -184,8 +196,8 @@ def test_add_prefilled_refuses_what_it_cannot_decode_and_frees_the_blocks(engine
         assert_no_trace(engine)
 
 
-def test_a_duplicate_id_is_refused_and_the_first_request_goes_on(engine):
-    prompt, params = build(engine, 3, with_image=False), greedy(5)
+def test_a_duplicate_id_is_refused_and_the_first_request_goes_on(engine, prompts):
+    prompt, params = build(prompts, 3, with_image=False), greedy(5)
     alone = text(run(engine, {0: [("dup", prompt, params)]})["dup"])
     first = engine.add_request("dup", prompt, params)
     with pytest.raises(ValueError, match="request id 'dup' is already in use"):
@@ -198,8 +210,8 @@ def test_a_duplicate_id_is_refused_and_the_first_request_goes_on(engine):
     assert_no_trace(engine)
 
 
-def test_reserve_blocks_that_can_never_fit_allocates_nothing(engine):
-    prompt = build(engine, 4, with_image=False)
+def test_reserve_blocks_that_can_never_fit_allocates_nothing(engine, prompts):
+    prompt = build(prompts, 4, with_image=False)
     with pytest.raises(ValueError, match="maximum context length"):
         engine.reserve_blocks(prompt, greedy(engine.max_model_len))
     assert_no_trace(engine)

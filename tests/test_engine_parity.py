@@ -11,6 +11,7 @@ import pytest
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
 from tests.devices import DEVICE, assert_same_or_near_tie, on_gpu
 from tests.generated_models import VARIANTS, model_dir
 from tests.hf_reference import hf_greedy, hf_inputs, load_reference, random_image
@@ -43,16 +44,16 @@ def run_alone(engine: Engine, request_id: str, prompt, params) -> list[int]:
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def engine_and_reference(request):
     path = model_dir(request.param)
-    engine = Engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE))
-    return engine, load_reference(path)
+    engine, prompts = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE), pixels=True)
+    return engine, prompts, load_reference(path)
 
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 def test_greedy_matches_generate(engine_and_reference, conversation):
-    engine, reference = engine_and_reference
+    engine, builder, reference = engine_and_reference
     parts, sizes = CONVERSATIONS[conversation]
     images = [random_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
-    prompt = engine.prompts.build([{"role": "user", "content": parts}], images)
+    prompt = builder.build([{"role": "user", "content": parts}], images)
     expected = hf_greedy(reference, prompt, engine.adapter.image_token_id, STEPS)
     # both stop at the end-of-sequence token (min_new_tokens would make generate() skip it instead)
     params = SamplingParams(max_tokens=STEPS, temperature=0.0)
@@ -61,12 +62,12 @@ def test_greedy_matches_generate(engine_and_reference, conversation):
 
 
 def test_sixteen_batched_requests_match_one_at_a_time(engine_and_reference):
-    engine, reference = engine_and_reference
+    engine, builder, reference = engine_and_reference
     prompts, params = [], []
     for i in range(16):
         images = [random_image(32 + 16 * ((i + k) % 5), 48 + 16 * (i % 4), seed=100 + i + k) for k in range(i % 3)]
         parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": "word " * (3 * i + 1)}]
-        prompts.append(lambda parts=parts, images=images: engine.prompts.build([{"role": "user", "content": parts}], images))
+        prompts.append(lambda parts=parts, images=images: builder.build([{"role": "user", "content": parts}], images))
         params.append(greedy(6 + i % 5))
     alone = [run_alone(engine, f"alone-{i}", build(), p) for i, (build, p) in enumerate(zip(prompts, params))]
     batched = [engine.add_request(f"batch-{i}", build(), p) for i, (build, p) in enumerate(zip(prompts, params))]

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from transformers import AutoImageProcessor, AutoTokenizer
 
 from stages.cli import free_port
 from stages.engine.models import load_adapter
@@ -56,8 +55,8 @@ def pair(request, tmp_path_factory):
 def reference(pair):
     path = pair[0]
     adapter = load_adapter(path, torch.float32, "sdpa")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return adapter, tokenizer, PromptBuilder(tokenizer, AutoImageProcessor.from_pretrained(path), adapter)
+    prompts = PromptBuilder.load(path, adapter)
+    return adapter, prompts.tokenizer, prompts
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

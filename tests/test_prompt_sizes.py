@@ -28,8 +28,18 @@ def builder(request) -> PromptBuilder:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_count_from_size_matches_the_processor(builder, size):
-    assert builder.num_image_tokens(*size) == builder.preprocess(solid(*size)).num_tokens
+def test_count_and_grid_from_size_match_the_processor(builder, size):
+    processed = builder.preprocess(solid(*size))
+    assert builder.num_image_tokens(*size) == processed.num_tokens
+    assert builder.image_grid(*size) == processed.grid_thw  # None for LLaVA; (1, h, w) patches for Qwen
+
+
+def test_a_sizes_only_builder_holds_no_image_processor(builder):
+    sizes_only = PromptBuilder.load(builder.adapter.config._name_or_path, builder.adapter, pixels=False)
+    assert sizes_only.image_processor is None
+    assert sizes_only.num_image_tokens(97, 131) == builder.num_image_tokens(97, 131)
+    with pytest.raises(RuntimeError, match="loaded without an image processor"):
+        sizes_only.preprocess(solid(8, 8))
 
 
 @pytest.mark.parametrize("size", REFUSED, ids=lambda s: f"{s[0]}x{s[1]}")

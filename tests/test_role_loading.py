@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine
 from stages.engine.models import load_adapter
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from tests.generated_models import VARIANTS, model_dir
 from tests.hf_reference import hf_greedy, load_reference, random_image
@@ -82,14 +82,15 @@ def test_unknown_parts_are_refused():
 def test_text_only_engine_matches_generate(variant, num_images):
     """Prefill/decode role: a text-only engine; images (if any) encoded by the vision-only adapter."""
     path, _, vision = variant
-    engine = Engine(EngineConfig(model=str(path), kv_cache_mib=16, parts=("text",)))
+    engine, prompts = load_engine(EngineConfig(model=str(path), kv_cache_mib=16, parts=("text",)), pixels=False)
     assert engine.adapter.num_parameters < load_reference(path).num_parameters()
+    assert prompts.image_processor is None  # a text-only stage builds prompts from sizes, never from pixels
     images = [random_image(64 + 32 * i, 48, seed=10 + i) for i in range(num_images)]
     parts = [{"type": "image"}] * num_images + [{"type": "text", "text": "Hello there, what is this?"}]
-    reference_prompt = engine.prompts.build([{"role": "user", "content": parts}], images)
+    reference_prompt = PromptBuilder.load(path, vision).build([{"role": "user", "content": parts}], images)
     expected = hf_greedy(load_reference(path), reference_prompt, engine.adapter.image_token_id, STEPS)
 
-    prompt = engine.prompts.build_from_sizes([{"role": "user", "content": parts}], [im.size for im in images])
+    prompt = prompts.build_from_sizes([{"role": "user", "content": parts}], [im.size for im in images])
     prompt.embeddings = vision.encode(reference_prompt.images)
     request = engine.add_request("r", prompt, SamplingParams(max_tokens=STEPS, temperature=0.0))
     for _ in range(STEPS + 2):

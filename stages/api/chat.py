@@ -1,24 +1,63 @@
-"""From an OpenAI chat request to what the engine runs: HF chat-template messages and PIL images
-(in the order the template writes their placeholders), a ``Prompt`` and ``SamplingParams``."""
+"""From an OpenAI chat request to what the engine runs: HF chat-template messages, a ``Prompt`` and
+``SamplingParams``.
+
+A server takes images one way (``ImageMode``), set by its role:
+
+    PIXELS  image_url parts, decoded and preprocessed here (colocated; prefill in PD mode)
+    SIZES   image_url parts, read for their size from the file header only (decode in PD mode)
+    REFS    image_ref parts ``{key, width, height}`` (prefill and decode in EPD mode, --redis-url)
+
+The other kind of image part gets 400 naming the part. In SIZES and REFS modes the prompt is built
+from sizes (``PromptBuilder.build_from_sizes``) and no pixel is touched; an EPD prefill then fills
+the embeddings from the cache (``stages.disagg.embeddings``).
+"""
 
 from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 from PIL import Image
 
 from stages.api.errors import bad_request
-from stages.api.images import ImageLimits, load_image
-from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest
-from stages.engine.engine import Engine
+from stages.api.images import ImageLimits, check_size, image_size, load_image
+from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 
 
-def image_sources(request: ChatCompletionRequest) -> list[tuple[str, str]]:
-    """Every image part's URL and its ``param`` path, in conversation order."""
-    return [(part.url, f"messages[{i}].content[{j}].image_url")
+class ImageMode(str, enum.Enum):
+    PIXELS = "pixels"
+    SIZES = "sizes"
+    REFS = "refs"
+
+
+class EngineLimits(Protocol):
+    """What preparing a request needs of the engine (``AsyncEngine`` has it)."""
+
+    max_model_len: int
+    vocab_size: int
+
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> None: ...
+
+
+def image_parts(request: ChatCompletionRequest) -> list[tuple[Any, str]]:
+    """Every image part (image_url or image_ref) and its ``param`` path, in conversation order."""
+    return [(part, f"messages[{i}].content[{j}]")
             for i, message in enumerate(request.messages) if isinstance(message.content, list)
-            for j, part in enumerate(message.content) if part.type == "image_url"]
+            for j, part in enumerate(message.content) if part.type != "text"]
+
+
+def image_sources(request: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """Every image_url part's URL and its ``param`` path, in conversation order."""
+    return [(part.url, f"{param}.image_url") for part, param in image_parts(request) if part.type == "image_url"]
+
+
+def image_refs(request: ChatCompletionRequest) -> list[tuple[ImageRef, str]]:
+    """Every image_ref part's reference and its ``param`` path, in conversation order."""
+    return [(part.image_ref, f"{param}.image_ref") for part, param in image_parts(request) if part.type == "image_ref"]
 
 
 def hf_messages(request: ChatCompletionRequest) -> list[dict]:
@@ -35,11 +74,40 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
 
 def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[Image.Image]:
     """Decode every image, after checking how many there are (before decoding any)."""
-    sources = image_sources(request)
-    if len(sources) > limits.max_images:
-        raise bad_request(f"The request has {len(sources)} images; this server accepts at most "
+    check_images(request, limits, ImageMode.PIXELS)
+    return [load_image(url, limits, param) for url, param in image_sources(request)]
+
+
+def image_sizes(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> list[tuple[int, int]]:
+    """(width, height) of every image without decoding pixels: from the file header (SIZES) or from
+    the reference (REFS). Checks the count and kinds first, and each size against the limits."""
+    check_images(request, limits, mode)
+    if mode is ImageMode.SIZES:
+        return [image_size(url, limits, param) for url, param in image_sources(request)]
+    sizes = []
+    for ref, param in image_refs(request):
+        check_size(ref.width, ref.height, limits, param)
+        sizes.append((ref.width, ref.height))
+    return sizes
+
+
+def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> None:
+    """400 if there are more images than ``--max-images-per-request``, or an image part of the kind
+    this server does not take (named by its param)."""
+    parts = image_parts(request)
+    if len(parts) > limits.max_images:
+        raise bad_request(f"The request has {len(parts)} images; this server accepts at most "
                           f"{limits.max_images} per request.", "messages", "too_many_images")
-    return [load_image(url, limits, param) for url, param in sources]
+    wanted = "image_ref" if mode is ImageMode.REFS else "image_url"
+    for part, param in parts:
+        if part.type != wanted and wanted == "image_ref":
+            raise bad_request("This server runs in EPD mode (--redis-url): it takes images only as image_ref parts "
+                              '({"key", "width", "height"}) of images sent to an encoder, not as pixels.',
+                              param, "image_url_not_supported")
+        if part.type != wanted:
+            raise bad_request("image_ref parts are taken only by prefill and decode servers started with "
+                              "--redis-url (EPD mode); send the image itself as an image_url data: URL.",
+                              param, "image_ref_not_supported")
 
 
 def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,
@@ -65,19 +133,33 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
         raise bad_request(str(exc)) from None
 
 
-def prepare(engine: Engine, request: ChatCompletionRequest, limits: ImageLimits) -> tuple[Prompt, SamplingParams]:
-    """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
-    tokenization); run it off the event loop. Raises APIError for anything the client got wrong."""
-    images = load_images(request, limits)
-    try:
-        prompt = engine.prompts.build(hf_messages(request), images)
-    except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
-        raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages") from None
-    params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
-    try:
-        engine.check_request(prompt, params)
-    except ValueError as exc:
-        too_long = len(prompt.token_ids) + params.max_tokens > engine.max_model_len
-        raise bad_request(str(exc), "messages" if too_long else "max_tokens",
-                          "context_length_exceeded" if too_long else None) from None
-    return prompt, params
+@dataclass(frozen=True)
+class Preparer:
+    """A server's way from a request body to (prompt, sampling parameters): its prompt builder
+    (``stages.prompt.PromptBuilder``: ``build`` for PIXELS, ``build_from_sizes`` otherwise), its
+    engine's limits, its image limits and how it takes images."""
+
+    prompts: Any
+    engine: EngineLimits
+    limits: ImageLimits
+    mode: ImageMode
+
+    def __call__(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
+        """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
+        tokenization); run it off the event loop. Raises APIError for anything the client got wrong."""
+        engine, messages = self.engine, hf_messages(request)
+        try:
+            if self.mode is ImageMode.PIXELS:
+                prompt = self.prompts.build(messages, load_images(request, self.limits))
+            else:
+                prompt = self.prompts.build_from_sizes(messages, image_sizes(request, self.limits, self.mode))
+        except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
+            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages") from None
+        params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
+        try:
+            engine.check_request(prompt, params)
+        except ValueError as exc:
+            too_long = len(prompt.token_ids) + params.max_tokens > engine.max_model_len
+            raise bad_request(str(exc), "messages" if too_long else "max_tokens",
+                              "context_length_exceeded" if too_long else None) from None
+        return prompt, params

@@ -68,6 +68,33 @@ def load_image(url: str, limits: ImageLimits, param: str | None = None) -> Image
     return open_image(decode_data_url(url, limits, param), limits, param)
 
 
+def image_size(url: str, limits: ImageLimits, param: str | None = None) -> tuple[int, int]:
+    """(width, height) of a ``data:`` URL's image from its header alone: no pixel is decoded (a
+    decode server needs only the size). Same limits and errors as ``load_image``, except that a
+    file whose pixel data is broken past its header is not noticed here."""
+    data = decode_data_url(url, limits, param)
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            width, height = image.size
+    except Image.DecompressionBombError:
+        raise too_large(f"The image is too large to decode safely (limit {limits.max_pixels} pixels).", param,
+                        "image_too_large") from None
+    except UnidentifiedImageError:
+        raise bad_request("The image data is not an image in a supported format.", param, "invalid_image") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise bad_request(f"The image could not be decoded: {exc}", param, "invalid_image") from None
+    check_size(width, height, limits, param)
+    return width, height
+
+
+def check_size(width: int, height: int, limits: ImageLimits, param: str | None = None) -> None:
+    """An image's size within ``--max-image-pixels`` and not empty; APIError 413 or 400."""
+    if width * height > limits.max_pixels:
+        raise _over_pixels(width, height, limits, param)
+    if width <= 0 or height <= 0:
+        raise bad_request("The image is empty.", param, "invalid_image")
+
+
 def _over_bytes(size: int, limits: ImageLimits, param: str | None) -> APIError:
     return too_large(f"The image is {size} bytes; this server accepts at most {limits.max_bytes} bytes per image.",
                      param, "image_too_large")

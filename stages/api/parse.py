@@ -33,10 +33,17 @@ class _ImageURL(Struct, gc=False):
     detail: Scalar | UnsetType = UNSET
 
 
+class _ImageRef(Struct, gc=False):
+    key: Scalar | UnsetType = UNSET
+    width: Scalar | UnsetType = UNSET
+    height: Scalar | UnsetType = UNSET
+
+
 class _Part(Struct, gc=False):
     type: Scalar | UnsetType = UNSET
     text: Scalar | UnsetType = UNSET
     image_url: _ImageURL | Scalar | UnsetType = UNSET
+    image_ref: _ImageRef | Scalar | UnsetType = UNSET
 
 
 class _Message(Struct, gc=False):

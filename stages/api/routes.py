@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import read_body
-from stages.api.chat import prepare
+from stages.api.chat import Preparer
 from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, unhealthy
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
@@ -34,7 +34,6 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
-from stages.config import ImageLimits
 from stages.faults import Faults
 from stages.metrics import Metrics, RequestTimer
 from stages.supervisor import Supervisor
@@ -44,12 +43,13 @@ Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], AsyncI
 LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
 
 
-def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = ImageLimits(),
+def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
-    passes a ``lifespan`` that does. ``generate`` produces a request's outputs (default: the engine
+    passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
+    parameters (on a worker thread; ``stages.api.chat``). ``generate`` produces a request's outputs (default: the engine
     runs it whole); prefill and decode servers pass their room coordinator's instead.
 
     Admission: at most ``max_in_flight`` chat requests are held at once (from arrival until their
@@ -105,7 +105,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, limits: ImageLimits = Im
                            param="model", code="model_not_found")
         if not engine.alive:
             raise engine_unavailable()
-        prompt, params = await run_in_threadpool(prepare, engine.engine, body, limits)
+        prompt, params = await run_in_threadpool(prepare, body)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer)
         try:
             outputs = _guarded(engine, generate(call.id, prompt, params, body))

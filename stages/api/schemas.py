@@ -22,6 +22,7 @@ MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 ROOM_MAX = 2**63 - 1
 MAX_HOST_CHARS = 255  # a DNS name's limit
+MAX_IMAGE_SIDE = 2**31 - 1  # an image_ref's width or height (its pixel count is bounded by --max-image-pixels)
 
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -50,17 +51,37 @@ class ImageURL(_RequestModel):
     detail: str | None = Field(None, description="Accepted and ignored.")
 
 
+class ImageRef(_RequestModel):
+    """An image already encoded into the embedding cache (EPD mode): its key and its size."""
+
+    key: str = Field(pattern=r"^[0-9a-f]{64}$", description="The image's cache key: cache.keys.image_key(file bytes, "
+                     "the encoder's vision_fingerprint from its /server_info), 64 lowercase hex digits.")
+    width: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE), AsInteger] = Field(
+        description="The image's width in pixels, as in its file header (it sets the prompt's placeholder count).")
+    height: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE), AsInteger] = Field(
+        description="The image's height in pixels. width x height counts against --max-image-pixels (413).")
+
+
 class ContentPart(_RequestModel):
-    """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": ...} | "..."}``."""
+    """``{"type": "text", "text": ...}``, ``{"type": "image_url", "image_url": {"url": ...} | "..."}``, or
+    (prefill and decode servers started with --redis-url only) ``{"type": "image_ref", "image_ref":
+    {"key", "width", "height"}}``."""
 
     model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
         {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["text"]},
         {"properties": {"type": {"const": "image_url"}, "image_url": {"not": {"type": "null"}}},
-         "required": ["image_url"]}]})
-    type: Literal["text", "image_url"]
+         "required": ["image_url"]},
+        {"properties": {"type": {"const": "image_ref"}, "image_ref": {"not": {"type": "null"}}},
+         "required": ["image_ref"]}]})
+    type: Literal["text", "image_url", "image_ref"]
     text: str | None = Field(None, description="Required when type is text.")
     image_url: ImageURL | str | None = Field(None, description="Required when type is image_url: an object with "
-                                             "a data: URL, or the URL itself.")
+                                             "a data: URL, or the URL itself. Colocated servers, and prefill and "
+                                             "decode servers without --redis-url (PD mode).")
+    image_ref: ImageRef | None = Field(None, description="Required when type is image_ref: EPD mode (prefill and "
+                                       "decode servers started with --redis-url), which take images only this way. "
+                                       "The prefill reads the embedding from the cache (waiting for an encode in "
+                                       "flight); a key neither cached nor being encoded is refused at once.")
 
     @model_validator(mode="after")
     def _field_for_type(self) -> ContentPart:
@@ -68,6 +89,8 @@ class ContentPart(_RequestModel):
             raise ValueError("a text part needs a 'text' field")
         if self.type == "image_url" and self.image_url is None:
             raise ValueError("an image_url part needs an 'image_url' field")
+        if self.type == "image_ref" and self.image_ref is None:
+            raise ValueError("an image_ref part needs an 'image_ref' field")
         return self
 
     @property
@@ -79,7 +102,9 @@ class ChatMessage(_RequestModel):
     role: Literal["system", "user", "assistant"]
     content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = Field(
         None, description=f"Text, or at most {MAX_CONTENT_PARTS} text and image parts. Images count against the "
-        "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413).")
+        "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413). "
+        "A server takes one kind of image part: image_url (colocated, PD mode) or image_ref (EPD mode); the "
+        "other kind gets 400 image_url_not_supported / image_ref_not_supported.")
 
 
 class StreamOptions(_RequestModel):

@@ -8,6 +8,13 @@ written into the decode's blocks by the transfer backend (on a worker thread), f
 decode is sent ``KVReady`` (first token, rope delta). Every room ends with exactly one answer to
 the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP request.
 
+Inputs (EPD mode): ``prefill`` may take an ``inputs`` coroutine (the room's image embeddings, read
+from the cache: ``stages.disagg.embeddings``). It starts at once, beside the pairing; the paired
+room awaits it before its request enters the engine, so a room whose inputs are not ready never
+holds up the engine's other requests. If it fails, the room fails with its error on both halves:
+at once if the room is paired (``KVFailed`` with that reason), and if not yet, the room is closed
+with that reason, so the decode's ``KVRequest`` is refused with it when it comes.
+
 An ``Abort`` from the decode stops a room that has not been prefilled yet; a write already in
 flight is finished first, so ``KVFailed`` is only sent once nothing more can land in the
 decode's blocks (the decode may then reuse them).
@@ -24,7 +31,9 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
@@ -60,7 +69,12 @@ class PrefillResult:
 class _Local:
     prompt: Prompt
     params: SamplingParams
+    inputs: asyncio.Task | None = None  # EPD: fills prompt.embeddings; awaited before the forward pass
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def stop_inputs(self) -> None:
+        if self.inputs is not None and not self.inputs.done():
+            self.inputs.cancel()
 
 
 class PrefillCoordinator:
@@ -97,17 +111,22 @@ class PrefillCoordinator:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         await self.server.close()
 
-    async def prefill(self, room: int, prompt: Prompt, params: SamplingParams) -> PrefillResult:
-        """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError."""
-        local = _Local(prompt, params)
+    async def prefill(self, room: int, prompt: Prompt, params: SamplingParams,
+                      inputs: Coroutine[Any, Any, None] | None = None) -> PrefillResult:
+        """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError.
+        ``inputs`` (EPD): completes the prompt (its embeddings); run at once, awaited before the forward."""
+        local = _Local(prompt, params, asyncio.ensure_future(inputs) if inputs is not None else None)
         # the HTTP side may stop waiting (timeout, client gone); its result is then read by nobody
         local.result.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             entry = self.table.add_local(room, local, time.monotonic())
         except (DuplicateRoom, RoomClosed) as exc:
+            local.stop_inputs()
             raise conflict(f"bootstrap room {room}: {exc}") from exc
         if entry is not None:
             self._start(entry)
+        elif local.inputs is not None:
+            local.inputs.add_done_callback(lambda done: self._inputs_done_unpaired(room, local, done))
         deadline = self.config.pair_timeout_s + self.config.prefill_timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(local.result), deadline)
@@ -139,19 +158,37 @@ class PrefillCoordinator:
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             for entry in self.table.expire(time.monotonic(), self.config.pair_timeout_s):
+                if entry.local is not None:
+                    entry.local.stop_inputs()
                 reason = entry.state.reason
                 if entry.remote is not None:
                     await self.server.send_failed(entry.room, reason)
                 if entry.local is not None and not entry.local.result.done():
                     entry.local.result.set_exception(timed_out(f"bootstrap room {entry.room}: {reason}"))
 
+    def _inputs_done_unpaired(self, room: int, local: _Local, done: asyncio.Task) -> None:
+        """A room's inputs ended before it was paired: if they failed, close the room with their error
+        now (the decode's KV request is refused with it when it comes; the HTTP half gets it)."""
+        if done.cancelled() or done.exception() is None or room in self._running:
+            return
+        entry = self.table.get(room)
+        if entry is None or entry.local is not local:
+            return
+        error = _room_error(room, done.exception())  # type: ignore[arg-type]
+        log.warning("room %d failed before pairing: %s", room, error)
+        self.table.remove(room, str(error))
+        if not local.result.done():
+            local.result.set_exception(error)
+
     async def _abort(self, room: int, reason: str) -> None:
         """Stop a room wherever it is. Paired rooms stop at their next safe point (see ``_run``)."""
+        entry = self.table.get(room)
+        if entry is not None and entry.local is not None:
+            entry.local.stop_inputs()
         if room in self._running:
             self._aborted.setdefault(room, reason)
             self.engine.abort(_request_id(room))
             return
-        entry = self.table.get(room)
         if entry is None:
             return
         self.table.remove(room, reason)
@@ -171,6 +208,8 @@ class PrefillCoordinator:
         blocks: list[int] = []
         try:
             self._check_pair(room, local, remote)
+            if local.inputs is not None:
+                await self._inputs(room, local.inputs)
             if self.faults.take("prefill.exit_before_forward"):
                 os._exit(EXIT_CODE)
             last = await self._forward(room, local)
@@ -194,12 +233,22 @@ class PrefillCoordinator:
         except Exception as exc:
             await self._fail(room, local, exc)
         finally:
+            local.stop_inputs()
             if blocks:
                 await self._free(room, blocks)
             self._running.pop(room, None)
             self._aborted.pop(room, None)
             if self.table.get(room) is not None:
                 self.table.remove(room)
+
+    async def _inputs(self, room: int, inputs: asyncio.Task) -> None:
+        """Wait for the room's inputs; raise their error, or the abort that stopped them."""
+        await asyncio.wait({inputs})
+        if room in self._aborted:
+            raise bad_gateway(self._aborted[room])
+        if inputs.cancelled():
+            raise internal(f"bootstrap room {room}: its image inputs were cancelled")
+        inputs.result()
 
     async def _forward(self, room: int, local: _Local) -> RequestOutput:
         """Run the room's prompt through the engine as a hand-off request; the last output holds its blocks."""

@@ -1,4 +1,5 @@
-"""Start-up shared by the prefill and decode servers: the engine, the transfer backend, the fingerprint."""
+"""Start-up shared by the prefill and decode servers: the engine and its prompt builder, the transfer
+backend, the fingerprint."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
+from stages.loading import load_engine
+from stages.prompt import PromptBuilder
 from transfer.base import TransferBackend, TransferConfig
 from transfer.messages import Fingerprint, model_identity
 from transfer.registry import create_backend
@@ -17,6 +20,7 @@ class StageRuntime:
     """What a prefill or decode process owns for its whole life. ``close()`` releases it in order."""
 
     engine: AsyncEngine
+    prompts: PromptBuilder
     backend: TransferBackend
     fingerprint: Fingerprint
 
@@ -25,14 +29,15 @@ class StageRuntime:
         self.backend.release()  # after the engine stops: the pool stays allocated until then
 
 
-def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: TransferConfig,
+def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: TransferConfig, *, pixels: bool,
                   on_step=None, before_step=None) -> StageRuntime:
-    """Load the model, allocate the KV pool, register it once with the transfer backend.
-    ``on_step`` and ``before_step`` are the ``AsyncEngine``'s hooks."""
-    engine = Engine(engine_config)
+    """Load the model and its prompt builder (``pixels``: see ``stages.loading``), allocate the KV
+    pool, register it once with the transfer backend. ``on_step`` and ``before_step`` are the
+    ``AsyncEngine``'s hooks."""
+    engine, prompts = load_engine(engine_config, pixels=pixels)
     backend = create_backend(transfer, transfer_config)
     backend.register(engine.pool.data_ptr, engine.pool.nbytes)
-    return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=before_step), backend,
+    return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=before_step), prompts, backend,
                         fingerprint(engine, transfer))
 
 

@@ -5,6 +5,11 @@ Both servers take the usual chat body plus ``bootstrap_host``, ``bootstrap_port`
 them directly, sending the same body to both in either order or at once. The decode answers the
 client (stream or not). The prefill answers once its part is done: a ``chat.completion`` whose
 content is the first token and whose ``finish_reason`` is ``length``. Both add ``GET /server_info``.
+
+Images (``stages.loading``, ``stages.api.chat.ImageMode``): in PD mode the prefill takes pixels and
+encodes them, the decode reads only each image's size from its header. In EPD mode (``--redis-url``)
+both take ``image_ref`` parts and load only the language model; the prefill reads the embeddings
+from the cache (``stages.disagg.embeddings``) while its room pairs, the decode needs only the sizes.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from stages.api.chat import ImageMode, Preparer, image_refs
 from stages.api.errors import APIError, bad_request
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.decode_side import DecodeCoordinator
+from stages.disagg.embeddings import EmbeddingShape, ImageInputs
 from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.runtime import start_runtime
@@ -42,12 +49,15 @@ def _api_error(exc: DisaggError) -> APIError:
                     type="server_error" if exc.status >= 500 else None)
 
 
-def prefill_generate(coordinator: PrefillCoordinator):
+def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None):
+    """``inputs``: EPD mode, where the prompt's embeddings come from the cache by reference."""
+
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
                        body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
         room, _, _ = _room(body)
+        fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
         try:
-            result = await coordinator.prefill(room, prompt, params)
+            result = await coordinator.prefill(room, prompt, params, fill)
         except DisaggError as exc:
             raise _api_error(exc) from exc
         yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
@@ -74,18 +84,25 @@ def build(config: ServerConfig) -> FastAPI:
     lifespan starts the coordinator and the engine thread, and stops them in reverse order."""
     from stages.api.routes import create_app
     from stages.metrics import Metrics
+    from stages.resources import model_info
 
     disagg = config.disagg
     assert disagg is not None  # ServerConfig guarantees it for these roles
     metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
-    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, on_step=metrics.observe_step,
-                            before_step=engine_hook(faults))
+    mode = ImageMode.REFS if disagg.epd else ImageMode.PIXELS if config.role == "prefill" else ImageMode.SIZES
+    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=mode is ImageMode.PIXELS,
+                            on_step=metrics.observe_step, before_step=engine_hook(faults))
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
+    cache = _open_cache(config, metrics) if config.role == "prefill" and disagg.epd else None
     coordinator: PrefillCoordinator | DecodeCoordinator
     if config.role == "prefill":
         coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
                                          supervisor=supervisor, faults=faults)
-        generate = prefill_generate(coordinator)
+        adapter = runtime.prompts.adapter
+        inputs = None if cache is None else ImageInputs(
+            cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers), runtime.prompts,
+            disagg.embedding_timeout_s)
+        generate = prefill_generate(coordinator, inputs)
     else:
         coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
                                         supervisor=supervisor, faults=faults)
@@ -100,9 +117,12 @@ def build(config: ServerConfig) -> FastAPI:
         finally:
             await supervisor.stop()
             await coordinator.close()
+            if cache is not None:
+                await cache.aclose()
             runtime.close()
 
-    app = create_app(runtime.engine, model_name=config.model_name, limits=config.limits, metrics=metrics,
+    prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode)
+    app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare, metrics=metrics,
                      generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults)
 
@@ -117,7 +137,10 @@ def build(config: ServerConfig) -> FastAPI:
             "fingerprint": dataclasses.asdict(runtime.fingerprint),
             "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
             "transfer": dataclasses.asdict(runtime.backend.stats),
+            **model_info(runtime.prompts.adapter, mode.value),
         }
+        if disagg.cache is not None:
+            info["redis_url"] = disagg.cache.safe_url
         if isinstance(coordinator, PrefillCoordinator):
             info["bootstrap"] = {"host": disagg.bootstrap_host, "port": coordinator.bootstrap_port}
         else:
@@ -127,3 +150,14 @@ def build(config: ServerConfig) -> FastAPI:
         return info
 
     return app
+
+
+def _open_cache(config: ServerConfig, metrics):  # type: ignore[no-untyped-def]
+    """An EPD prefill's embedding cache (connects on first use), its ``epd_cache_*`` series on ``metrics``."""
+    from cache.metrics import register_cache_metrics
+    from cache.store import EmbeddingCache
+
+    assert config.disagg is not None and config.disagg.cache is not None
+    cache = EmbeddingCache(config.disagg.cache)
+    register_cache_metrics(metrics.registry, cache.stats)
+    return cache

@@ -99,6 +99,19 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._ended is None
 
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
+        """``Engine.check_request`` from any thread: it reads only what never changes after loading.
+        ValueError (a message for the client) if the request can never run here."""
+        self.engine.check_request(prompt, params)
+
     def stats(self) -> EngineStats:
         allocator = self.engine.allocator
         return EngineStats(self.engine.scheduler.num_waiting, self.engine.scheduler.num_running,

@@ -24,12 +24,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoImageProcessor, AutoTokenizer, GenerationConfig
 
 from stages.engine.attention import ATTENTION_NAME
 from stages.engine.block_allocator import BlockAllocator
 from stages.engine.config import EngineConfig
-from stages.engine.detokenizer import IncrementalDetokenizer
+from stages.engine.detokenizer import Detokenizer, TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
@@ -39,7 +38,6 @@ from stages.engine.runner import ModelRunner
 from stages.engine.sampler import SamplingError, make_generator, sample
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import Scheduler
-from stages.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +65,21 @@ class RequestOutput:
 class _Tracked:
     """Per-request state the engine keeps beside the scheduler's ``Request``."""
 
-    detokenizer: IncrementalDetokenizer
+    detokenizer: Detokenizer
     generator: torch.Generator
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, decoding: TextDecoding) -> None:
+        """Load ``config.parts`` of the model and allocate the KV pool. Prompts arrive as token ids
+        (built beside the engine, see ``stages.loading``); ``decoding`` turns output ids into text."""
         self.device = config.torch_device  # ValueError naming --device if that GPU is not there
         if self.device.type == "cpu":
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.config = config
         self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME, config.parts, self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
-        self.prompts = PromptBuilder(self.tokenizer, AutoImageProcessor.from_pretrained(config.model), self.adapter)
+        self.decoding = decoding
         text = self.adapter.text_config
         self.max_model_len = config.max_model_len or text.max_position_embeddings
         self.vocab_size = self.adapter.lm_head.out_features
@@ -96,7 +95,6 @@ class Engine:
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batched_tokens)
         self.runner = ModelRunner(self.adapter, self.pool)
-        self.eos_token_ids = _eos_ids(config.model, self.tokenizer)
         self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
 
     # --- admission (all-or-nothing) ----------------------------------------------------------
@@ -109,11 +107,7 @@ class Engine:
                 f"{total} tokens ({len(prompt.token_ids)} in the messages, {params.max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
-        placeholders = prompt.token_ids.count(self.adapter.image_token_id)
-        filled = sum(e.num_tokens for e in prompt.embeddings) if prompt.embeddings is not None else sum(
-            im.num_tokens for im in prompt.images)
-        if placeholders != filled:
-            raise ValueError(f"prompt has {placeholders} image placeholder tokens but its images fill {filled}")
+        prompt.check_images(self.adapter.image_token_id, prefill=False)
         self.scheduler.check_fits(Request("check", prompt, params))
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
@@ -122,6 +116,7 @@ class Engine:
         Raises ValueError, changing nothing, if the request can never run or its id is in use."""
         self._check_new_id(request_id)
         self.check_request(prompt, params)
+        prompt.check_images(self.adapter.image_token_id, prefill=True)
         request = Request(request_id, prompt, params, hand_off=hand_off)
         tracked = self._new_tracked(request)
         self.scheduler.add(request)
@@ -196,11 +191,11 @@ class Engine:
 
     def _new_tracked(self, request: Request) -> _Tracked:
         params = request.params
-        return _Tracked(IncrementalDetokenizer(self.tokenizer, params.stop), make_generator(params.seed, self.device))
+        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed, self.device))
 
     def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
         """Give the requests that came with pixels their embeddings; record those that fail."""
-        pending = [r for r in requests if r.prompt.embeddings is None]
+        pending = [r for r in requests if r.prompt.embeddings is None and r.prompt.images]
         for request, result in zip(pending, encode_prompts(self.adapter.encode, [r.prompt for r in pending])):
             if isinstance(result, str):
                 errors[request.request_id] = result
@@ -254,7 +249,7 @@ class Engine:
     def _append(self, request: Request, token: int) -> RequestOutput:
         request.output_ids.append(token)
         params = request.params
-        stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+        stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.decoding.eos_token_ids)
         visible = [] if stop_token else [token]
         detokenizer = self._tracked[request.request_id].detokenizer
         text = detokenizer.add(visible)
@@ -275,12 +270,3 @@ class Engine:
         return RequestOutput(request.request_id, text, tokens, request.finish_reason, request.prompt_len,
                              len(request.output_ids), error, request.rope_delta, request.blocks if handed else None)
 
-
-def _eos_ids(model: str, tokenizer) -> frozenset[int]:
-    try:
-        eos = GenerationConfig.from_pretrained(model).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return frozenset([eos] if isinstance(eos, int) else (eos or []))

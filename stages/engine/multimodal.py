@@ -36,18 +36,42 @@ class ImageEmbedding:
 
 @dataclass
 class Prompt:
-    """Token ids with image placeholders already expanded, and per image either pixels (to encode)
-    or embeddings (encoded elsewhere). ``image_grids`` is all prefill needs for M-RoPE positions."""
+    """Token ids with image placeholders already expanded, and what fills them.
+
+    ``image_tokens[i]``: the placeholder tokens image i fills (set by the prompt builder from the
+    pixels or from the image's size). Per image, either ``images`` (pixels, to encode in this
+    process), ``embeddings`` (encoded elsewhere), or neither (a decode server: the prompt's KV comes
+    from the prefill). ``image_grids`` is all prefill needs for M-RoPE positions."""
 
     token_ids: list[int]
+    image_tokens: list[int] = field(default_factory=list)
     images: list[ImageInput] = field(default_factory=list)
     embeddings: list[ImageEmbedding] | None = None
 
     @property
     def num_images(self) -> int:
-        return len(self.embeddings) if self.embeddings is not None else len(self.images)
+        return len(self.image_tokens)
 
     @property
     def image_grids(self) -> list[tuple[int, int, int] | None]:
         source = self.embeddings if self.embeddings is not None else self.images
         return [item.grid_thw for item in source]
+
+    def check_images(self, image_token_id: int, prefill: bool) -> None:
+        """ValueError unless the placeholders are exactly ``image_tokens`` and, for a prompt to
+        ``prefill`` here, its pixels or embeddings fill them image by image."""
+        placeholders = self.token_ids.count(image_token_id)
+        if placeholders != sum(self.image_tokens):
+            raise ValueError(f"prompt has {placeholders} image placeholder tokens but its images fill "
+                             f"{sum(self.image_tokens)}")
+        fillers = self.embeddings if self.embeddings is not None else self.images
+        if not prefill and not fillers:
+            return
+        if len(fillers) != len(self.image_tokens):
+            raise ValueError(f"prompt has {len(self.image_tokens)} images but {len(fillers)} "
+                             f"{'embeddings' if self.embeddings is not None else 'preprocessed images'}")
+        for i, (item, want) in enumerate(zip(fillers, self.image_tokens)):
+            if item.num_tokens != want:
+                raise ValueError(f"image {i} fills {want} placeholder tokens but its "
+                                 f"{'embedding has' if self.embeddings is not None else 'pixels make'} "
+                                 f"{item.num_tokens}")

@@ -8,8 +8,8 @@ family; adding a family is one adapter file registered in ``models/__init__.py``
 Parts: a model is two halves, ``"vision"`` (the vision tower and projector: ``vision_modules``)
 and ``"text"`` (the language model and LM head: ``text_modules``). An adapter holds the parts its
 role loaded (``parts``); the modules of the other half are None. The rules (``image_token_id``,
-``num_image_tokens``, ``num_image_tokens_for_size``, ``prefill_positions``) read only the config,
-so they hold whichever half is loaded.
+``num_image_tokens``, ``size_rule``, ``prefill_positions``) read only the config, so they hold
+whichever half is loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +22,20 @@ from torch import nn
 
 from stages.engine.config import PARTS, TEXT, VISION
 from stages.engine.multimodal import ImageEmbedding, ImageInput
+
+
+class SizeRule(ABC):
+    """What an image's (width, height) implies under one image processor config, without its pixels.
+    Pure and cheap; built once by ``ModelAdapter.size_rule`` (the processor is not kept)."""
+
+    @abstractmethod
+    def num_tokens(self, width: int, height: int) -> int:
+        """Placeholder tokens the image fills: ``num_image_tokens`` of it after the image processor.
+        ValueError for a size the processor refuses."""
+
+    @abstractmethod
+    def grid(self, width: int, height: int) -> tuple[int, int, int] | None:
+        """Its ``grid_thw`` after the processor (None for families without one)."""
 
 
 class ModelAdapter(ABC):
@@ -80,10 +94,9 @@ class ModelAdapter(ABC):
         """Placeholder tokens one preprocessed image fills in the prompt (from its pixel tensor's shape)."""
 
     @abstractmethod
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
-        """Placeholder tokens an image of ``width`` x ``height`` fills, from the configs alone (no
-        pixels): equals ``num_image_tokens`` of that image after ``image_processor``. ValueError for a
-        size the processor refuses."""
+    def size_rule(self, image_processor: Any) -> SizeRule:
+        """The rule giving an image's token count and grid from its size under ``image_processor``'s
+        config (the processor is read here, never called, and not kept by the rule)."""
 
     @abstractmethod
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
@@ -97,6 +110,11 @@ class ModelAdapter(ABC):
     @property
     def position_rows(self) -> int:
         return 1
+
+    @property
+    def deepstack_layers(self) -> int:
+        """Deepstack feature rows an image embedding carries per token (``ImageEmbedding.deepstack``); 0: none."""
+        return 0
 
     def layer_hook(self, layer: int, hidden: torch.Tensor, image_rows: torch.Tensor, embeddings: list[ImageEmbedding]) -> torch.Tensor:
         """Called after each decoder layer with the packed rows holding image tokens (Qwen3-VL deepstack)."""

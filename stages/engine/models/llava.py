@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from stages.engine.config import VISION
-from stages.engine.models.base import ModelAdapter
+from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageEmbedding, ImageInput
+
+
+@dataclass(frozen=True)
+class FixedSize(SizeRule):
+    """Every image fills the same number of tokens, whatever its size (it is resized to one shape)."""
+
+    tokens: int
+
+    def num_tokens(self, width: int, height: int) -> int:
+        return self.tokens
+
+    def grid(self, width: int, height: int) -> None:
+        return None
 
 
 class LlavaAdapter(ModelAdapter):
@@ -30,14 +44,14 @@ class LlavaAdapter(ModelAdapter):
         _, height, width = image.pixel_values.shape
         return self._tokens_for_pixels(width, height)
 
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
+    def size_rule(self, image_processor: Any) -> FixedSize:
         """Every image becomes the processor's fixed output size (CLIP: resize, then center crop to
         ``crop_size``; SigLIP: resize to ``size``), whatever its own size."""
         crop, size = getattr(image_processor, "crop_size", None), image_processor.size
         if getattr(image_processor, "do_center_crop", False) and crop:
-            return self._tokens_for_pixels(crop["width"], crop["height"])
+            return FixedSize(self._tokens_for_pixels(crop["width"], crop["height"]))
         if image_processor.do_resize and size.get("height") and size.get("width"):
-            return self._tokens_for_pixels(size["width"], size["height"])
+            return FixedSize(self._tokens_for_pixels(size["width"], size["height"]))
         raise ValueError(f"the image processor ({type(image_processor).__name__}, size={dict(size)}) does not "
                          "give every image one fixed size; the token count depends on the pixels")
 

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from stages.engine.config import VISION
-from stages.engine.models.base import ModelAdapter
+from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageEmbedding, ImageInput
+
+
+@dataclass(frozen=True)
+class QwenSizes(SizeRule):
+    """The Qwen2-VL image processor's resize rule (``smart_resize`` to multiples of patch x merge,
+    pixels within [min_pixels, max_pixels]); one image is one temporal patch."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    def grid(self, width: int, height: int) -> tuple[int, int, int]:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        rows, cols = smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
+        return 1, rows // self.patch_size, cols // self.patch_size
+
+    def num_tokens(self, width: int, height: int) -> int:
+        return math.prod(self.grid(width, height)) // self.merge_size**2
 
 
 class QwenVLAdapter(ModelAdapter):
@@ -34,12 +55,18 @@ class QwenVLAdapter(ModelAdapter):
     def position_rows(self) -> int:
         return 3
 
+    @property
+    def deepstack_layers(self) -> int:
+        """Qwen3-VL: one per ``deepstack_visual_indexes`` entry; Qwen2-VL and Qwen2.5-VL have none."""
+        return len(getattr(self.config.vision_config, "deepstack_visual_indexes", None) or ())
+
     def num_image_tokens(self, image: ImageInput) -> int:
         return math.prod(image.grid_thw) // self.merge_size**2
 
-    def num_image_tokens_for_size(self, width: int, height: int, image_processor: Any) -> int:
-        """The processor's own size rule (``smart_resize`` under its min/max pixels, patch and merge size)."""
-        return image_processor.get_number_of_image_patches(height, width) // image_processor.merge_size**2
+    def size_rule(self, image_processor: Any) -> QwenSizes:
+        size = image_processor.size
+        return QwenSizes(image_processor.patch_size, image_processor.merge_size, size["shortest_edge"],
+                         size["longest_edge"])
 
     @torch.inference_mode()
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:

@@ -1,0 +1,156 @@
+"""An EPD prefill's image inputs: the embeddings of a request's image references, read from the cache.
+
+``ImageInputs.fill(prompt, refs)`` is awaited by the prefill's room (``PrefillCoordinator``) before
+its request enters the engine, so a request whose embeddings are not ready waits on its own and
+never holds up the prefill or decode of others. Per distinct key: ``EmbeddingCache.get``; on a miss
+``wait_ready`` (woken when the key lands, within what is left of ``--embedding-timeout-s``). Every
+entry is checked against what its reference implies (``check_embedding``) before it is used: a
+mismatch is a miss, its entry is deleted, and the request fails; wrong data is never spliced in.
+
+Every failure is a ``DisaggError`` whose status the prefill answers, and whose message the decode
+gets as the room's failure reason:
+
+    503 cache_unavailable   Redis down, unreachable or slow past --cache-op-timeout-s (names Redis)
+    400 image_not_cached    the key is neither cached nor being encoded (at once, no wait)
+    502 encode_failed       the encoder reported a failure, or died (its claim lapsed)
+    504 embedding_timeout   still being encoded at --embedding-timeout-s
+    502 embedding_mismatch  the entry does not fit the reference or this model (deleted)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cache.errors import CacheUnavailable, EncodeFailed, NotPending, ReadyTimeout
+from cache.store import CachedEmbedding, EmbeddingCache
+from stages.api.schemas import ImageRef
+from stages.disagg.errors import DisaggError
+from stages.engine.multimodal import ImageEmbedding, Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EmbeddingShape:
+    """What every embedding must look like for this model: rows of ``hidden_size`` (the language
+    model's), plus ``deepstack_layers`` deepstack rows per token (Qwen3-VL; 0 for the others)."""
+
+    hidden_size: int
+    deepstack_layers: int
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one reference implies: placeholder tokens and grid (from its width and height)."""
+
+    num_tokens: int
+    grid: tuple[int, int, int] | None
+
+
+class Mismatch(ValueError):
+    """A cached entry that does not fit its reference or the model."""
+
+
+def check_embedding(hit: CachedEmbedding, expected: Expected, shape: EmbeddingShape) -> ImageEmbedding:
+    """The entry as an ``ImageEmbedding`` if it fits; ``Mismatch`` naming the first disagreement.
+    Pure: checks the entry's token count and grid, and each tensor's name, shape and dtype."""
+    entry, tensors = hit.entry, hit.tensors
+    grid = list(expected.grid) if expected.grid is not None else []
+    if entry.num_tokens != expected.num_tokens:
+        raise Mismatch(f"the entry has {entry.num_tokens} tokens, the reference's size fills {expected.num_tokens}")
+    if list(entry.image_grid) != grid:
+        raise Mismatch(f"the entry's image grid is {list(entry.image_grid)}, the reference's size gives {grid}")
+    names = {"embeds", "deepstack"} if shape.deepstack_layers else {"embeds"}
+    if set(tensors) != names:
+        raise Mismatch(f"the entry holds tensors {sorted(tensors)}, this model needs {sorted(names)}")
+    _check_tensor("embeds", tensors["embeds"], [expected.num_tokens, shape.hidden_size])
+    if shape.deepstack_layers:
+        _check_tensor("deepstack", tensors["deepstack"], [shape.deepstack_layers, expected.num_tokens,
+                                                          shape.hidden_size])
+    return ImageEmbedding(tensors["embeds"], expected.grid, tensors.get("deepstack"))
+
+
+def _check_tensor(name: str, tensor: torch.Tensor, want: list[int]) -> None:
+    if list(tensor.shape) != want:
+        raise Mismatch(f"tensor {name!r} has shape {list(tensor.shape)}, this model needs {want}")
+    if not tensor.dtype.is_floating_point:
+        raise Mismatch(f"tensor {name!r} has dtype {tensor.dtype}, not a floating-point type")
+
+
+class ImageInputs:
+    """The prefill's reader of the cache. ``expect(width, height)`` gives what a reference implies
+    (the prompt builder's size rule); one object per server, used from its event loop."""
+
+    def __init__(self, cache: EmbeddingCache, shape: EmbeddingShape, prompts, timeout_s: float) -> None:
+        self.cache = cache
+        self.shape = shape
+        self.prompts = prompts  # stages.prompt.PromptBuilder: num_image_tokens(w, h), image_grid(w, h)
+        self.timeout_s = timeout_s
+
+    async def fill(self, prompt: Prompt, refs: Sequence[tuple[ImageRef, str]]) -> None:
+        """Set ``prompt.embeddings`` from the cache, one per reference in order (``param``: the
+        reference's path in the request, for errors). Raises DisaggError (module docstring) within
+        ``timeout_s`` of the call; other keys' waits are cancelled when one fails."""
+        deadline = time.monotonic() + self.timeout_s
+        keys = {ref.key: param for ref, param in reversed(refs)}  # first param per key
+        found: dict[str, CachedEmbedding] = {}
+        try:
+            async with asyncio.TaskGroup() as group:
+                for key, param in keys.items():
+                    group.create_task(self._read(key, param, deadline, found))
+        except BaseExceptionGroup as failed:
+            raise _first(failed) from None
+        embeddings = []
+        for ref, param in refs:
+            expected = Expected(self.prompts.num_image_tokens(ref.width, ref.height),
+                                self.prompts.image_grid(ref.width, ref.height))
+            try:
+                embeddings.append(check_embedding(found[ref.key], expected, self.shape))
+            except Mismatch as exc:
+                await self._drop(ref.key)
+                raise DisaggError(502, f"The cached embedding of image {ref.key} does not fit this request: {exc}; "
+                                  "the entry was dropped. Check the reference's width and height, and that the "
+                                  "encoder serves the same model as this prefill.", "embedding_mismatch",
+                                  param) from None
+        prompt.embeddings = embeddings
+
+    async def _read(self, key: str, param: str, deadline: float, found: dict[str, CachedEmbedding]) -> None:
+        try:
+            hit = await self.cache.get(key)
+            if hit is None:
+                hit = await self.cache.wait_ready(key, max(0.0, deadline - time.monotonic()))
+        except CacheUnavailable as exc:
+            raise DisaggError(503, f"The embedding cache is unavailable: {exc}", "cache_unavailable") from None
+        except NotPending:
+            raise DisaggError(400, f"Image {key} is not in the embedding cache and no encoder is encoding it: send "
+                              "it to an encoder first (it may also have been evicted since).", "image_not_cached",
+                              f"{param}.key") from None
+        except EncodeFailed as exc:
+            raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", "encode_failed",
+                              param) from None
+        except ReadyTimeout:
+            raise DisaggError(504, f"Image {key} was still being encoded after {self.timeout_s:g} s "
+                              "(--embedding-timeout-s).", "embedding_timeout", param) from None
+        found[key] = hit
+
+    async def _drop(self, key: str) -> None:
+        try:
+            await self.cache.delete(key)
+        except CacheUnavailable as exc:
+            log.warning("could not drop the mismatched entry of image %s: %s", key, exc)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The error to answer with: the first DisaggError in the group, else the group itself."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if isinstance(exc, DisaggError):
+            return exc
+    return group

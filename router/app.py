@@ -1,5 +1,6 @@
 """The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions``,
-``GET /v1/models``, ``/health`` and ``/metrics``.
+``GET /v1/models``, ``/health`` and ``/metrics``; the admin API (``/admin/*``, token required) is
+added from ``router.admin_app``.
 
 A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``Retry-After``,
 before the body is read), the body within ``--max-body-mb`` (413, from Content-Length before
@@ -19,6 +20,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from router.admin_app import add_admin_routes
 from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
                            stage_failed)
 from router.modes import Call
@@ -28,7 +30,7 @@ from router.upstream import StageError
 log = logging.getLogger(__name__)
 ROUTER_KEY = web.AppKey("router", Router)
 _decode = msgspec.json.Decoder()
-REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker")  # the router's limits, not the client's fault
+REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker", "no_allowed_pair")  # the router's limits, not the client's fault
 
 
 def create_app(router: Router) -> web.Application:
@@ -40,6 +42,7 @@ def create_app(router: Router) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    add_admin_routes(app, router)
 
     async def start(app: web.Application) -> None:
         await router.start()
@@ -108,7 +111,7 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
-    await router.images.resolve(body)
+    router.metrics.images.inc(len(await router.images.resolve(body)))
     return Call(body, body.get("stream") is True, model, started)
 
 

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import MISSING, fields
 
 from router.config import ENCODER_POLICIES, POLICIES, RouterConfig
 
+TOKEN_ENV = "EPD_ADMIN_TOKEN"
 _D = {f.name: f.default for f in fields(RouterConfig) if f.default is not MISSING}
 
 
@@ -58,12 +60,26 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="wait this long for every worker to answer at startup")
 
 
+    a = parser.add_argument_group("admin API (docs/admin.md)")
+    a.add_argument("--admin-token", default=None,
+                   help=f"bearer token of /admin/* (or the {TOKEN_ENV} environment variable); without one the "
+                        "admin API answers 403")
+    a.add_argument("--room-history", type=int, default=_D["room_history"], help="rooms whose timelines are kept")
+    a.add_argument("--ratio-window-s", type=float, default=_D["ratio_window_s"],
+                   help="demand, utilization and capacity are measured over this window")
+    a.add_argument("--auto-ratio-interval-s", type=float, default=_D["auto_ratio_interval_s"],
+                   help="apply the recommended prefill:decode split this often, with hysteresis (0: never)")
+    a.add_argument("--drain-timeout-s", type=float, default=_D["drain_timeout_s"],
+                   help="a role switch gives up on a worker still busy after this long")
+
+
 def router_config(args: argparse.Namespace) -> RouterConfig:
     """The validated config of a command line; ValueError names the flag to change."""
     names = {f.name for f in fields(RouterConfig)}
     values = {name: getattr(args, name) for name in names if hasattr(args, name)}
     for name in ("prefill", "decode", "colocated", "encoder", "allowed_image_hosts"):
         values[name] = tuple(values[name])
+    values["admin_token"] = values.get("admin_token") or os.environ.get(TOKEN_ENV) or None
     return RouterConfig(**values)
 
 

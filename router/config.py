@@ -7,13 +7,15 @@ The mode follows from the roles given: ``--colocated`` alone is ``colocated``; `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
 ENCODER_POLICIES = (*POLICIES, "cache_aware")
 ROLES = ("encoder", "prefill", "decode", "colocated")
+MODE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
+MIN_TOKEN_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,12 @@ class RouterConfig:
     max_image_bytes: int = 20 << 20  # one fetched image
     max_images_per_request: int = 16
     log_level: str = "info"
+    # admin API (docs/admin.md): off without a token; EPD_ADMIN_TOKEN is read by the CLI
+    admin_token: str | None = field(default=None, repr=False)
+    room_history: int = 1024  # rooms whose timelines the router keeps
+    ratio_window_s: float = 60.0  # demand, utilization and capacity are measured over this window
+    auto_ratio_interval_s: float = 0.0  # apply the recommended P:D split this often (0: never)
+    drain_timeout_s: float = 120.0  # a switch or a waiting drain gives up on a worker still busy after this
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -60,12 +68,18 @@ class RouterConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "health_interval_s",
-                     "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s"):
+                     "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
+                     "ratio_window_s", "drain_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
-        for name in ("max_in_flight", "breaker_failures", "max_image_bytes", "max_images_per_request"):
+        for name in ("max_in_flight", "breaker_failures", "max_image_bytes", "max_images_per_request",
+                     "room_history"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"--admin-token (or EPD_ADMIN_TOKEN) must be at least {MIN_TOKEN_CHARS} characters")
+        if self.auto_ratio_interval_s < 0:
+            raise ValueError(f"--auto-ratio-interval-s must be >= 0 (0: off), got {self.auto_ratio_interval_s}")
         if self.retries < 0:
             raise ValueError(f"--retries must be >= 0, got {self.retries}")
         for host in self.allowed_image_hosts:

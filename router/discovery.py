@@ -39,14 +39,19 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) 
     return body
 
 
-async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> None:
-    """Fill in ``worker``'s models (all roles), fingerprint (prefill, decode) and bootstrap address
-    (prefill). Raises InfoError, aiohttp.ClientError or TimeoutError."""
+async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:
+    """Fill in ``worker``'s models (all roles), fingerprint, group and switchability (prefill, decode)
+    and bootstrap address (prefill). A switchable worker (``stage serve pd``) serving another role,
+    or none yet, is told ``worker.role`` first, with the router's admin ``token``. Raises InfoError,
+    aiohttp.ClientError or TimeoutError."""
     models = await _get_json(session, worker.url + "/v1/models", timeout_s)
     cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
-    fingerprint, bootstrap = None, None
+    fingerprint, bootstrap, info = None, None, {}
     if worker.role in ("prefill", "decode"):
         info = await _get_json(session, worker.url + "/server_info", timeout_s)
+        if info.get("switchable") is True and info.get("role") != worker.role:
+            await _assign_role(session, worker, timeout_s, token)
+            info = await _get_json(session, worker.url + "/server_info", timeout_s)
         if info.get("role") != worker.role:
             raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --{worker.role}")
         fingerprint = info.get("fingerprint")
@@ -56,7 +61,22 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
             bootstrap = _bootstrap(worker, info.get("bootstrap"))
     worker.cards, worker.models = cards, tuple(card["id"] for card in cards)
     worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
+    worker.switchable = info.get("switchable") is True
+    if worker.group is None and isinstance(info.get("group"), str):
+        worker.group = info["group"]
     worker.known = True
+
+
+async def _assign_role(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:
+    if token is None:
+        raise InfoError(f"{worker.url} is a switchable worker (stage serve pd); the router assigns its role "
+                        "with its admin token: start the router with --admin-token, the same as the worker's")
+    async with session.post(worker.url + "/role", json={"role": worker.role}, headers={"Authorization": f"Bearer {token}"},
+                            timeout=aiohttp.ClientTimeout(total=timeout_s * 5)) as response:
+        if response.status != 200:
+            raise InfoError(f"{worker.url} did not take the role {worker.role} (HTTP {response.status}): "
+                            f"{(await response.text())[:300]}")
+    log.info("%s is now a %s (switchable worker)", worker.url, worker.role)
 
 
 def _bootstrap(worker: Worker, entry: object) -> tuple[str, int]:
@@ -80,7 +100,7 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
             ok = response.status == 200
             reason = f"/health answered HTTP {response.status}"
         if ok and not (worker.healthy and worker.known):
-            await read_info(session, worker, config.health_timeout_s)
+            await read_info(session, worker, config.health_timeout_s, config.admin_token)
     except InfoError as exc:
         ok, reason, misfit = False, str(exc), exc
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -29,8 +29,9 @@ from router.metrics import Metrics
 from router.modes import Call, ColocatedPlanner, PDPlanner, Plan
 from router.relay import relay_stream, send_json
 from router.tally import Tally
+from router.timeline import RoomLog, RoomRecord
 from router.upstream import StageError, Upstream
-from router.verdict import Failure, blame
+from router.verdict import ROUTER_CODES, Failure, blame
 from router.workers import Lease
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,12 @@ class Answered:
 
 class Dispatcher:
     def __init__(self, config: RouterConfig, planner: ColocatedPlanner | PDPlanner, upstream: Upstream,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, rooms: RoomLog) -> None:
         self.config = config
         self.planner = planner
         self.upstream = upstream
         self.metrics = metrics
+        self.rooms = rooms  # each attempt's room, for GET /admin/rooms
 
     async def handle(self, request: web.Request, call: Call) -> Answered:
         """The client's answer, sent. Raises RouterError (no worker) or StageError (every attempt
@@ -79,12 +81,15 @@ class Dispatcher:
 
     async def _attempt(self, request: web.Request, call: Call, plan: Plan) -> Answered:
         leases = [target.worker.lease() for target in (plan.answer, *plan.sides)]
+        record = self._record(call, plan)
         tally = Tally(call.started)
         answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
         sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
         head: Head | None = None
+        outcome = "aborted"
         try:
             head = await self._head(plan, answer, sides)
+            record.first_byte = time.time()
             if call.stream:
                 response, failure = await relay_stream(request, self.upstream, head)
             else:
@@ -96,11 +101,14 @@ class Dispatcher:
                 self._charge(failure, plan, leases)
             else:
                 leases[0].success()
+            outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
             self._charge(exc.failure, plan, leases)
+            outcome = f"failed: the {exc.failure.stage} stage: {exc.failure.message}"
             raise
         finally:
+            record.done, record.outcome = time.time(), outcome
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
             for task in (answer, *sides):
@@ -108,6 +116,14 @@ class Dispatcher:
             await asyncio.gather(answer, *sides, return_exceptions=True)
             for lease in leases:
                 lease.cancel()  # no verdict for whoever has none yet
+
+    def _record(self, call: Call, plan: Plan) -> RoomRecord:
+        """This attempt's entry in the room log (a colocated plan has no room: a detached record)."""
+        now = time.time()
+        record = RoomRecord(plan.room if plan.room is not None else -1, now - (time.perf_counter() - call.started),
+                            now, call.stream, {t.stage: {"id": t.worker.id, "url": t.worker.url}
+                                               for t in (plan.answer, *plan.sides)})
+        return self.rooms.open(record) if plan.room is not None else record
 
     async def _head(self, plan: Plan, answer: asyncio.Future, sides: list[asyncio.Future]) -> Head:
         pending = {answer, *sides}
@@ -145,7 +161,7 @@ class Dispatcher:
                 continue
             if failure.client_fault:
                 lease.success()  # it answered, correctly refusing a bad request
-            elif failure.code == "room_conflict":
+            elif failure.code in ROUTER_CODES:
                 lease.cancel()
             else:
                 lease.failure()

@@ -51,6 +51,12 @@ def no_worker(role: str, model: str | None) -> RouterError:
                        headers={"Retry-After": "1"})
 
 
+def no_allowed_pair(rules: str) -> RouterError:
+    return RouterError(503, f"No healthy prefill and decode pair is allowed by the pairing rules ({rules}); "
+                       "change them with PUT /admin/pairing or add workers.", code="no_allowed_pair",
+                       headers={"Retry-After": "1"})
+
+
 def model_not_found(model: str, served: list[str]) -> RouterError:
     return RouterError(404, f"The model `{model}` does not exist; this router serves {served}.", param="model",
                        code="model_not_found")

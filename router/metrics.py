@@ -39,6 +39,8 @@ class Metrics:
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("epd_router_retries", "Requests retried on fresh workers, by the stage that failed.",
                                ["stage"], registry=r)
+        self.images = Counter("epd_router_images", "Images in the chat requests received (the encode demand).",
+                              registry=r)
         self.in_flight = Gauge("epd_router_in_flight_requests", "Requests the router holds now.", registry=r)
         self._health = Gauge("epd_router_worker_healthy", "1 if the worker's last health check passed.",
                              ["role", "worker"], registry=r)
@@ -58,6 +60,14 @@ class Metrics:
             self._health.labels(**labels).set_function(lambda w=w: float(w.healthy))
             self._circuit.labels(**labels).set_function(lambda w=w: float(w.breaker.state))
             self._outstanding.labels(**labels).set_function(lambda w=w: float(w.outstanding))
+
+    def unwatch(self, worker: Worker) -> None:
+        """Stop exporting a worker that left (removed) or changed role (watched again under the new one)."""
+        for gauge in (self._health, self._circuit, self._outstanding):
+            try:
+                gauge.remove(worker.role, worker.url)
+            except KeyError:
+                pass
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from router.errors import no_worker
-from router.workers import Pool, Worker, pick_pair
+from router.errors import no_allowed_pair, no_worker
+from router.pairing import Pairing
+from router.workers import Pool, Worker, compatible, has_pair, pick_pair
 
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 _encode = msgspec.json.Encoder().encode
@@ -67,13 +68,16 @@ class ColocatedPlanner:
 
 
 class PDPlanner:
-    def __init__(self, prefills: Pool, decodes: Pool) -> None:
+    def __init__(self, prefills: Pool, decodes: Pool, pairing: Pairing | None = None) -> None:
         self.prefills = prefills
         self.decodes = decodes
+        self.pairing = pairing or Pairing()
 
     def plan(self, call: Call, exclude: Collection[str]) -> Plan:
-        pair = pick_pair(self.prefills, self.decodes, call.model, exclude)
+        pair = pick_pair(self.prefills, self.decodes, call.model, exclude, self.pairing.pairable)
         if pair is None:
+            if has_pair(self.prefills, self.decodes, call.model, exclude, compatible):
+                raise no_allowed_pair(self.pairing.rules.describe())
             role = "decode" if self.prefills.candidates(call.model, exclude) else "prefill"
             raise no_worker(role, call.model)
         prefill, decode = pair

@@ -1,28 +1,38 @@
 """Everything one router process owns: its workers (per role, each with a policy), the upstream
-client, the image fetcher, the dispatcher, the metrics and the supervised health loop.
+client, the image fetcher, the dispatcher, the metrics, and for the admin API the membership
+(workers at runtime), the pairing rules, the room log and the load history; and its supervised
+loops: health checks, load sampling and (``--auto-ratio-interval-s``) the automatic ratio.
 
 Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
 clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
 no worker answered, or, in pd mode, no prefill and decode share a fingerprint (each incompatible
-pair is logged with the fields that differ); then it starts the health loop. ``close`` stops the
-loop and closes the clients.
+pair is logged with the fields that differ); with an admin token it asks every decode to allow
+every prefill (``Membership.connect``); then it starts the loops. ``close`` stops the loops and
+closes the clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 
+from router.admin_ratio import auto_ratio_loop
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.discovery import InfoError, discover, health_loop
 from router.dispatch import Dispatcher
 from router.image_fetch import ImageFetcher
+from router.load import History
+from router.membership import Membership
 from router.metrics import Metrics
 from router.modes import ColocatedPlanner, PDPlanner
+from router.pairing import Pairing
 from router.policy import make_policy
+from router.sampler import sample_loop
+from router.timeline import RoomLog
 from router.upstream import Upstream
-from router.workers import Pool, Worker, compatible, pairing_report
+from router.workers import Pool, Worker, pairing_report
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +50,22 @@ class Router:
                                         for url in urls], make_policy(config.policy(role)))
                       for role, urls in (("encoder", config.encoder), ("prefill", config.prefill),
                                          ("decode", config.decode), ("colocated", config.colocated)) if urls}
-        self.workers = [w for pool in self.pools.values() for w in pool.workers]
+        self.workers = [w for pool in self.pools.values() for w in pool.workers]  # the admin API adds and removes
+        self.membership = Membership(self)
+        for worker in self.workers:
+            worker.id = self.membership.new_id()
         self.metrics.watch(self.workers)
         self.upstream = Upstream(config)
         self.images = ImageFetcher(config)
+        self.pairing = Pairing()
+        self.rooms = RoomLog(config.room_history)
+        self.history = History(config.ratio_window_s)
         planner = (ColocatedPlanner(self.pools["colocated"]) if config.mode == "colocated"
-                   else PDPlanner(self.pools["prefill"], self.pools["decode"]))
-        self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics)
+                   else PDPlanner(self.pools["prefill"], self.pools["decode"], self.pairing))
+        self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics, self.rooms)
         self.in_flight = 0  # chat requests held now; the app's admission gate counts them
         self.metrics.in_flight.set_function(lambda: self.in_flight)
-        self._health: asyncio.Task | None = None
+        self._loops: dict[str, asyncio.Task] = {}  # supervised: /health answers 503 if one dies
 
     @property
     def answering(self) -> Pool:
@@ -66,16 +82,26 @@ class Router:
         except InfoError as exc:
             raise StartupError(str(exc)) from None
         self._check_servable()
-        self._health = asyncio.create_task(health_loop(self.upstream.session, self.workers, self.config),
-                                           name="health loop")
-        self._health.add_done_callback(_report_death)
+        session, config = self.upstream.session, self.config
+        if config.admin_token is not None and config.mode != "colocated":
+            for prefill in [w for w in self.pools["prefill"].workers if w.known]:
+                await self.membership.connect(prefill)
+        self._spawn("health loop", health_loop(session, self.workers, config))
+        self._spawn("load sampler", sample_loop(session, self.workers, self.metrics, self.history,
+                                                config.health_timeout_s))
+        if config.auto_ratio_interval_s > 0 and config.mode != "colocated":
+            self._spawn("auto ratio loop", auto_ratio_loop(self, config.auto_ratio_interval_s))
         log.info("%s router ready: %s", self.config.mode,
                  ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in self.pools.items()))
 
+    def _spawn(self, name: str, coro: Coroutine) -> None:
+        task = self._loops[name] = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_report_death)
+
     async def close(self) -> None:
-        if self._health is not None:
-            self._health.cancel()
-            await asyncio.gather(self._health, return_exceptions=True)
+        for task in self._loops.values():
+            task.cancel()
+        await asyncio.gather(*self._loops.values(), return_exceptions=True)
         await self.images.close()
         await self.upstream.close()
 
@@ -93,21 +119,19 @@ class Router:
             raise StartupError("no prefill and decode can be paired: " + "; ".join(lines))
 
     def failures(self) -> dict[str, str]:
-        """Dead parts of the router itself (the supervised health loop), by name."""
-        task = self._health
-        if task is None or not task.done():
-            return {}
-        reason = "cancelled" if task.cancelled() else repr(task.exception() or "returned")
-        return {"health loop": reason}
+        """Dead parts of the router itself (its supervised loops), by name."""
+        return {name: "cancelled" if task.cancelled() else repr(task.exception() or "returned")
+                for name, task in self._loops.items() if task.done()}
 
     def unservable(self) -> str | None:
         """Why no request can be served right now, or None."""
         if self.config.mode == "colocated":
             return None if self.answering.candidates() else "no healthy colocated worker"
         ps, ds = self.pools["prefill"].candidates(), self.pools["decode"].candidates()
-        if any(compatible(p, d) for p in ps for d in ds):
+        if any(self.pairing.pairable(p, d) for p in ps for d in ds):
             return None
-        return f"no healthy compatible prefill and decode pair ({len(ps)} prefill, {len(ds)} decode healthy)"
+        return (f"no healthy compatible prefill and decode pair allowed by the pairing rules "
+                f"({self.pairing.rules.describe()}; {len(ps)} prefill, {len(ds)} decode healthy)")
 
     def models(self) -> list[dict]:
         """The model cards of the answering workers, each id once."""
@@ -119,7 +143,8 @@ class Router:
 
 
 def _report_death(task: asyncio.Task) -> None:
-    """Log the health loop's end unless it was stopped; ``/health`` reports it from then on."""
+    """Log a loop's end unless it was stopped; ``/health`` reports it from then on."""
     if not task.cancelled() and task.exception() is not None:
         exc = task.exception()
-        log.error("the health loop died; /health answers 503 from now on", exc_info=(type(exc), exc, exc.__traceback__))
+        log.error("the %s died; /health answers 503 from now on", task.get_name(),
+                  exc_info=(type(exc), exc, exc.__traceback__))

@@ -14,6 +14,8 @@ import msgspec
 
 # a stage's error codes that say its partner stage (not itself) failed or never came
 PEER_CODES = frozenset({"peer_failed", "room_timeout"})
+# a stage's 4xx codes that are about the router's choices (room, pair), not the request: retried, no breaker charge
+ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
 # the HTTP status an in-band error code stands for (a stream's status is already 200)
 CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
                "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
@@ -32,8 +34,9 @@ class Failure:
     @property
     def client_fault(self) -> bool:
         """The request is wrong (4xx): answer the client, retry nothing, blame no worker. A room
-        conflict is the router's bad luck with a random number, not the client's."""
-        return 400 <= self.status < 500 and self.code != "room_conflict"
+        conflict (the router's bad luck with a random number) and a decode refusing to dial the
+        prefill the router chose are the router's doing, not the client's (``ROUTER_CODES``)."""
+        return 400 <= self.status < 500 and self.code not in ROUTER_CODES
 
 
 def from_answer(stage: str, url: str, status: int, raw: bytes) -> Failure:

@@ -3,12 +3,13 @@
 A ``Worker`` is one stage server. What the router learns from it (models, fingerprint, bootstrap
 address) is written by discovery (``router.discovery``) from its ``/v1/models`` and
 ``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
-it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``.
+it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``; ``id``,
+``group``, ``draining`` and ``role`` (of a switchable worker) by the admin API (``router.membership``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from router.breaker import CircuitBreaker
@@ -27,13 +28,17 @@ class Worker:
     fingerprint: dict | None = None  # prefill and decode: /server_info "fingerprint"
     bootstrap: tuple[str, int] | None = None  # prefill: where decodes dial it
     known: bool = False  # discovery has read its info at least once
+    id: str = ""  # the admin API's name for it (w1, w2, ...), stable across role switches
+    group: str | None = None  # pairing label: given when added, else its stage's --group
+    switchable: bool = False  # a `stage serve pd` worker: the router may switch it between prefill and decode
+    draining: bool = False  # gets no new request (admin drain, or a role switch under way)
 
     @property
     def name(self) -> str:
         return self.url
 
     def eligible(self) -> bool:
-        return self.known and self.healthy and self.breaker.allows()
+        return self.known and self.healthy and not self.draining and self.breaker.allows()
 
     def serves(self, model: str | None) -> bool:
         return model is None or model in self.models
@@ -97,16 +102,27 @@ def fingerprint_diff(a: dict | None, b: dict | None) -> list[str]:
     return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str]) -> tuple[Worker, Worker] | None:
-    """D by its policy among decodes with at least one compatible prefill, then P by its policy among
-    the prefills compatible with that D; None when no compatible pair is eligible."""
+Pairable = Callable[[Worker, Worker], bool]  # (prefill, decode) -> may they form a pair
+
+
+def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str],
+              pairable: Pairable = compatible) -> tuple[Worker, Worker] | None:
+    """D by its policy among decodes with at least one prefill it is ``pairable`` with, then P by its
+    policy among those prefills; None when no such pair is eligible."""
     ps = prefills.candidates(model, exclude)
-    ds = [d for d in decodes.candidates(model, exclude) if any(compatible(p, d) for p in ps)]
+    ds = [d for d in decodes.candidates(model, exclude) if any(pairable(p, d) for p in ps)]
     if not ds:
         return None
     decode = decodes.pick(ds)
-    prefill = prefills.pick([p for p in ps if compatible(p, decode)])
+    prefill = prefills.pick([p for p in ps if pairable(p, decode)])
     return prefill, decode
+
+
+def has_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str],
+             pairable: Pairable = compatible) -> bool:
+    """Whether ``pick_pair`` would find a pair (asks no policy, so it moves no cursor)."""
+    ps = prefills.candidates(model, exclude)
+    return any(pairable(p, d) for p in ps for d in decodes.candidates(model, exclude))
 
 
 def pairing_report(prefills: Pool, decodes: Pool) -> tuple[int, list[str]]:

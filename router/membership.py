@@ -1,0 +1,275 @@
+"""Changing the router's workers while it serves: add, drain, resume, remove, switch a role, apply
+a prefill:decode split. Called by the admin API (``router.admin_app``) and the automatic ratio
+loop (``router.admin_ratio``), on the event loop.
+
+Contracts:
+- ``add`` admits a worker only after its ``/health``, ``/v1/models`` and ``/server_info`` answered
+  as its role does and its fingerprint matches a worker of the role it pairs with; a misfit is a
+  4xx ``RouterError`` saying why, and nothing changes.
+- A draining worker gets no new request; requests it holds finish. ``remove`` refuses a worker
+  with requests in flight unless forced; requests in flight on a removed worker still finish.
+- ``switch`` drains a switchable (``stage serve pd``) worker, waits until the router has nothing
+  in flight on it, tells it its new role (``POST /role``), re-reads its info, and readmits it.
+  Nothing is sent to it while it switches, so no request is lost or fails.
+- Whenever a prefill joins (added, or switched to prefill) every decode is asked to allow its
+  bootstrap address, and whenever a decode joins it is asked to allow every prefill
+  (``POST /admin/allowed_bootstrap`` on the decode, with the router's admin token). A decode that
+  refuses is never paired with that prefill; one whose admin API is disabled is trusted to allow
+  it by its own ``--allowed-bootstrap`` (docs/admin.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from router.breaker import CircuitBreaker
+from router.config import MODE_ROLES, RouterConfig, check_worker_url
+from router.discovery import InfoError, read_info
+from router.errors import RouterError
+from router.workers import Worker, compatible, fingerprint_diff
+
+if TYPE_CHECKING:
+    from router.runtime import Router
+
+log = logging.getLogger(__name__)
+POLL_S = 0.05  # how often a drain looks at the worker's outstanding count
+
+
+class Membership:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._ids = 0
+        self._switching = asyncio.Lock()  # one split at a time
+
+    def new_id(self) -> str:
+        self._ids += 1
+        return f"w{self._ids}"
+
+    def find(self, worker_id: str) -> Worker:
+        worker = next((w for w in self.router.workers if w.id == worker_id), None)
+        if worker is None:
+            raise RouterError(404, f"no worker {worker_id!r}; GET /admin/workers lists them", code="worker_not_found")
+        return worker
+
+    # --- add -----------------------------------------------------------------------------------
+    async def add(self, url: str, role: str, group: str | None) -> dict:
+        """Admit a worker; its listing plus what each decode said about dialing (``dial``)."""
+        router = self.router
+        roles = MODE_ROLES[router.config.mode]
+        if role not in roles:
+            raise RouterError(400, f"this router runs {router.config.mode} mode: it takes {', '.join(roles)} "
+                              f"workers, not {role!r}", code="invalid_role", param="role")
+        try:
+            check_worker_url(url, role)
+        except ValueError as exc:
+            raise RouterError(400, str(exc).replace(f"--{role} takes", "url must be"), code="invalid_url",
+                              param="url") from None
+        if (known := next((w for w in router.workers if w.url == url), None)) is not None:
+            raise RouterError(409, f"{url} is already worker {known.id} ({known.role})", code="worker_exists")
+        worker = Worker(url, role, CircuitBreaker(router.config.breaker_failures, router.config.breaker_cooldown_s),
+                        id=self.new_id(), group=group)
+        await self._admit(worker)
+        self._check_fits(worker)
+        worker.healthy = True
+        router.pools[role].workers.append(worker)
+        router.workers.append(worker)
+        router.metrics.watch([worker])
+        log.info("admin: added %s %s as %s (group %s)", role, url, worker.id, worker.group)
+        return {"worker": worker_json(worker), "dial": await self.connect(worker)}
+
+    async def _admit(self, worker: Worker) -> None:
+        session, config = self.router.upstream.session, self.router.config
+        try:
+            async with session.get(worker.url + "/health",
+                                   timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
+                if response.status != 200:
+                    raise RouterError(409, f"{worker.url}/health answered HTTP {response.status}; add it once it is "
+                                      "healthy", code="worker_unhealthy")
+            await read_info(session, worker, config.health_timeout_s, config.admin_token)
+        except InfoError as exc:
+            raise RouterError(409, str(exc), code="worker_misfit") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise RouterError(502, f"could not reach {worker.url}: {type(exc).__name__}: {exc}".rstrip(": "),
+                              code="worker_unreachable") from None
+
+    def _check_fits(self, worker: Worker) -> None:
+        """A prefill or decode must share a fingerprint with a worker of the other role, if there is one."""
+        other = {"prefill": "decode", "decode": "prefill"}.get(worker.role)
+        peers = [w for w in self.router.pools[other].workers if w.known] if other else []
+        if peers and not any(compatible(worker, p) if worker.role == "prefill" else compatible(p, worker)
+                             for p in peers):
+            diff = "; ".join(fingerprint_diff(worker.fingerprint, peers[0].fingerprint))
+            raise RouterError(409, f"{worker.url} can never be paired: its fingerprint matches no {other} "
+                              f"(against {peers[0].id} {peers[0].url}: {diff})", code="worker_misfit")
+
+    # --- dialing -------------------------------------------------------------------------------
+    async def connect(self, worker: Worker) -> dict[str, str]:
+        """Ask decodes to allow the prefills they may be paired with (see the module docstring);
+        what each decode said, by "prefill id -> decode id"."""
+        pools = self.router.pools
+        if worker.role == "prefill":
+            pairs = [(worker, d) for d in pools["decode"].workers if d.known]
+        elif worker.role == "decode":
+            pairs = [(p, worker) for p in pools["prefill"].workers if p.known]
+        else:
+            return {}
+        answers = await asyncio.gather(*(self._allow(p, d) for p, d in pairs))
+        return {f"{p.id} -> {d.id}": answer for (p, d), answer in zip(pairs, answers)}
+
+    async def _allow(self, prefill: Worker, decode: Worker) -> str:
+        assert prefill.bootstrap is not None
+        host, port = prefill.bootstrap
+        config, refused = self.router.config, self.router.pairing.refused
+        headers = {"Authorization": f"Bearer {config.admin_token}"}
+        try:
+            async with self.router.upstream.session.post(
+                decode.url + "/admin/allowed_bootstrap", json={"host": host, "port": port}, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
+                body = await response.json(content_type=None)
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            body, status = {"error": {"message": f"{type(exc).__name__}: {exc}"}}, 0
+        refused.discard((prefill.url, decode.url))
+        if status == 200:
+            return "registered" if body.get("added") else "already allowed"
+        error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+        if status == 403 and error.get("code") == "admin_disabled":
+            return f"not registered (the decode's admin API is disabled): its --allowed-bootstrap must allow {host}:{port}"
+        refused.add((prefill.url, decode.url))
+        log.warning("decode %s did not allow prefill %s:%d: %s; they are never paired", decode.url, host, port,
+                    error.get("message"))
+        return f"refused, never paired: {error.get('message') or f'HTTP {status}'}"
+
+    # --- drain, resume, remove -----------------------------------------------------------------
+    async def drain(self, worker: Worker, wait_s: float) -> bool:
+        """Stop sending ``worker`` new requests; wait up to ``wait_s`` for it to be idle. True if idle."""
+        worker.draining = True
+        return await self._idle(worker, wait_s)
+
+    def resume(self, worker: Worker) -> None:
+        worker.draining = False
+
+    def remove(self, worker: Worker, force: bool) -> None:
+        router = self.router
+        if self._switching.locked() and worker.draining and worker.switchable:
+            raise RouterError(409, f"{worker.id} is switching roles; remove it after the split is applied",
+                              code="worker_busy")
+        if worker.outstanding and not force:
+            raise RouterError(409, f"{worker.id} ({worker.role} {worker.url}) has {worker.outstanding} request(s) in "
+                              f"flight: drain it first (POST /admin/workers/{worker.id}/drain) or remove it with "
+                              "?force=true", code="worker_busy")
+        router.pools[worker.role].workers.remove(worker)
+        router.workers.remove(worker)
+        router.metrics.unwatch(worker)
+        router.history.forget(worker.id)
+        router.pairing.refused = {pair for pair in router.pairing.refused if worker.url not in pair}
+        log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
+                 worker.outstanding)
+
+    async def _idle(self, worker: Worker, wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while worker.outstanding and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        return worker.outstanding == 0
+
+    # --- roles ---------------------------------------------------------------------------------
+    async def apply_split(self, prefill: int, decode: int) -> list[dict]:
+        """Switch switchable workers until there are ``prefill`` prefills and ``decode`` decodes; the
+        switches made. RouterError (4xx) if the split cannot be reached, 409 while another is applied."""
+        pools = self.router.pools
+        ps, ds = pools["prefill"].workers, pools["decode"].workers
+        check_split(prefill, decode, ps, ds)
+        if self._switching.locked():
+            raise RouterError(409, "a split is being applied now; try again when it is done", code="split_in_progress")
+        async with self._switching:
+            source, target, count = ("decode", "prefill", prefill - len(ps)) if prefill > len(ps) else \
+                ("prefill", "decode", len(ps) - prefill)
+            movers = sorted((w for w in pools[source].workers if w.switchable),
+                            key=lambda w: (w.outstanding, w.id))[:count]
+            return list(await asyncio.gather(*(self.switch(w, target) for w in movers)))
+
+    async def switch(self, worker: Worker, role: str) -> dict:
+        """Drain ``worker``, switch it to ``role`` and readmit it (see the module docstring)."""
+        router, started, previous = self.router, time.monotonic(), worker.role
+        worker.draining = True
+        try:
+            if not await self._idle(worker, router.config.drain_timeout_s):
+                raise RouterError(504, f"{worker.id} still had {worker.outstanding} request(s) in flight after "
+                                  f"{router.config.drain_timeout_s:g} s (--drain-timeout-s); it keeps its role",
+                                  code="drain_timeout")
+            self._move(worker, role)
+            try:
+                await self._tell_role(worker, started + router.config.drain_timeout_s)
+                await read_info(router.upstream.session, worker, router.config.health_timeout_s,
+                                router.config.admin_token)
+            except BaseException:
+                self._move(worker, previous)
+                raise
+            dial = await self.connect(worker)
+        finally:
+            worker.draining = False
+        log.info("admin: %s %s switched from %s to %s in %.2f s", worker.id, worker.url, previous, role,
+                 time.monotonic() - started)
+        return {"id": worker.id, "from": previous, "to": role, "seconds": time.monotonic() - started, "dial": dial}
+
+    def _move(self, worker: Worker, role: str) -> None:
+        pools = self.router.pools
+        self.router.metrics.unwatch(worker)
+        pools[worker.role].workers.remove(worker)
+        worker.role = role
+        pools[role].workers.append(worker)
+        self.router.metrics.watch([worker])
+
+    async def _tell_role(self, worker: Worker, deadline: float) -> None:
+        """``POST /role`` until the worker takes it (it refuses while it still has work) or ``deadline``."""
+        while True:
+            status, message = await post_role(self.router.upstream.session, worker, self.router.config)
+            if status == 200:
+                return
+            if status != 409 or time.monotonic() >= deadline:
+                raise RouterError(502, f"{worker.id} ({worker.url}) did not take the role {worker.role}: {message}",
+                                  code="switch_failed")
+            await asyncio.sleep(POLL_S * 2)
+
+
+async def post_role(session: aiohttp.ClientSession, worker: Worker, config: RouterConfig) -> tuple[int, str]:
+    """Tell a switchable worker to serve ``worker.role``; (HTTP status, error message). 0: unreachable."""
+    try:
+        async with session.post(worker.url + "/role", json={"role": worker.role},
+                                headers={"Authorization": f"Bearer {config.admin_token}"},
+                                timeout=aiohttp.ClientTimeout(total=config.health_timeout_s * 5)) as response:
+            body = await response.json(content_type=None)
+            error = body.get("error") if isinstance(body, dict) else None
+            return response.status, (error or {}).get("message", "") if isinstance(error, dict) else ""
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def check_split(prefill: object, decode: object, prefills: list[Worker], decodes: list[Worker]) -> None:
+    """RouterError (400/409) unless ``prefill``:``decode`` can be reached by switching switchable workers."""
+    total = len(prefills) + len(decodes)
+    if not (isinstance(prefill, int) and isinstance(decode, int)) or isinstance(prefill, bool) or \
+            isinstance(decode, bool) or prefill < 1 or decode < 1:
+        raise RouterError(400, 'a split is {"prefill": n, "decode": m}, each an integer >= 1', code="invalid_split")
+    if prefill + decode != total:
+        raise RouterError(400, f"the pool has {total} prefill and decode workers; prefill + decode must be {total}, "
+                          f"got {prefill} + {decode}", code="invalid_split")
+    fixed_p = sum(not w.switchable for w in prefills)
+    fixed_d = sum(not w.switchable for w in decodes)
+    if prefill < fixed_p or decode < fixed_d:
+        raise RouterError(409, f"only switchable workers (stage serve pd) change roles: {fixed_p} prefill and "
+                          f"{fixed_d} decode workers are fixed, so prefill must be >= {fixed_p} and decode >= "
+                          f"{fixed_d}", code="split_unreachable")
+
+
+def worker_json(worker: Worker) -> dict:
+    """What the router itself knows of a worker (the admin listing adds the stage's load)."""
+    return {"id": worker.id, "role": worker.role, "url": worker.url, "healthy": worker.healthy,
+            "known": worker.known, "circuit": worker.breaker.state.name.lower(), "outstanding": worker.outstanding,
+            "group": worker.group, "draining": worker.draining, "switchable": worker.switchable,
+            "bootstrap": f"{worker.bootstrap[0]}:{worker.bootstrap[1]}" if worker.bootstrap else None}

@@ -4,8 +4,9 @@
     stage serve router --port N --prefill URL --decode URL | --colocated URL [...]   (router/cli.py)
     stage serve encoder --model DIR --redis-url URL [--port 8300] [--max-batch-images 16] [...]
     stage make-model --family qwen2_vl --size tiny --out DIR
-    stage demo [--mode colocated|pd] [--family qwen2_vl] [--workdir DIR]
+    stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--workdir DIR]   (stages/demo.py)
     stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/up.py)
+    stage bench serve --url URL [--request-rate R | --max-concurrency C] [--out DIR] [...]   (bench/serve/cli.py)
 
 ``serve`` takes one role per subcommand; every role goes through one config (``stages.config``)
 and one serve path (``stages.server``). Flag defaults come from the config dataclasses, and
@@ -16,10 +17,7 @@ for /health, stop) are shared by ``demo`` and the tests.
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import logging
-import os
 import shutil
 import socket
 import subprocess
@@ -220,67 +218,11 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- make-model and demo ---------------------------------------------------------------------
+# --- make-model ---------------------------------------------------------------------
 def _make_model(args: argparse.Namespace) -> int:
     from stages.modelgen import make_model
 
     print(make_model(args.family, args.size, args.out, seed=args.seed, vision=args.vision, text=args.text))
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Colocated: one server. PD: a prefill and a decode server joined by one bootstrap room, the same
-    request sent to both at once (as SGLang's PD router does); the decode's answer is the reply."""
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-
-    from openai import OpenAI
-
-    workdir = Path(args.workdir).expanduser()
-    workdir.mkdir(parents=True, exist_ok=True)
-    model = ensure_model(workdir / f"{args.family}-{args.size}", args.family, args.size)
-    roles = ["colocated"] if args.mode == "colocated" else ["prefill", "decode"]
-    bootstrap_port = free_port()
-    servers: list[tuple[str, str, subprocess.Popen, Path]] = []
-    try:
-        for role in roles:
-            port, log_path = free_port(), workdir / f"{role}.log"
-            flags = ["--model", str(model), "--port", str(port)]
-            if role != "colocated":
-                flags += ["--transfer", args.transfer]
-            if role == "prefill":
-                flags += ["--bootstrap-port", str(bootstrap_port)]
-            print(f"starting `stage serve {role}` on 127.0.0.1:{port} (log: {log_path})", flush=True)
-            with open(log_path, "wb") as log_file:
-                proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", role, *flags],
-                                        stdout=log_file, stderr=subprocess.STDOUT)
-            servers.append((role, f"http://127.0.0.1:{port}", proc, log_path))
-        for _, url, proc, log_path in servers:
-            wait_healthy(url, proc, args.timeout)
-        clients = [OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
-                   for _, url, _, _ in servers]
-        extra = {}
-        if args.mode == "pd":
-            extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port,
-                     "bootstrap_room": random.getrandbits(63)}
-        ask = lambda client: client.chat.completions.create(  # noqa: E731
-            model=client.models.list().data[0].id,
-            messages=[{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": demo_image_url()}},
-                {"type": "text", "text": "What is in this picture?"}]}],
-            max_tokens=args.max_tokens, temperature=0, extra_body=extra)
-        with ThreadPoolExecutor(len(clients)) as pool:
-            reply = list(pool.map(ask, clients))[-1]
-    except (RuntimeError, TimeoutError):
-        for _, _, _, log_path in servers:
-            print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
-        raise
-    finally:
-        for _, _, proc, _ in servers:
-            stop_process(proc)
-    print(f"answer ({reply.choices[0].finish_reason}): {reply.choices[0].message.content!r}")
-    print(f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
-          "(a random-weight model: the words are noise, the plumbing is real)")
     return 0
 
 
@@ -296,19 +238,6 @@ def ensure_model(path: Path, family: str, size: str) -> Path:
     make_model(family, size, partial)
     partial.rename(path)
     return path
-
-
-def demo_image_url(size: int = 224) -> str:
-    """A PNG (a red disc and a blue square on a gradient) as a data: URL."""
-    from PIL import Image, ImageDraw
-
-    image = Image.linear_gradient("L").resize((size, size)).convert("RGB")
-    draw = ImageDraw.Draw(image)
-    draw.ellipse((size // 8, size // 8, size // 2, size // 2), fill=(220, 30, 30))
-    draw.rectangle((size // 2, size // 2, size - size // 8, size - size // 8), fill=(30, 60, 220))
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 # --- process helpers -------------------------------------------------------------------------
@@ -373,18 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--text", choices=TEXT_MODELS, default=None, help="LLaVA only")
     make.set_defaults(run=_make_model)
 
+    from stages.demo import add_demo_args, run_demo  # light: the model and the servers load in run
+
     demo = commands.add_parser("demo", help="make a model, serve it, send one image+text chat request",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    demo.add_argument("--family", choices=FAMILIES, default="qwen2_vl", help="model family")
-    demo.add_argument("--size", choices=SIZES, default="tiny", help="model size")
-    demo.add_argument("--workdir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "epd-stage"),
-                      help="where the model is kept (made once) and the server log written")
-    demo.add_argument("--mode", choices=["colocated", "pd"], default="colocated",
-                      help="one colocated server, or a prefill and a decode server with KV moved between them")
-    demo.add_argument("--transfer", choices=["mooncake", "nixl"], default="mooncake", help="KV transfer (pd mode)")
-    demo.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
-    demo.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server and the answer")
-    demo.set_defaults(run=_demo)
+    add_demo_args(demo)
+    demo.set_defaults(run=run_demo)
 
     from stages.up import add_up_args, run as run_up  # light: the model and the servers load in run
 
@@ -392,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_up_args(up)
     up.set_defaults(run=run_up)
+
+    from bench.cli import add_parser as add_bench_parser  # light: each benchmark loads what it needs in its run
+
+    add_bench_parser(commands)
     return parser
 
 

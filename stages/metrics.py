@@ -3,7 +3,8 @@ several test apps, can live in one process). Names carry the ``epd_`` prefix sha
 and every stage.
 
 Request metrics are observed by the HTTP layer through ``RequestTimer``; the batch size is observed
-on the engine thread through ``observe_step`` (``AsyncEngine``'s ``on_step``); queue and KV gauges
+and the step time on the engine thread through ``observe_step`` (``AsyncEngine``'s ``on_step``; the
+router's ratio report reads the step seconds as the stage's busy time); queue and KV gauges
 are refreshed from ``AsyncEngine.stats()`` when /metrics is scraped.
 """
 
@@ -41,6 +42,9 @@ class Metrics:
         self.queue_depth = Gauge("epd_queue_depth", "Requests waiting to be scheduled.", registry=r)
         self.running = Gauge("epd_running_requests", "Requests in the running batch.", registry=r)
         self.batch_size = Histogram("epd_batch_size", "Requests per engine step.", buckets=_BATCH_BUCKETS, registry=r)
+        self.step_seconds = Histogram("epd_engine_step_seconds", "Seconds per engine step (forward pass and "
+                                      "sampling); the sum is the engine's busy time.", buckets=_TOKEN_BUCKETS,
+                                      registry=r)
         self.kv_blocks_used = Gauge("epd_kv_blocks_used", "KV cache blocks in use.", registry=r)
         self.kv_blocks_total = Gauge("epd_kv_blocks_total", "KV cache blocks in the pool.", registry=r)
         for reason in FINISH_REASONS:
@@ -54,9 +58,10 @@ class Metrics:
             gauge = Gauge(f"epd_kv_transfer_{field}", help_text, ["backend"], registry=self.registry)
             gauge.labels(**labels).set_function(lambda field=field: getattr(stats(), field))
 
-    def observe_step(self, batch_size: int) -> None:
+    def observe_step(self, batch_size: int, seconds: float) -> None:
         """Called on the engine thread after each step; must never raise."""
         self.batch_size.observe(batch_size)
+        self.step_seconds.observe(seconds)
 
     def refresh(self, stats: EngineStats) -> None:
         self.queue_depth.set(stats.waiting)

@@ -448,7 +448,7 @@ def test_metrics_registries_are_per_app_and_requests_count_once():
     timer.tokens(1)
     timer.finish("length", 10, 4)
     timer.finish("abort", 10, 4)
-    first.observe_step(3)
+    first.observe_step(3, 0.01)
     text = first.render().decode()
     assert 'epd_requests_total{finish_reason="length"} 1.0' in text
     assert 'epd_requests_total{finish_reason="abort"} 0.0' in text

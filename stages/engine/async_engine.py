@@ -26,6 +26,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -71,10 +72,10 @@ class _Call:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, on_step: Callable[[int], None] | None = None,
+    def __init__(self, engine: Engine, on_step: Callable[[int, float], None] | None = None,
                  before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine
-        self._on_step = on_step  # called on the engine thread with the batch size after each step
+        self._on_step = on_step  # called on the engine thread after each step: batch size, seconds it took
         self._before_step = before_step  # called on the engine thread at the top of each loop iteration
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -229,9 +230,10 @@ class AsyncEngine:
                 self._drain_commands(block=not self.engine.has_work())
                 if not self.engine.has_work():
                     continue
+                started = time.perf_counter()
                 outputs = self.engine.step()
                 if self._on_step is not None:
-                    self._on_step(len(outputs))
+                    self._on_step(len(outputs), time.perf_counter() - started)
                 self._publish(outputs)
         except BaseException as exc:  # never leave anyone waiting: _end answers them all
             log.exception("engine thread died")

@@ -19,8 +19,10 @@ BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", 
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (port 0: any free port)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    """A listening-ready TCP socket on ``host:port`` (port 0: any free port). Made with proto IPPROTO_TCP:
+    asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP, and without it each stream on a
+    kept-alive connection waits for the client's delayed ACK (~40 ms) and arrives in one burst."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -62,7 +63,7 @@ async def send(session: aiohttp.ClientSession, url: str, payload: bytes, timeout
                        error=f"no complete answer within --request-timeout-s {timeout_s:g} s")
     except aiohttp.ClientConnectorError as exc:
         return Outcome(False, start, time.perf_counter() - start,
-                       error=f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}")
+                       error=f"cannot connect to {exc.host}:{exc.port}: {_reason(exc.os_error)}")
     except (aiohttp.ClientError, OSError) as exc:
         return Outcome(False, start, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}")
     return _outcome(tally, start, time.perf_counter())
@@ -81,6 +82,11 @@ def _outcome(tally: StreamTally, start: float, end: float) -> Outcome:
     if not tally.done and tally.finish_reason is None:
         return Outcome(False, error="the stream ended before [DONE] or a finish reason", **common)
     return Outcome(True, **common)
+
+
+def _reason(error: OSError) -> str:
+    """``Connection refused`` rather than asyncio's ``Connect call failed ('127.0.0.1', 1)``."""
+    return os.strerror(error.errno) if error.errno else str(error)
 
 
 async def _error_text(response: aiohttp.ClientResponse) -> str:

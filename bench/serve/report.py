@@ -10,6 +10,7 @@ HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per O
            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
 MAX_REASONS = 10  # failure messages printed (all are in the JSON)
 CLIENT_BUSY_SHARE = 0.8  # client CPU / duration above this: the client may have set the pace
+CLIENT_BUSY_MIN_S = 1.0  # ... over a run at least this long (a shorter one is mostly start-up)
 
 
 def summary(result: dict) -> str:
@@ -46,6 +47,8 @@ def summary(result: dict) -> str:
         lines += [f"{count:>6} x {message}" for message, count in reasons[:MAX_REASONS]]
         if len(reasons) > MAX_REASONS:
             lines.append(f"   ... {len(reasons) - MAX_REASONS} more messages in the JSON (failure_reasons)")
+    if result["completed"] == 0:
+        lines.append("no request completed: nothing was measured")
     lines.append("=" * 50)
     return "\n".join(lines)
 
@@ -64,7 +67,7 @@ def notes(result: dict) -> list[str]:
         out.append("note: prompt tokens without usage: "
                    + ", ".join(f"{n} {source}" for source, n in input_sources.items()))
     share = result.get("client_cpu_share")
-    if share is not None and share > CLIENT_BUSY_SHARE:
+    if share is not None and share > CLIENT_BUSY_SHARE and result["duration"] >= CLIENT_BUSY_MIN_S:
         out.append(f"warning: the client used {share:.0%} of a core: it may have been the bottleneck")
     return out
 

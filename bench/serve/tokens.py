@@ -16,8 +16,8 @@ from bench.serve.workload import Request, prompt_text
 
 @dataclass(frozen=True)
 class Counts:
-    """Per request (in order): prompt and output tokens (0 for a failed request's output), and how many
-    requests were counted each way: ``{"input": {"usage": n, ...}, "output": {...}}``."""
+    """Per request (in order): prompt and output tokens (0 and 0 for a failed request), and how many
+    completed requests were counted each way: ``{"input": {"usage": n, ...}, "output": {...}}``."""
 
     input_tokens: list[int]
     output_tokens: list[int]
@@ -31,6 +31,10 @@ def count(outcomes: list[Outcome], requests: list[Request], tokenizer_dir: str |
     inputs, outputs = [], []
     sources: dict[str, Counter] = {"input": Counter(), "output": Counter()}
     for outcome, request in zip(outcomes, requests):
+        if not outcome.ok:  # nothing to count: a failed request adds no tokens to any total
+            inputs.append(0)
+            outputs.append(0)
+            continue
         if outcome.prompt_tokens is not None:
             inputs.append(outcome.prompt_tokens)
             sources["input"]["usage"] += 1
@@ -40,9 +44,7 @@ def count(outcomes: list[Outcome], requests: list[Request], tokenizer_dir: str |
         else:
             inputs.append(0)
             sources["input"]["unknown"] += 1
-        if not outcome.ok:
-            outputs.append(0)
-        elif outcome.output_tokens is not None:
+        if outcome.output_tokens is not None:
             outputs.append(outcome.output_tokens)
             sources["output"]["usage"] += 1
         elif tokenizer is not None:

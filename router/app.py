@@ -30,7 +30,8 @@ from router.upstream import StageError
 log = logging.getLogger(__name__)
 ROUTER_KEY = web.AppKey("router", Router)
 _decode = msgspec.json.Decoder()
-REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker", "no_allowed_pair")  # the router's limits, not the client's fault
+# the router's limits, not the client's fault
+REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker", "no_allowed_pair")
 
 
 def create_app(router: Router) -> web.Application:

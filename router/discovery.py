@@ -71,7 +71,8 @@ async def _assign_role(session: aiohttp.ClientSession, worker: Worker, timeout_s
     if token is None:
         raise InfoError(f"{worker.url} is a switchable worker (stage serve pd); the router assigns its role "
                         "with its admin token: start the router with --admin-token, the same as the worker's")
-    async with session.post(worker.url + "/role", json={"role": worker.role}, headers={"Authorization": f"Bearer {token}"},
+    async with session.post(worker.url + "/role", json={"role": worker.role},
+                            headers={"Authorization": f"Bearer {token}"},
                             timeout=aiohttp.ClientTimeout(total=timeout_s * 5)) as response:
         if response.status != 200:
             raise InfoError(f"{worker.url} did not take the role {worker.role} (HTTP {response.status}): "

@@ -139,7 +139,8 @@ class Membership:
             return "registered" if body.get("added") else "already allowed"
         error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
         if status == 403 and error.get("code") == "admin_disabled":
-            return f"not registered (the decode's admin API is disabled): its --allowed-bootstrap must allow {host}:{port}"
+            return ("not registered (the decode's admin API is disabled): its --allowed-bootstrap must allow "
+                    f"{host}:{port}")
         refused.add((prefill.url, decode.url))
         log.warning("decode %s did not allow prefill %s:%d: %s; they are never paired", decode.url, host, port,
                     error.get("message"))

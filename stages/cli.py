@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from cache.config import MIB, CacheConfig
+from router.cli import TOKEN_ENV
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, EncoderConfig,
                            ImageLimits, ServerConfig)
 from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
@@ -95,16 +97,21 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
     g.add_argument("--transfer-timeout-s", type=float, default=t["timeout_s"], help="deadline of one KV write")
     g.add_argument("--pair-timeout-s", type=float, default=d["pair_timeout_s"],
                    help="a room's other half must arrive within this")
-    if role == "prefill":
+    g.add_argument("--group", default=None, help="pairing label the router may pair by (GET/PUT /admin/pairing)")
+    if role in ("prefill", "pd"):
         g.add_argument("--bootstrap-host", default=d["bootstrap_host"], help="bootstrap endpoint address")
         g.add_argument("--bootstrap-port", type=int, default=8998, help="bootstrap endpoint port (0: any)")
         g.add_argument("--prefill-timeout-s", type=float, default=d["prefill_timeout_s"],
                        help="room paired -> KV written and ready sent, at most")
+    if role == "prefill":  # EPD only, which a switchable worker does not run
         g.add_argument("--embedding-timeout-s", type=float, default=d["embedding_timeout_s"],
                        help="EPD mode: request arrival -> every image embedding it references read from the "
                             "cache (waiting for encodes in flight), at most; keep it below the decode's "
                             "--kv-timeout-s")
-    else:
+    if role in ("decode", "pd"):
+        g.add_argument("--admin-token", default=None,
+                       help=f"bearer token of the router's calls (/admin/allowed_bootstrap, pd: /role), or the "
+                            f"{TOKEN_ENV} environment variable; without one they answer 403")
         g.add_argument("--kv-timeout-s", type=float, default=d["kv_timeout_s"],
                        help="KV request sent -> KV ready, at most")
         g.add_argument("--accept-timeout-s", type=float, default=d["accept_timeout_s"],
@@ -153,9 +160,11 @@ def add_encoder_args(parser: argparse.ArgumentParser) -> None:
 def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(parser: argparse.ArgumentParser) -> None:
         add_engine_args(parser, kv=role != "encoder")
-        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300}[role])
+        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300,
+                                            "pd": 8150}[role])
         if role in DISAGG_ROLES:
             add_disagg_args(parser, role)
+        if role in ("prefill", "decode"):  # a switchable pd worker runs PD mode only
             add_cache_args(parser, required=False)
         if role == "encoder":
             add_cache_args(parser)
@@ -181,14 +190,16 @@ _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs"
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     """The validated config of a ``stage serve ROLE`` command line; ValueError names the flag to change."""
-    epd = role in DISAGG_ROLES and args.redis_url is not None
+    epd = role in DISAGG_ROLES and getattr(args, "redis_url", None) is not None
     engine = EngineConfig(model=args.model, parts=role_parts(role, epd),
                           **{name: getattr(args, name) for name in _ENGINE_FLAGS if hasattr(args, name)})
     disagg = None
     if role in DISAGG_ROLES:
         side = {name: getattr(args, name) for name in (
             "bootstrap_host", "bootstrap_port", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s",
-            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s") if hasattr(args, name)}
+            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "group")
+            if hasattr(args, name)}
+        side["admin_token"] = getattr(args, "admin_token", None) or os.environ.get(TOKEN_ENV) or None
         disagg = DisaggConfig(
             transfer=args.transfer, pair_timeout_s=args.pair_timeout_s, cache=cache_config(args) if epd else None,
             transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,

@@ -19,8 +19,9 @@ from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList
 
-ROLES = ("colocated", "prefill", "decode", "encoder")
-DISAGG_ROLES = ("prefill", "decode")
+ROLES = ("colocated", "prefill", "decode", "encoder", "pd")
+DISAGG_ROLES = ("prefill", "decode", "pd")  # pd: a switchable worker, prefill or decode as the router says
+MIN_TOKEN_CHARS = 16
 TRANSFERS = ("mooncake", "nixl")
 CACHE_BUDGET_MIB = 1024.0  # --cache-budget-mib default
 CACHE_TTL_S = 3600.0  # --cache-ttl-s default
@@ -65,6 +66,8 @@ class DisaggConfig:
     peer_link_idle_s: float = 60.0  # decode: close a link to a prefill after this long without a room
     cache: CacheConfig | None = None  # EPD mode (--redis-url): image references instead of pixels
     embedding_timeout_s: float = 20.0  # prefill, EPD: request arrival -> every embedding it references read
+    group: str | None = None  # pairing label the router reads from /server_info (--group)
+    admin_token: str | None = field(default=None, repr=False)  # decode, pd: the router's admin calls (--admin-token)
 
     def __post_init__(self) -> None:
         if self.transfer not in TRANSFERS:
@@ -78,6 +81,10 @@ class DisaggConfig:
         if not 0 <= self.bootstrap_port < 65536:
             raise ValueError(f"--bootstrap-port must be in [0, 65535], got {self.bootstrap_port}")
         self.allow_list()  # raises ValueError naming --allowed-bootstrap on a bad pattern
+        if self.group is not None and not self.group.strip():
+            raise ValueError("--group must not be empty")
+        if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"--admin-token (or EPD_ADMIN_TOKEN) must be at least {MIN_TOKEN_CHARS} characters")
 
     @property
     def epd(self) -> bool:

@@ -15,7 +15,7 @@ from stages.config import ServerConfig
 
 log = logging.getLogger(__name__)
 BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", "decode": "stages.disagg.server",
-            "encoder": "stages.encoder.server"}
+            "encoder": "stages.encoder.server", "pd": "stages.disagg.switchable"}
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -24,6 +24,7 @@ class Supervisor:
         self._failures: dict[str, str] = {}
         self._threads: dict[str, Callable[[], bool]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._children: dict[str, Supervisor] = {}
         self._stopping = False
 
     def spawn(self, name: str, coro: Coroutine) -> asyncio.Task:
@@ -40,6 +41,12 @@ class Supervisor:
         """Report ``name`` as dead whenever ``alive()`` is False (checked on every ``failures()``)."""
         self._threads[name] = alive
 
+    def adopt(self, name: str, child: Supervisor) -> None:
+        """Report ``child``'s failures as this one's, each prefixed with ``name``, in place of the
+        child adopted under ``name`` before (a part the server replaces while it runs, e.g. a
+        switchable worker's role; its owner stops the old child)."""
+        self._children[name] = child
+
     def fail(self, name: str, reason: str) -> None:
         """Record a death found some other way (e.g. a thread that reported its own crash)."""
         if name not in self._failures:
@@ -51,7 +58,10 @@ class Supervisor:
         for name, alive in self._threads.items():
             if not self._stopping and not alive():
                 self._failures.setdefault(name, "thread is not running")
-        return dict(self._failures)
+        failures = dict(self._failures)
+        for prefix, child in self._children.items():
+            failures.update({f"{prefix}: {name}": reason for name, reason in child.failures().items()})
+        return failures
 
     async def stop(self) -> None:
         """Cancel every supervised task and wait for them; deaths after this are not reported."""

@@ -26,24 +26,30 @@ from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
+from stages.timeline import RoomTimeline
 from transfer.base import TransferBackend
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
+from transfer.peer_policy import AllowList
 
 log = logging.getLogger(__name__)
 
 
 class DecodeCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults) -> None:
+                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults, timeline: RoomTimeline,
+                 allow: AllowList) -> None:
+        """``allow``: the prefills it may dial (the server's, which the router may add to at runtime);
+        ``timeline``: where each room's events are marked (``stages.timeline``)."""
         self.engine = engine
         self.fingerprint = fingerprint
         self.config = config
         self.supervisor = supervisor
         self.faults = faults
+        self.timeline = timeline
         self.descriptor = backend.descriptor()
-        self.client = BootstrapClient(allow=config.allow_list(), max_links=config.max_peer_links,
+        self.client = BootstrapClient(allow=allow, max_links=config.max_peer_links,
                                       link_idle_s=config.peer_link_idle_s)
         self.decode_id = f"decode-{os.getpid()}"
         self._cleanups: set[asyncio.Task] = set()
@@ -63,7 +69,10 @@ class DecodeCoordinator:
         if not self.client.allow.allows(host, port):
             raise not_allowed(f"prefill {host}:{port} is not allowed by --allowed-bootstrap "
                               f"(allowed: {self.client.allow})")
+        mark = self.timeline.mark
+        mark(room, "queued")
         blocks = await self._reserve(prompt, params)
+        mark(room, "blocks_reserved", blocks=len(blocks))
         if self.faults.take("decode.exit_before_request"):
             os._exit(EXIT_CODE)
         try:
@@ -71,18 +80,28 @@ class DecodeCoordinator:
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
                                 decode_id=self.decode_id)
             await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
+            mark(room, "kv_requested")
             ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s)
+            mark(room, "kv_ready")
         except BaseException as exc:
+            mark(room, "failed", reason=_reason(exc))
             self._clean_up_later(room, blocks, _reason(exc))
             if isinstance(exc, HandshakeTimeout):
                 raise timed_out(f"bootstrap room {room}: {exc}") from exc
             if isinstance(exc, HandshakeError):
                 raise bad_gateway(f"bootstrap room {room}: {exc}") from exc
             raise
+        last = None
         async for output in self.engine.generate_prefilled(
             f"room-{room}", prompt, params, blocks, ready.first_token, ready.rope_delta
         ):
+            if last is None:
+                mark(room, "first_token")
+            last = output
             yield output
+        if last is not None:
+            mark(room, "finished", completion_tokens=last.completion_tokens,
+                 finish_reason=last.finish_reason.value if last.finish_reason is not None else None)
 
     async def _reserve(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_blocks(prompt, params),

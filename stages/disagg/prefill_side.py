@@ -44,6 +44,7 @@ from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
+from stages.timeline import RoomTimeline
 from transfer.base import TransferBackend, TransferError, block_ops
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Abort, Fingerprint, KVRequest
@@ -79,12 +80,14 @@ class _Local:
 
 class PrefillCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults) -> None:
+                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults, timeline: RoomTimeline) -> None:
+        """``timeline``: where each room's events are marked (``stages.timeline``)."""
         self.engine = engine
         self.backend = backend
         self.config = config
         self.supervisor = supervisor
         self.faults = faults
+        self.timeline = timeline
         self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
         self.table: RoomTable[_Local, KVRequest] = RoomTable()
         self._running: dict[int, asyncio.Task] = {}
@@ -115,6 +118,7 @@ class PrefillCoordinator:
                       inputs: Coroutine[Any, Any, None] | None = None) -> PrefillResult:
         """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError.
         ``inputs`` (EPD): completes the prompt (its embeddings); run at once, awaited before the forward."""
+        self.timeline.mark(room, "queued")
         local = _Local(prompt, params, asyncio.ensure_future(inputs) if inputs is not None else None)
         # the HTTP side may stop waiting (timeout, client gone); its result is then read by nobody
         local.result.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -206,14 +210,18 @@ class PrefillCoordinator:
         failure ends in ``_fail``; this prefill's blocks are freed however the room ends."""
         room, local, remote = entry.room, entry.local, entry.remote
         blocks: list[int] = []
+        mark = self.timeline.mark
         try:
             self._check_pair(room, local, remote)
+            mark(room, "paired")
             if local.inputs is not None:
                 await self._inputs(room, local.inputs)
+                mark(room, "embeddings_ready")
             if self.faults.take("prefill.exit_before_forward"):
                 os._exit(EXIT_CODE)
             last = await self._forward(room, local)
             blocks = last.blocks
+            mark(room, "prefilled", prompt_tokens=last.prompt_tokens)
             if self.faults.take("prefill.exit_after_forward"):
                 os._exit(EXIT_CODE)
             if self.faults.take("prefill.crash"):
@@ -221,12 +229,14 @@ class PrefillCoordinator:
             started = time.perf_counter()
             moved = await asyncio.to_thread(self._write, remote, blocks)
             elapsed = time.perf_counter() - started
+            mark(room, "kv_written", bytes=moved, seconds=elapsed)
             if delay := self.faults.take("prefill.delay_ready"):
                 await asyncio.sleep(delay.delay_s)
             if room in self._aborted:
                 raise bad_gateway(self._aborted[room])
             await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
                                          prompt_tokens=last.prompt_tokens)
+            mark(room, "ready_sent")
             if not local.result.done():
                 local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
                                                       last.prompt_tokens, moved, elapsed))
@@ -266,6 +276,7 @@ class PrefillCoordinator:
         """Answer both halves of a failed room with what failed: the HTTP half at once, the decode
         (``KVFailed``, same reason) once nothing more can land in its blocks."""
         error = _room_error(room, exc)
+        self.timeline.mark(room, "failed", reason=str(error))
         if not isinstance(exc, DisaggError | TransferError):  # unexpected: keep its traceback
             log.error("room %d failed", room, exc_info=exc)
         else:

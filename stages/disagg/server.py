@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from stages.api.chat import ImageMode, Preparer, image_refs
+from stages.disagg.admin import add_bootstrap_route
 from stages.api.errors import APIError, bad_request
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
@@ -28,13 +29,14 @@ from stages.disagg.decode_side import DecodeCoordinator
 from stages.disagg.embeddings import EmbeddingShape, ImageInputs
 from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
-from stages.disagg.runtime import start_runtime
+from stages.disagg.runtime import StageRuntime, start_runtime
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import Faults, engine_hook
 from stages.supervisor import Supervisor
+from stages.timeline import RoomTimeline, add_room_route
 
 
 def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
@@ -84,7 +86,6 @@ def build(config: ServerConfig) -> FastAPI:
     lifespan starts the coordinator and the engine thread, and stops them in reverse order."""
     from stages.api.routes import create_app
     from stages.metrics import Metrics
-    from stages.resources import model_info
 
     disagg = config.disagg
     assert disagg is not None  # ServerConfig guarantees it for these roles
@@ -94,10 +95,11 @@ def build(config: ServerConfig) -> FastAPI:
                             on_step=metrics.observe_step, before_step=engine_hook(faults))
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
     cache = _open_cache(config, metrics) if config.role == "prefill" and disagg.epd else None
+    timeline, allow = RoomTimeline(), disagg.allow_list()
     coordinator: PrefillCoordinator | DecodeCoordinator
     if config.role == "prefill":
         coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                         supervisor=supervisor, faults=faults)
+                                         supervisor=supervisor, faults=faults, timeline=timeline)
         adapter = runtime.prompts.adapter
         inputs = None if cache is None else ImageInputs(
             cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers), runtime.prompts,
@@ -105,7 +107,7 @@ def build(config: ServerConfig) -> FastAPI:
         generate = prefill_generate(coordinator, inputs)
     else:
         coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                        supervisor=supervisor, faults=faults)
+                                        supervisor=supervisor, faults=faults, timeline=timeline, allow=allow)
         generate = decode_generate(coordinator)
 
     @asynccontextmanager
@@ -128,28 +130,42 @@ def build(config: ServerConfig) -> FastAPI:
 
     @app.get("/server_info")
     async def server_info() -> dict:
-        stats = runtime.engine.stats()
-        info = {
-            "role": config.role,
-            "model": config.model_name,
-            "model_path": config.engine.model,
-            "transfer_backend": disagg.transfer,
-            "fingerprint": dataclasses.asdict(runtime.fingerprint),
-            "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
-            "transfer": dataclasses.asdict(runtime.backend.stats),
-            **model_info(runtime.prompts.adapter, mode.value),
-        }
-        if disagg.cache is not None:
-            info["redis_url"] = disagg.cache.safe_url
-        if isinstance(coordinator, PrefillCoordinator):
-            info["bootstrap"] = {"host": disagg.bootstrap_host, "port": coordinator.bootstrap_port}
-        else:
-            client = coordinator.client
-            info["peer_links"] = {"open": list(client.links.addresses()), "max": disagg.max_peer_links,
-                                  "allowed": list(client.allow.patterns())}
-        return info
+        return stage_info(config, runtime, coordinator, mode)
 
+    add_room_route(app, timeline, config.role)
+    if config.role == "decode":
+        add_bootstrap_route(app, disagg.admin_token, lambda: allow)
     return app
+
+
+def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: PrefillCoordinator | DecodeCoordinator,
+               mode: ImageMode) -> dict:
+    """``GET /server_info`` of a prefill or decode (or a switchable worker in one of those roles)."""
+    from stages.resources import model_info
+
+    disagg = config.disagg
+    assert disagg is not None
+    stats = runtime.engine.stats()
+    info = {
+        "role": "prefill" if isinstance(coordinator, PrefillCoordinator) else "decode",
+        "model": config.model_name,
+        "model_path": config.engine.model,
+        "transfer_backend": disagg.transfer,
+        "fingerprint": dataclasses.asdict(runtime.fingerprint),
+        "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
+        "transfer": dataclasses.asdict(runtime.backend.stats),
+        "group": disagg.group,
+        **model_info(runtime.prompts.adapter, mode.value),
+    }
+    if disagg.cache is not None:
+        info["redis_url"] = disagg.cache.safe_url
+    if isinstance(coordinator, PrefillCoordinator):
+        info["bootstrap"] = {"host": disagg.bootstrap_host, "port": coordinator.bootstrap_port}
+    else:
+        client = coordinator.client
+        info["peer_links"] = {"open": list(client.links.addresses()), "max": disagg.max_peer_links,
+                              "allowed": list(client.allow.patterns())}
+    return info
 
 
 def _open_cache(config: ServerConfig, metrics):  # type: ignore[no-untyped-def]

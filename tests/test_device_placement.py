@@ -17,6 +17,8 @@ import torch
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from stages.loading import load_engine
+from stages.prompt import PromptBuilder
 from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
@@ -27,24 +29,31 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl", "llava"])
-def engine(request) -> Engine:
-    return Engine(EngineConfig(model=str(model_dir(request.param)), kv_cache_mib=16, device=DEVICE))
+def loaded(request) -> tuple[Engine, PromptBuilder]:
+    return load_engine(EngineConfig(model=str(model_dir(request.param)), kv_cache_mib=16, device=DEVICE), pixels=True)
 
 
-def prompts(engine: Engine) -> list:
+@pytest.fixture(scope="module")
+def engine(loaded) -> Engine:
+    return loaded[0]
+
+
+def prompts(builder: PromptBuilder) -> list:
     image = [{"type": "image"}, {"type": "text", "text": "what is this?"}]
     text = [{"type": "text", "text": "say something long about the sea"}]
-    return [engine.prompts.build([{"role": "user", "content": image}], [random_image(64, 48, seed=1)]),
-            engine.prompts.build([{"role": "user", "content": text}], []),
-            engine.prompts.build([{"role": "user", "content": image}], [random_image(48, 80, seed=2)])]
+    return [builder.build([{"role": "user", "content": image}], [random_image(64, 48, seed=1)]),
+            builder.build([{"role": "user", "content": text}], []),
+            builder.build([{"role": "user", "content": image}], [random_image(48, 80, seed=2)])]
 
 
-def run(engine: Engine, tag: str, default_device: str | None) -> dict[str, tuple[list[int], str | None]]:
+def run(loaded: tuple[Engine, PromptBuilder], tag: str, default_device: str | None) -> dict[str, tuple[list[int], str | None]]:
     """Three requests added at once (two greedy, one seeded), stepped to the end with torch's default
     device set to ``default_device`` during admission and steps; (tokens, error) per request."""
+    engine, builder = loaded
     results: dict[str, tuple[list[int], str | None]] = {}
+    requests = prompts(builder)
     with torch.device(default_device) if default_device else torch.device(DEVICE):
-        for i, (prompt, params) in enumerate(zip(prompts(engine), [GREEDY, SEEDED, GREEDY])):
+        for i, (prompt, params) in enumerate(zip(requests, [GREEDY, SEEDED, GREEDY])):
             engine.add_request(f"{tag}-{i}", prompt, params)
         for _ in range(MAX_STEPS):
             if not engine.has_work():
@@ -56,18 +65,19 @@ def run(engine: Engine, tag: str, default_device: str | None) -> dict[str, tuple
     return {rid.split("-", 1)[1]: value for rid, value in results.items()}
 
 
-def test_a_step_makes_every_tensor_on_the_engines_device(engine):
-    normal = run(engine, "normal", None)
+def test_a_step_makes_every_tensor_on_the_engines_device(loaded):
+    normal = run(loaded, "normal", None)
     assert all(error is None and len(tokens) == 6 for tokens, error in normal.values()), normal
-    assert run(engine, "meta", "meta") == normal
+    assert run(loaded, "meta", "meta") == normal
 
 
-def test_the_decode_side_of_a_hand_off_names_its_devices(engine):
-    prompt = prompts(engine)[0]
+def test_the_decode_side_of_a_hand_off_names_its_devices(loaded):
+    engine, builder = loaded
+    prompt = prompts(builder)[0]
     handed = engine.add_request("handed", prompt, SEEDED, hand_off=True)
     while engine.has_work():
         engine.step()
-    expected = engine.add_request("alone", prompts(engine)[0], SEEDED)
+    expected = engine.add_request("alone", prompts(builder)[0], SEEDED)
     while engine.has_work():
         engine.step()
     blocks = engine.reserve_blocks(prompt, SEEDED)  # as a decode server does, then the "transfer":
@@ -86,11 +96,10 @@ def test_the_decode_side_of_a_hand_off_names_its_devices(engine):
     assert engine.allocator.num_used == 0
 
 
-def test_a_stray_factory_call_is_caught(engine, monkeypatch):
+def test_a_stray_factory_call_is_caught(loaded, monkeypatch):
     """Negative control: a runner that makes its token ids without naming a device fails under meta."""
-    tensor = engine.runner._tensor
-    monkeypatch.setattr(engine.runner, "_tensor", lambda values: torch.tensor(values, dtype=torch.long)
-                        if values is not None else tensor(values))
-    results = run(engine, "stray", "meta")
+    engine = loaded[0]
+    monkeypatch.setattr(engine.runner, "_tensor", lambda values: torch.tensor(values, dtype=torch.long))
+    results = run(loaded, "stray", "meta")
     assert all(error is not None for _, error in results.values()), results
     assert engine.allocator.num_used == 0

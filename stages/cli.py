@@ -3,6 +3,8 @@
     stage serve colocated --model DIR [--host 127.0.0.1] [--port 8000] [...]
     stage serve router --port N --prefill URL --decode URL | --colocated URL [...]   (router/cli.py)
     stage serve encoder --model DIR --redis-url URL [--port 8300] [--max-batch-images 16] [...]
+    stage serve pd --model DIR --transfer X --admin-token T   (a switchable worker: stages/disagg/switchable.py)
+    stage admin workers|add|drain|resume|remove|pairing|ratio|room [--router URL] [...]   (router/admin_cli.py)
     stage make-model --family qwen2_vl --size tiny --out DIR
     stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--workdir DIR]   (stages/demo.py)
     stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/up.py)
@@ -326,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_up_args(up)
     up.set_defaults(run=run_up)
+
+    from router.admin_cli import add_admin_args  # light: standard library only
+
+    add_admin_args(commands.add_parser("admin", help="the router's admin API: workers, pairing, ratio, rooms"))
 
     from bench.cli import add_parser as add_bench_parser  # light: each benchmark loads what it needs in its run
 

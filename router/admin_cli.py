@@ -91,7 +91,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict | None]:
         return "POST", "/admin/workers", {"url": args.url, "role": args.role,
                                           **({"group": args.group} if args.group else {})}
     if command == "drain":
-        return "POST", f"/admin/workers/{args.id}/drain" + ("" if args.wait_s is None else f"?wait_s={args.wait_s}"), None
+        wait = "" if args.wait_s is None else f"?wait_s={args.wait_s}"
+        return "POST", f"/admin/workers/{args.id}/drain{wait}", None
     if command == "resume":
         return "POST", f"/admin/workers/{args.id}/resume", None
     if command == "remove":

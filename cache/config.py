@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 MIB = 1 << 20
+DEFAULT_BUDGET_MIB = 1024.0  # --cache-budget-mib default, of every process that writes
+DEFAULT_TTL_S = 3600.0  # --cache-ttl-s default, of every process that writes or touches entries
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,26 @@ into a prompt. Only raw bytes and msgpack cross Redis; nothing is pickled.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import msgspec
-import torch
 
 from cache.errors import CorruptEntry
 
+if TYPE_CHECKING:
+    import torch
+
 FORMAT_VERSION = 1  # an entry of another version is a miss (written by another release)
 ALIGN = 64
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# the dtypes the cache stores, by name, with their item sizes; torch is imported only to pack or
+# unpack tensors, so that readers of the index alone (the router) do not load it
+DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)
 
 
 class TensorSpec(msgspec.Struct, frozen=True):
@@ -89,6 +99,8 @@ def decode_entry(data: bytes) -> Entry:
 def pack(tensors: dict[str, torch.Tensor]) -> tuple[list[TensorSpec], bytes]:
     """Lay ``tensors`` out in one blob (insertion order). Tensors may live on any device; their bytes
     are copied to the host. ValueError for an empty dict, an empty name, or a dtype not in ``DTYPES``."""
+    import torch
+
     if not tensors:
         raise ValueError("an embedding needs at least one tensor")
     specs: list[TensorSpec] = []
@@ -97,13 +109,14 @@ def pack(tensors: dict[str, torch.Tensor]) -> tuple[list[TensorSpec], bytes]:
     for name, tensor in tensors.items():
         if not name:
             raise ValueError("tensor names must be non-empty")
-        if tensor.dtype not in _DTYPE_NAMES:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}; the cache stores {sorted(DTYPES)}")
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         padding = -offset % ALIGN
         chunks.append(bytes(padding))
         offset += padding
-        specs.append(TensorSpec(name, list(tensor.shape), _DTYPE_NAMES[tensor.dtype], offset, len(data)))
+        specs.append(TensorSpec(name, list(tensor.shape), dtype, offset, len(data)))
         chunks.append(data)
         offset += len(data)
     return specs, b"".join(chunks)
@@ -123,12 +136,14 @@ def unpack(entry: Entry, payload: bytes) -> dict[str, torch.Tensor]:
     for spec in entry.tensors:
         _check_spec(entry.key, spec, end, len(payload))
         end = spec.offset + spec.nbytes
+    import torch
+
     buffer = bytearray(payload)
     out: dict[str, torch.Tensor] = {}
     for spec in entry.tensors:
         raw = torch.frombuffer(buffer, dtype=torch.uint8, offset=spec.offset, count=spec.nbytes) if spec.nbytes \
             else torch.empty(0, dtype=torch.uint8)
-        out[spec.name] = raw.view(DTYPES[spec.dtype]).reshape(spec.shape)
+        out[spec.name] = raw.view(_torch_dtype(spec.dtype)).reshape(spec.shape)
     return out
 
 
@@ -139,7 +154,7 @@ def _check_spec(key: str, spec: TensorSpec, start: int, size: int) -> None:
         raise CorruptEntry(f"{where} has dtype {spec.dtype!r}, not one of {sorted(DTYPES)}")
     if any(dim < 0 for dim in spec.shape):
         raise CorruptEntry(f"{where} has a negative dimension: {spec.shape}")
-    expected = math.prod(spec.shape) * DTYPES[spec.dtype].itemsize
+    expected = math.prod(spec.shape) * DTYPES[spec.dtype]
     if spec.nbytes != expected:
         raise CorruptEntry(f"{where}: shape {spec.shape} of {spec.dtype} is {expected} bytes, entry says {spec.nbytes}")
     if spec.offset % ALIGN or spec.offset < start or spec.offset + spec.nbytes > size:

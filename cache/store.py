@@ -21,11 +21,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
-import torch
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -36,6 +35,9 @@ from cache.entry import Entry, InRedis, decode_entry, encode_entry, pack, unpack
 from cache.errors import CacheUnavailable, CorruptEntry, EncodeFailed, EntryTooLarge, NotPending, ReadyTimeout
 from cache.keys import check_key
 from cache.readiness import Event, ReadyEvents, Waiter, encode_event
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,6 +14,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache.config import DEFAULT_BUDGET_MIB as CACHE_BUDGET_MIB  # --cache-budget-mib default
+from cache.config import DEFAULT_TTL_S as CACHE_TTL_S  # --cache-ttl-s default
 from cache.config import CacheConfig
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
@@ -23,8 +25,6 @@ ROLES = ("colocated", "prefill", "decode", "encoder", "pd")
 DISAGG_ROLES = ("prefill", "decode", "pd")  # pd: a switchable worker, prefill or decode as the router says
 MIN_TOKEN_CHARS = 16
 TRANSFERS = ("mooncake", "nixl")
-CACHE_BUDGET_MIB = 1024.0  # --cache-budget-mib default
-CACHE_TTL_S = 3600.0  # --cache-ttl-s default
 
 
 @dataclass(frozen=True)

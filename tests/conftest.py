@@ -6,7 +6,8 @@
 
 ``start_server(role, *flags, timeout_s=180) -> ServerProcess``   (module scope)
     Runs ``python -m stages.cli serve ROLE *flags --port <free port>``, waits for /health, and stops
-    it when the module's tests are done. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
+    it when the module's tests are done. A stage server that runs a model gets ``--device`` from
+    ``EPD_TEST_DEVICE`` (tests/devices.py) unless ``flags`` name one. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
     (``url + "/v1"``, for the openai client), ``server.log()`` (its output so far).
 
 A module starts its server once, in its own module-scoped fixture:
@@ -28,9 +29,11 @@ from pathlib import Path
 import pytest
 
 from stages.cli import free_port, stop_process, wait_healthy
+from tests.devices import DEVICE
 
 REPO = Path(__file__).resolve().parents[1]
 START_ATTEMPTS = 2  # a free port can be taken between probing it and the server binding it
+MODEL_ROLES = ("colocated", "prefill", "decode", "encoder")  # the roles that take --device
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +66,8 @@ class ServerProcess:
 
 def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: dict | None = None) -> ServerProcess:
     """Start ``stage serve ROLE`` on a free port and wait until it is healthy (or fail with its log)."""
+    if role in MODEL_ROLES and "--device" not in flags:
+        flags = [*flags, "--device", DEVICE]
     for attempt in range(START_ATTEMPTS):
         port = free_port()
         with open(log_path, "wb") as log_file:

@@ -15,6 +15,11 @@ import os
 import torch
 
 DEVICE = os.environ.get("EPD_TEST_DEVICE", "cpu")
+if not DEVICE.startswith("cuda"):
+    # Triton kernels (stages/engine/paged_decode.py) then run in Triton's interpreter on the CPU. Triton
+    # reads this once, when it is first imported (torch._dynamo imports it): this module is imported
+    # by conftest.py, before any test module imports torch's extras.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # How close (in logits, float32 models) the alone run's token and the batched run's token must have
 # been where they first differ, for the difference to count as kernel rounding. Rounding differences
 # between cuBLAS/attention kernels of different batch shapes are ~1e-5 in these tiny float32 models;

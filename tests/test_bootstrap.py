@@ -142,6 +142,8 @@ def test_fingerprint_validates() -> None:
         dataclasses.replace(FP, block_size=0)
     with pytest.raises(ValueError, match="dtype"):
         dataclasses.replace(FP, dtype="")
+    with pytest.raises(ValueError, match=r"Fingerprint.memory must be one of \('DRAM', 'VRAM'\), got 'HBM'"):
+        dataclasses.replace(FP, memory="HBM")
 
 
 MISMATCHES = [
@@ -150,6 +152,8 @@ MISMATCHES = [
      "serve the same checkpoint (--model) on prefill and decode"),
     ("backend", "nixl",
      "transfer backend differs: prefill mooncake, decode nixl; start both with the same --transfer"),
+    ("memory", "VRAM", "KV memory differs: prefill DRAM, decode VRAM; run prefill and decode on the same kind of "
+     "device (--device cpu on both, or --device cuda[:N] on both)"),
     ("dtype", "float16", "KV dtype differs: prefill bfloat16, decode float16; start both with the same --dtype"),
     ("block_size", 32, "block size differs: prefill 16, decode 32; start both with the same --block-size"),
     ("num_layers", 8,

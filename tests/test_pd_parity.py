@@ -18,6 +18,7 @@ from stages.cli import free_port
 from stages.engine.models import load_adapter
 from stages.prompt import PromptBuilder
 from tests.conftest import launch
+from tests.devices import DEVICE
 from tests.generated_models import VARIANTS, model_dir
 from tests.hf_reference import hf_greedy, random_image
 
@@ -54,7 +55,7 @@ def pair(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(pair):
     path = pair[0]
-    adapter = load_adapter(path, torch.float32, "sdpa")
+    adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)  # generate() on the servers' device
     prompts = PromptBuilder.load(path, adapter)
     return adapter, prompts.tokenizer, prompts
 

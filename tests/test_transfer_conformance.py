@@ -4,6 +4,11 @@ The initiator runs in this process; for the real backends the target is a separa
 (multiprocessing spawn) on 127.0.0.1 that registers zeroed regions, hands over their descriptors and
 answers "read" / "zero" over a pipe. Peer death is SIGKILL, a stalled peer is SIGSTOP. A real
 backend whose library is not installed is skipped.
+
+Memory: every region is host memory ("DRAM"), or, with ``EPD_TEST_DEVICE=cuda[:N]``
+(tests/devices.py), memory of that GPU ("VRAM": torch tensors), so the same suite moves bytes
+VRAM to VRAM on a GPU machine (scripts/gpu-check.sh); the in-memory fake (a memmove) and a Mooncake
+build without CUDA then skip. The descriptor and the peer carry the memory kind and device id.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import msgspec
 import numpy as np
 import pytest
 
+from tests.devices import DEVICE, on_gpu
 from tests.transfer_fakes import FakeBackend
-from transfer.base import (DESCRIPTOR_VERSION, Peer, TransferBackend, TransferConfig, TransferError, WriteOp,
-                           block_ops)
+from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig, TransferError,
+                           WriteOp, block_ops, decode_descriptor)
 
 KINDS = ("fake", "mooncake", "nixl")
 LIBRARIES = {"mooncake": "mooncake.engine", "nixl": "nixl"}
@@ -32,16 +38,60 @@ BLOCK = 64 << 10  # 64 blocks per region
 TIMEOUT_S = 1.5
 SLACK_S = 1.5  # scheduling slack on a loaded 2-core machine
 CONFIG = TransferConfig(timeout_s=TIMEOUT_S)
+MEMORY = "VRAM" if on_gpu() else "DRAM"  # what every region of this suite is
 
 pytestmark = pytest.mark.timeout(60)
 
 
+def skip_unless_it_moves(kind: str) -> None:
+    """Skip a backend that cannot move this suite's memory (or whose library is not installed)."""
+    if kind != "fake":
+        pytest.importorskip(LIBRARIES[kind])
+    if MEMORY == "VRAM" and kind == "fake":
+        pytest.skip("the fake's memmove cannot reach GPU memory")
+    if MEMORY == "VRAM" and kind == "mooncake":
+        from transfer.mooncake import cuda_build
+        if not cuda_build():
+            pytest.skip("this Mooncake build has no CUDA (extra mooncake-cuda)")
+
+
 def make_backend(kind: str) -> TransferBackend:
+    skip_unless_it_moves(kind)
     if kind == "fake":
         return FakeBackend(CONFIG)
-    pytest.importorskip(LIBRARIES[kind])
     from transfer.registry import create_backend
     return create_backend(kind, CONFIG)
+
+
+class Buffer:
+    """``size`` bytes of MEMORY (zeros, or a copy of ``fill``): numpy on the host, a torch tensor on the GPU."""
+
+    def __init__(self, size: int, fill: np.ndarray | None = None) -> None:
+        self.size, self.device_id = size, 0
+        if MEMORY == "VRAM":
+            import torch
+
+            self.tensor = torch.zeros(size, dtype=torch.uint8, device=DEVICE)
+            if fill is not None:
+                self.tensor.copy_(torch.from_numpy(fill))
+            torch.cuda.synchronize(self.tensor.device)  # the bytes are there before a transfer engine reads them
+            self.ptr, self.device_id = self.tensor.data_ptr(), self.tensor.device.index
+        else:
+            self.array = np.zeros(size, np.uint8) if fill is None else fill.copy()
+            self.ptr = self.array.ctypes.data
+
+    def register(self, backend: TransferBackend) -> None:
+        backend.register(self.ptr, self.size, MEMORY, self.device_id)
+
+    def read(self) -> np.ndarray:
+        return self.tensor.cpu().numpy() if MEMORY == "VRAM" else self.array.copy()
+
+    def zero(self) -> None:
+        if MEMORY == "VRAM":
+            self.tensor.zero_()
+            self.tensor.cpu()  # waits for the kernel
+        else:
+            self.array[:] = 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -52,17 +102,17 @@ class LocalTarget:
     """``count`` fake targets in this process; kill() releases them, stall() stalls them."""
 
     def __init__(self, count: int) -> None:
-        self.bufs = [np.zeros(REGION, np.uint8) for _ in range(count)]
+        self.bufs = [Buffer(REGION) for _ in range(count)]
         self.backends = [FakeBackend(CONFIG) for _ in range(count)]
         for backend, buf in zip(self.backends, self.bufs):
-            backend.register(buf.ctypes.data, REGION)
+            buf.register(backend)
         self.descriptors = [b.descriptor() for b in self.backends]
 
     def read(self) -> np.ndarray:
-        return self.bufs[0].copy()
+        return self.bufs[0].read()
 
     def zero(self) -> None:
-        self.bufs[0][:] = 0
+        self.bufs[0].zero()
 
     def kill(self) -> None:
         self.close()
@@ -80,17 +130,17 @@ def _target_main(kind: str, conn, count: int) -> None:
     """A target process: ``count`` backends, each with a zeroed region; sends their descriptors,
     then serves read / zero (of the first region) and exit."""
     from transfer.registry import create_backend
-    bufs = [np.zeros(REGION, np.uint8) for _ in range(count)]
+    bufs = [Buffer(REGION) for _ in range(count)]
     backends = [create_backend(kind, CONFIG) for _ in range(count)]
     for backend, buf in zip(backends, bufs):
-        backend.register(buf.ctypes.data, REGION)
+        buf.register(backend)
     conn.send([b.descriptor() for b in backends])
     while True:
         cmd = conn.recv()
         if cmd == "read":
-            conn.send_bytes(bufs[0].tobytes())
+            conn.send_bytes(bufs[0].read().tobytes())
         elif cmd == "zero":
-            bufs[0][:] = 0
+            bufs[0].zero()
             conn.send("ok")
         elif cmd == "exit":
             for backend in backends:
@@ -103,7 +153,7 @@ class ProcessTarget:
     """``count`` targets of a real backend in one spawned process; kill() is SIGKILL, stall() SIGSTOP."""
 
     def __init__(self, kind: str, count: int) -> None:
-        pytest.importorskip(LIBRARIES[kind])
+        skip_unless_it_moves(kind)
         self.kind = kind
         self.conn, child = mp.get_context("spawn").Pipe()
         self.proc = mp.get_context("spawn").Process(target=_target_main, args=(kind, child, count), daemon=True)
@@ -156,7 +206,7 @@ def start_target(kind: str, count: int = 1) -> LocalTarget | ProcessTarget:
 @dataclass
 class Initiator:
     backend: TransferBackend
-    src: np.ndarray
+    src: np.ndarray  # the bytes of its registered region (a host copy when that is GPU memory)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -168,9 +218,11 @@ def kind(request) -> str:
 def initiator(kind) -> Iterator[Initiator]:
     src = np.random.default_rng(0).integers(0, 256, REGION, dtype=np.uint8)
     backend = make_backend(kind)
-    backend.register(src.ctypes.data, REGION)
+    region = Buffer(REGION, fill=src)
+    region.register(backend)
     yield Initiator(backend, src)
     backend.release()
+    del region  # only now: the backend never frees it
 
 
 @pytest.fixture(scope="module")
@@ -251,9 +303,9 @@ def test_connect_is_cached_and_refuses_foreign_descriptors(kind, initiator, targ
     others = [k for k in ("mooncake", "nixl") if k != kind and importlib.util.find_spec(k) is not None]
     if others:  # a real descriptor of another backend
         foreign = make_backend(others[0])
-        buf = np.zeros(4096, np.uint8)
+        buf = Buffer(4096)
         try:
-            foreign.register(buf.ctypes.data, buf.size)
+            buf.register(foreign)
             with pytest.raises(TransferError, match=f"'{others[0]}' transfer backend but this process uses '{kind}'"):
                 backend.connect(foreign.descriptor())
         finally:
@@ -289,12 +341,12 @@ def test_concurrent_writes_from_threads(initiator, target):
 
 def test_register_once_and_release_is_idempotent(kind, target):
     backend = make_backend(kind)
-    buf = np.zeros(REGION, np.uint8)
+    buf = Buffer(REGION)
     with pytest.raises(TransferError, match="before register"):
         backend.descriptor()
-    backend.register(buf.ctypes.data, REGION)
+    buf.register(backend)
     with pytest.raises(TransferError, match="twice"):
-        backend.register(buf.ctypes.data, REGION)
+        buf.register(backend)
     peer = backend.connect(target.descriptors[0])
     backend.release()
     backend.release()
@@ -335,3 +387,55 @@ def test_stalled_peer_never_blocks_past_timeout(initiator, doomed):
         except TransferError:
             pass
         assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+
+
+def test_descriptor_and_peer_carry_the_memory_kind_and_device(kind, initiator, target):
+    described = decode_descriptor(target.descriptors[0], kind, RegionDescriptor)
+    expected_device = int(DEVICE.partition(":")[2] or 0) if MEMORY == "VRAM" else 0
+    assert (described.memory, described.device_id) == (MEMORY, expected_device)
+    peer = initiator.backend.connect(target.descriptors[0])
+    assert (peer.memory, peer.device_id, peer.base, peer.length) == (MEMORY, expected_device, described.base, REGION)
+
+
+def test_the_fake_describes_what_was_registered():
+    """Any kind and device id travel as registered (the fake checks nothing about the memory itself)."""
+    backend, other = FakeBackend(CONFIG), FakeBackend(CONFIG)
+    buf = np.zeros(4096, np.uint8)
+    try:
+        backend.register(buf.ctypes.data, buf.size, "VRAM", 3)
+        described = decode_descriptor(backend.descriptor(), "fake", RegionDescriptor)
+        assert (described.memory, described.device_id) == ("VRAM", 3)
+        other.register(buf.ctypes.data, buf.size)
+        assert other.connect(backend.descriptor()).memory == "VRAM" and other.connect(backend.descriptor()).device_id == 3
+    finally:
+        backend.release()
+        other.release()
+
+
+@pytest.mark.parametrize("memory, device_id", [("HBM", 0), ("VRAM", -1)])
+def test_register_refuses_an_unknown_memory_kind(memory, device_id):
+    backend = FakeBackend(CONFIG)
+    with pytest.raises(ValueError, match=r"memory must be one of \('DRAM', 'VRAM'\) and device_id >= 0"):
+        backend.register(4096, 4096, memory, device_id)
+    assert backend.region is None
+
+
+def test_host_memory_registered_as_gpu_memory_is_refused(kind):
+    """NIXL's UCX sees a host pointer where VRAM was promised; a Mooncake build without CUDA cannot
+    move GPU memory at all, and says which build to install."""
+    if kind == "fake":
+        pytest.skip("the fake does not look at the memory")
+    pytest.importorskip(LIBRARIES[kind])
+    from transfer.registry import create_backend
+    if kind == "mooncake":
+        from transfer.mooncake import cuda_build
+        if cuda_build():
+            pytest.skip("a CUDA build of Mooncake takes the pointer's own location")
+    backend = create_backend(kind, CONFIG)
+    buf = np.zeros(4096, np.uint8)
+    try:
+        with pytest.raises(TransferError, match="mooncake-cuda" if kind == "mooncake" else "VRAM"):
+            backend.register(buf.ctypes.data, buf.size, "VRAM", 0)
+        assert backend.region is None
+    finally:
+        backend.release()

@@ -18,7 +18,7 @@ import uuid
 
 import msgspec
 
-from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
+from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
 
 _LIVE: dict[str, FakeBackend] = {}  # registered, unreleased fakes by name
@@ -40,19 +40,18 @@ class FakeBackend(TransferBackend):
         self.fail_writes: str | None = None
         self.writes: list[tuple[str, list[WriteOp]]] = []
 
-    def _register(self, ptr: int, length: int) -> None:
+    def _register(self, region: Region) -> None:
         with _LIVE_LOCK:
             _LIVE[self.fake_name] = self
 
     def _descriptor(self) -> bytes:
         assert self.region is not None
         return msgspec.msgpack.encode(FakeDescriptor(backend=self.name, version=DESCRIPTOR_VERSION,
-                                                     base=self.region[0], length=self.region[1],
-                                                     fake=self.fake_name))
+                                                     **self.region._asdict(), fake=self.fake_name))
 
     def _connect(self, peer_descriptor: bytes) -> Peer:
         desc = decode_descriptor(peer_descriptor, self.name, FakeDescriptor)
-        return Peer(self.name, desc.fake, desc.base, desc.length)
+        return desc.peer(desc.fake)
 
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
         if self.fail_writes is not None:
@@ -66,7 +65,7 @@ class FakeBackend(TransferBackend):
             time.sleep(0.01)
         assert self.region is not None
         for op in ops:
-            ctypes.memmove(peer.base + op.remote_offset, self.region[0] + op.local_offset, op.length)
+            ctypes.memmove(peer.base + op.remote_offset, self.region.base + op.local_offset, op.length)
         self.writes.append((peer.key, ops))
 
     def _release(self) -> None:

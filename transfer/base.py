@@ -3,15 +3,18 @@
 Roles. The *target* (a decode server) owns the KV pool that gets written; the *initiator* (a prefill
 server) writes into it. Every process plays both roles through one backend object:
 
-    target:     register(pool_ptr, pool_bytes)   once, at start
+    target:     register(pool_ptr, pool_bytes, memory, device_id)   once, at start
                 descriptor() -> bytes            shipped to initiators (in the room handshake)
-    initiator:  register(pool_ptr, pool_bytes)   once, at start (the source side of every write)
+    initiator:  register(pool_ptr, pool_bytes, memory, device_id)   once, at start (the source of every write)
                 connect(descriptor) -> Peer      per target, cached
                 write(peer, ops) -> bytes moved  per request, blocking, any thread
     both:       release()                        once, at shutdown
 
 Offsets in a ``WriteOp`` are relative to each side's registered region, so neither side ever sees
-the other's raw pointers. ``coalesce`` and ``block_ops`` are pure and turn block ids into the fewest
+the other's raw pointers. A region is host memory (``"DRAM"``) or one GPU's memory (``"VRAM"`` with
+that GPU's index as ``device_id``); the descriptor and the ``Peer`` carry both, so a backend can
+address the remote side by its own kind (NIXL needs the remote GPU's id). Whether two kinds may be
+paired is decided above this layer (the room handshake's fingerprint, ``transfer.messages``). ``coalesce`` and ``block_ops`` are pure and turn block ids into the fewest
 ops. The backends (``transfer/mooncake.py``, ``transfer/nixl.py``) only implement the underscored
 hooks; validation, coalescing, caching, statistics and the release protocol live here, so every
 backend (and the test fake) behaves the same at the edges.
@@ -26,12 +29,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar, NamedTuple, TypeVar
 
 import msgspec
 
-DESCRIPTOR_VERSION = 1
+DESCRIPTOR_VERSION = 2  # 2: regions carry their memory kind and device id
 PROTOCOLS = ("tcp", "rdma", "ucx")
+MEMORY_KINDS = ("DRAM", "VRAM")  # host memory, GPU memory (NIXL's segment names)
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
@@ -154,15 +158,27 @@ class TransferError(RuntimeError):
         self.in_flight = in_flight
 
 
+class Region(NamedTuple):
+    """A registered region: ``base`` pointer, ``length`` bytes, ``memory`` kind (``MEMORY_KINDS``) and
+    ``device_id`` (the GPU's index for "VRAM"; 0 for "DRAM"). Its fields are a RegionDescriptor's."""
+
+    base: int
+    length: int
+    memory: str = "DRAM"
+    device_id: int = 0
+
+
 @dataclass(frozen=True)
 class Peer:
     """A connected target: ``key`` is the backend's name for it (Mooncake "host:rpc_port", NIXL agent
-    name); ``base``/``length`` describe its registered region."""
+    name); ``base``/``length``/``memory``/``device_id`` describe its registered region."""
 
     backend: str
     key: str
     base: int
     length: int
+    memory: str = "DRAM"
+    device_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,10 +203,16 @@ class DescriptorHeader(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RegionDescriptor(DescriptorHeader, frozen=True, kw_only=True):
-    """Header plus the registered region: ``base`` pointer and ``length`` in bytes."""
+    """Header plus the registered region (``Region``'s fields)."""
 
     base: int
     length: int
+    memory: str = "DRAM"
+    device_id: int = 0
+
+    def peer(self, key: str) -> Peer:
+        """The Peer for this region, named ``key`` by its backend."""
+        return Peer(self.backend, key, self.base, self.length, self.memory, self.device_id)
 
 
 S = TypeVar("S", bound=RegionDescriptor)
@@ -214,6 +236,9 @@ def decode_descriptor(data: bytes, backend: str, kind: type[S]) -> S:
         raise TransferError(f"{backend}: malformed peer descriptor ({exc})") from exc
     if desc.base <= 0 or desc.length <= 0:
         raise TransferError(f"{backend}: peer descriptor has no registered region")
+    if desc.memory not in MEMORY_KINDS or desc.device_id < 0:
+        raise TransferError(f"{backend}: peer descriptor names memory {desc.memory!r} on device {desc.device_id}; "
+                            f"expected one of {MEMORY_KINDS} and a device id >= 0")
     return desc
 
 
@@ -236,7 +261,7 @@ class TransferBackend(ABC):
             raise ValueError(f"TransferConfig.protocol {config.protocol!r} is not supported by the {self.name} "
                              f"backend; use one of {self.protocols}")
         self.config = config
-        self.region: tuple[int, int] | None = None  # (base pointer, length) once registered
+        self.region: Region | None = None  # once registered
         self._lock = threading.Lock()  # region, peers, released, in-flight count, stats
         self._idle = threading.Condition(self._lock)
         self._peers: dict[bytes, Peer] = {}
@@ -244,20 +269,27 @@ class TransferBackend(ABC):
         self._released = False
         self._stats = TransferStats()
 
-    def register(self, ptr: int, length: int) -> None:
-        """Register ``length`` bytes at ``ptr`` (the whole KV pool) for transfers in both directions.
+    def register(self, ptr: int, length: int, memory: str = "DRAM", device_id: int = 0) -> None:
+        """Register ``length`` bytes at ``ptr`` (the whole KV pool) for transfers in both directions:
+        host memory (``memory="DRAM"``) or the memory of GPU ``device_id`` (``"VRAM"``).
 
-        Called once per process, before descriptor() and write(); a second call raises TransferError.
+        Called once per process, before descriptor() and write(); a second call raises TransferError,
+        and so does a memory kind this backend (or its installed build) cannot move, naming the fix.
         The caller keeps the memory allocated until release() has returned; the backend never frees it.
+        For VRAM, the caller also makes sure the bytes are written before each write() (a device sync).
         """
         if ptr <= 0 or length <= 0:
             raise ValueError(f"register: need a pointer and a length > 0, got ptr={ptr} length={length}")
+        if memory not in MEMORY_KINDS or device_id < 0:
+            raise ValueError(f"register: memory must be one of {MEMORY_KINDS} and device_id >= 0, "
+                             f"got {memory!r}, {device_id}")
+        region = Region(ptr, length, memory, device_id)
         with self._lock:
             self._check_open()
             if self.region is not None:
                 raise TransferError(f"{self.name}: register() called twice; a process registers its KV pool once")
-            self._register(ptr, length)
-            self.region = (ptr, length)
+            self._register(region)
+            self.region = region
 
     def descriptor(self) -> bytes:
         """Everything a peer needs to write into this process's region: msgpack bytes naming the backend.
@@ -302,7 +334,7 @@ class TransferBackend(ABC):
                 raise TransferError(f"{self.name}: write() before register()")
             if peer.backend != self.name or peer not in self._peers.values():
                 raise TransferError(f"{self.name}: {peer} did not come from this backend's connect()")
-            check_ops(ops, self.region[1], peer.length)
+            check_ops(ops, self.region.length, peer.length)
             self._in_flight += 1
         start = time.monotonic()
         try:
@@ -364,16 +396,18 @@ class TransferBackend(ABC):
     # Hooks. All but _write run under self._lock (serialized); _write runs concurrently.
 
     @abstractmethod
-    def _register(self, ptr: int, length: int) -> None:
-        """Register the region with the library; raise TransferError on failure."""
+    def _register(self, region: Region) -> None:
+        """Register the region with the library; raise TransferError on failure (naming the fix when
+        the library cannot move that memory kind)."""
 
     @abstractmethod
     def _descriptor(self) -> bytes:
-        """Encode this process's descriptor, a RegionDescriptor subclass, with msgspec msgpack."""
+        """Encode this process's descriptor, a RegionDescriptor subclass (``**self.region._asdict()``
+        fills the region's fields), with msgspec msgpack."""
 
     @abstractmethod
     def _connect(self, peer_descriptor: bytes) -> Peer:
-        """Decode and validate a descriptor (use decode_descriptor) and return its Peer."""
+        """Decode and validate a descriptor (use decode_descriptor) and return its Peer (``desc.peer``)."""
 
     @abstractmethod
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:

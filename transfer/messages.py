@@ -27,6 +27,8 @@ from typing import Any, Union
 
 import msgspec
 
+from transfer.base import MEMORY_KINDS
+
 PROTOCOL_VERSION = 1
 MAX_ROOM = 2**63 - 1  # rooms are random 63-bit ints drawn by the router
 
@@ -65,6 +67,12 @@ class Fingerprint:
     ``backend`` is the transfer backend's registry name (the request's descriptor is only meaningful
     to the same backend); ``block_bytes`` is the size of one block of the registered KV pool, which
     catches pool layouts that differ even when every shape field agrees.
+
+    ``memory`` is where the KV pool lives: "DRAM" (``--device cpu``) or "VRAM" (a GPU; the GPU's
+    index may differ between P and D). Mixed pairs (a GPU prefill feeding a CPU decode, or the
+    reverse) are refused here, naming ``--device``: seeded sampling carries over from P to D by
+    replaying the generator's draws, and torch's CPU and CUDA generators draw different numbers
+    from one seed, so a mixed pair could not keep its promise of colocated output.
     """
 
     model: str
@@ -75,11 +83,15 @@ class Fingerprint:
     num_kv_heads: int
     head_dim: int
     block_bytes: int
+    memory: str = "DRAM"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("model", "backend", "dtype"):
+            if f.name == "memory":
+                if value not in MEMORY_KINDS:
+                    raise ValueError(f"Fingerprint.memory must be one of {MEMORY_KINDS}, got {value!r}")
+            elif f.name in ("model", "backend", "dtype"):
                 if not (isinstance(value, str) and value):
                     raise ValueError(f"Fingerprint.{f.name} must be a non-empty string, got {value!r}")
             elif not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
@@ -109,6 +121,8 @@ _SAME_CHECKPOINT = "serve the same checkpoint (--model) with the same release on
 _FIELD_HINTS: tuple[tuple[str, str, str], ...] = (
     ("model", "model differs", "serve the same checkpoint (--model) on {a} and {b}"),
     ("backend", "transfer backend differs", "start both with the same --transfer"),
+    ("memory", "KV memory differs", "run {a} and {b} on the same kind of device (--device cpu on both, or "
+                                    "--device cuda[:N] on both)"),
     ("dtype", "KV dtype differs", "start both with the same --dtype"),
     ("block_size", "block size differs", "start both with the same --block-size"),
     ("num_layers", "layer count differs", _SAME_CHECKPOINT),

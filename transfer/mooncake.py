@@ -15,10 +15,16 @@ Library facts this file relies on (0.3.13):
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).
+- GPU memory: only a CUDA build (``mooncake-transfer-engine`` for CUDA 12, ``-cuda13`` for CUDA 13;
+  extra ``mooncake-cuda``) can register and move it: its ``register_memory`` finds the GPU from the
+  pointer (location "*"), and its TCP transport stages device memory through host buffers itself.
+  The default build here (``mooncake-transfer-engine-non-cuda``, extra ``mooncake``) would read a
+  device pointer as host memory, so registering VRAM with it is refused, naming the fix.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
 import os
@@ -32,13 +38,27 @@ from typing import Generic, TypeVar
 import msgspec
 from mooncake.engine import TransferEngine
 
-from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
+from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BATCH = 512  # ops per batch_transfer_sync_write; the TCP transport's per-peer queue holds ~1024
 WORKERS = 4  # library calls running at once per process; a write waits for a free one until its deadline
+# The PyPI distributions of Mooncake built with CUDA (they all install the ``mooncake`` package).
+CUDA_BUILDS = ("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13", "mooncake-transfer-engine-efa",
+               "mooncake-transfer-engine-efa-cuda13")
+
+
+def installed_builds() -> list[str]:
+    """The distributions that installed the ``mooncake`` package (one, unless two builds collide)."""
+    return sorted(set(importlib.metadata.packages_distributions().get("mooncake", [])))
+
+
+def cuda_build() -> bool:
+    """Whether the installed Mooncake was built with CUDA (and so can register GPU memory)."""
+    builds = installed_builds()
+    return bool(builds) and all(build in CUDA_BUILDS for build in builds)
 
 
 class MooncakeDescriptor(RegionDescriptor, frozen=True, kw_only=True):
@@ -73,15 +93,20 @@ class MooncakeBackend(TransferBackend):
         self.rpc_port = self._engine.get_rpc_port()
         self._calls = _WorkerPool()
 
-    def _register(self, ptr: int, length: int) -> None:
-        rc = self._live().register_memory(ptr, length)
+    def _register(self, region: Region) -> None:
+        if region.memory == "VRAM" and not cuda_build():
+            raise TransferError(f"mooncake: the installed build ({', '.join(installed_builds()) or 'unknown'}) cannot "
+                                f"move GPU memory; install the CUDA build (pip install 'epd-stage[mooncake-cuda]', "
+                                f"after uninstalling the non-CUDA one), or use --transfer nixl, or --device cpu")
+        rc = self._live().register_memory(region.base, region.length)
         if rc != 0:
-            raise TransferError(f"mooncake: register_memory({ptr:#x}, {length}) failed with code {rc}")
+            raise TransferError(f"mooncake: register_memory({region.base:#x}, {region.length}) of {region.memory} "
+                                f"(device {region.device_id}) failed with code {rc}")
 
     def _descriptor(self) -> bytes:
         assert self.region is not None
         return msgspec.msgpack.encode(MooncakeDescriptor(
-            backend=self.name, version=DESCRIPTOR_VERSION, base=self.region[0], length=self.region[1],
+            backend=self.name, version=DESCRIPTOR_VERSION, **self.region._asdict(),
             protocol=self.config.protocol, host=self.config.host, rpc_port=self.rpc_port))
 
     def _connect(self, peer_descriptor: bytes) -> Peer:
@@ -89,12 +114,12 @@ class MooncakeBackend(TransferBackend):
         if desc.protocol != self.config.protocol:
             raise TransferError(f"mooncake: peer uses protocol {desc.protocol!r}, this process "
                                 f"{self.config.protocol!r}; set the same TransferConfig.protocol on both sides")
-        return Peer(self.name, desc.session_id, desc.base, desc.length)
+        return desc.peer(desc.session_id)
 
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
         engine = self._live()
         assert self.region is not None
-        base = self.region[0]
+        base = self.region.base
         for i in range(0, len(ops), MAX_BATCH):
             batch = ops[i:i + MAX_BATCH]
             src = [base + op.local_offset for op in batch]
@@ -116,7 +141,7 @@ class MooncakeBackend(TransferBackend):
                         "allocated until they end (MC_TRANSFER_TIMEOUT)", left)
         self._calls.stop()
         if self.region is not None and self._engine is not None:
-            rc = self._engine.unregister_memory(self.region[0])
+            rc = self._engine.unregister_memory(self.region.base)
             if rc != 0:
                 log.warning("mooncake: unregister_memory failed with code %d", rc)
         self._engine = None  # the engine stops when the last abandoned call drops its reference

@@ -1,4 +1,4 @@
-"""NIXL backend (``nixl``, UCX plugin, DRAM descriptors).
+"""NIXL backend (``nixl``, UCX plugin, DRAM or VRAM descriptors).
 
 Library facts this file relies on (1.5.1):
 - It uses the bindings (``nixl._bindings``) rather than the ``nixl._api.nixl_agent`` wrapper: the
@@ -18,6 +18,11 @@ Library facts this file relies on (1.5.1):
   UCX reads this once per process, at the first agent's backend creation.
 - ``host`` is not needed: the agent metadata in the descriptor carries UCX's own addresses.
   ``device`` becomes the UCX backend's ``ucx_devices``.
+- GPU memory: the same wheels (``nixl-cu12`` / ``nixl-cu13``) register it as ``VRAM_SEG`` with the
+  GPU's index as the descriptor's device id, on both sides of a transfer (each list names its own
+  side's kind and device: the remote's come from its descriptor). UCX's CUDA transports take the
+  GPU from the pointer; a write also makes its GPU current on the calling thread first
+  (``cudaSetDevice``, via torch), so a copy never lands on device 0's context by default.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import uuid
 import msgspec
 import nixl._bindings as nb  # nixl/__init__ picks the wheel flavour (nixl_cu12/cu13) and aliases it
 
-from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig,
+from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
 
 log = logging.getLogger(__name__)
 PROGRESS_DELAY_US = 100  # progress-thread sleep between polls
 POLL_MIN_S, POLL_MAX_S = 20e-6, 1e-3  # write() polls the transfer state with this backoff
+SEGMENTS = {"DRAM": nb.DRAM_SEG, "VRAM": nb.VRAM_SEG}
 
 
 class NixlDescriptor(RegionDescriptor, frozen=True, kw_only=True):
@@ -44,7 +50,7 @@ class NixlDescriptor(RegionDescriptor, frozen=True, kw_only=True):
 
 
 class NixlBackend(TransferBackend):
-    """One NIXL agent per process (unique name), UCX backend, one registered DRAM region. A write is
+    """One NIXL agent per process (unique name), UCX backend, one registered region. A write is
     one transfer request with a descriptor pair per op, polled until done or the deadline.
     ``protocol``: "tcp" = UCX without InfiniBand; "rdma" / "ucx" = UCX's own choice."""
 
@@ -70,18 +76,19 @@ class NixlBackend(TransferBackend):
         self._reg: nb.nixlRegDList | None = None
         self._leaked: list[int] = []  # transfer handles whose release failed; retried at release()
 
-    def _register(self, ptr: int, length: int) -> None:
-        reg = nb.nixlRegDList(nb.DRAM_SEG, [(ptr, length, 0, "")])
+    def _register(self, region: Region) -> None:
+        reg = nb.nixlRegDList(SEGMENTS[region.memory], [(region.base, region.length, region.device_id, "")])
         try:
             self._live().registerMem(reg, [self._ucx])
         except Exception as exc:
-            raise TransferError(f"nixl: registerMem({ptr:#x}, {length}) failed: {exc!r}") from exc
+            raise TransferError(f"nixl: registerMem({region.base:#x}, {region.length}) of {region.memory} "
+                                f"(device {region.device_id}) failed: {exc!r}") from exc
         self._reg = reg
 
     def _descriptor(self) -> bytes:
         assert self.region is not None
         return msgspec.msgpack.encode(NixlDescriptor(
-            backend=self.name, version=DESCRIPTOR_VERSION, base=self.region[0], length=self.region[1],
+            backend=self.name, version=DESCRIPTOR_VERSION, **self.region._asdict(),
             agent=self.agent_name, metadata=self._live().getLocalMD()))
 
     def _connect(self, peer_descriptor: bytes) -> Peer:
@@ -92,17 +99,19 @@ class NixlBackend(TransferBackend):
             raise TransferError(f"nixl: cannot load the metadata of agent {desc.agent}: {exc!r}") from exc
         if loaded != desc.agent:
             raise TransferError(f"nixl: descriptor names agent {desc.agent} but its metadata is {loaded}'s")
-        return Peer(self.name, desc.agent, desc.base, desc.length)
+        return desc.peer(desc.agent)
 
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
-        agent = self._live()
-        assert self.region is not None
+        agent, region = self._live(), self.region
+        assert region is not None
+        if region.memory == "VRAM":
+            _use_gpu(region.device_id)
         # (address, length, device id) tuples: cheaper to build than numpy arrays for the few ops a write has
-        local = [(self.region[0] + op.local_offset, op.length, 0) for op in ops]
-        remote = [(peer.base + op.remote_offset, op.length, 0) for op in ops]
+        local = [(region.base + op.local_offset, op.length, region.device_id) for op in ops]
+        remote = [(peer.base + op.remote_offset, op.length, peer.device_id) for op in ops]
         try:
-            handle = agent.createXferReq(nb.NIXL_WRITE, nb.nixlXferDList(nb.DRAM_SEG, local),
-                                         nb.nixlXferDList(nb.DRAM_SEG, remote), peer.key, "", [self._ucx])
+            handle = agent.createXferReq(nb.NIXL_WRITE, nb.nixlXferDList(SEGMENTS[region.memory], local),
+                                         nb.nixlXferDList(SEGMENTS[peer.memory], remote), peer.key, "", [self._ucx])
         except Exception as exc:
             raise TransferError(f"nixl: cannot create a transfer to {peer.key}: {exc!r}") from exc
         try:
@@ -166,4 +175,12 @@ class NixlBackend(TransferBackend):
         if self._agent is None:
             raise TransferError("nixl: backend already released")
         return self._agent
+
+
+def _use_gpu(device_id: int) -> None:
+    """Make GPU ``device_id`` current on this thread (writes run on worker threads, whose current
+    device would otherwise be 0). torch is there whenever VRAM is: the pool is a torch tensor."""
+    import torch
+
+    torch.cuda.set_device(device_id)
 

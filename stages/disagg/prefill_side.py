@@ -311,6 +311,7 @@ class PrefillCoordinator:
             raise TransferError("fault point prefill.fail_kv_write: the write was dropped, nothing was written")
         peer = self.backend.connect(remote.descriptor)
         ops = block_ops(blocks, remote.block_ids[: len(blocks)], self.engine.engine.layout.block_bytes)
+        self.engine.kv_ready()  # on a GPU the forward pass that wrote them may still be running
         return self.backend.write(peer, ops)
 
 

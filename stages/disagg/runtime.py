@@ -36,7 +36,7 @@ def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: T
     ``AsyncEngine``'s hooks."""
     engine, prompts = load_engine(engine_config, pixels=pixels)
     backend = create_backend(transfer, transfer_config)
-    backend.register(engine.pool.data_ptr, engine.pool.nbytes)
+    backend.register(engine.pool.data_ptr, engine.pool.nbytes, engine.pool.memory, engine.pool.device_id)
     return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=before_step), prompts, backend,
                         fingerprint(engine, transfer))
 
@@ -53,4 +53,5 @@ def fingerprint(engine: Engine, backend: str) -> Fingerprint:
         num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim,
         block_bytes=layout.block_bytes,
+        memory=engine.pool.memory,
     )

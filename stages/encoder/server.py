@@ -90,9 +90,11 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.engine.models import load_adapter
 
     assert config.encoder is not None
-    torch.set_num_threads(config.engine.threads)
+    device = config.engine.torch_device  # the vision tower runs there; embeddings go to the cache as bytes
+    if device.type == "cpu":
+        torch.set_num_threads(config.engine.threads)
     torch.manual_seed(config.engine.seed)
-    adapter = load_adapter(config.engine.model, config.engine.torch_dtype, "sdpa", parts=(VISION,))
+    adapter = load_adapter(config.engine.model, config.engine.torch_dtype, "sdpa", parts=(VISION,), device=device)
     image_processor = AutoImageProcessor.from_pretrained(config.engine.model)
     fingerprint = vision_fingerprint(adapter.vision_identity(), image_processor.to_dict(), dtype=config.engine.dtype,
                                      weights=weights_digest(adapter.model.state_dict().items()))
@@ -119,7 +121,7 @@ def build(config: ServerConfig) -> FastAPI:
 
     info = {"role": "encoder", "model": config.model_name, "encoder_id": flights.encoder_id,
             "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
-            "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url}
+            "device": str(device), "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url}
     return create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
 
 

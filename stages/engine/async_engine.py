@@ -113,6 +113,11 @@ class AsyncEngine:
         ValueError (a message for the client) if the request can never run here."""
         self.engine.check_request(prompt, params)
 
+    def kv_ready(self) -> None:
+        """Any thread: return once the KV written by every finished step is in memory, so that its
+        blocks may be handed to a transfer engine (``KVPool.sync``; nothing to wait for on the CPU)."""
+        self.engine.pool.sync()
+
     def stats(self) -> EngineStats:
         allocator = self.engine.allocator
         return EngineStats(self.engine.scheduler.num_waiting, self.engine.scheduler.num_running,

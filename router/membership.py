@@ -66,16 +66,16 @@ class Membership:
                               f"workers, not {role!r}", code="invalid_role", param="role")
         try:
             check_worker_url(url, role)
-        except ValueError as exc:
-            raise RouterError(400, str(exc).replace(f"--{role} takes", "url must be"), code="invalid_url",
+        except ValueError:
+            raise RouterError(400, f"url must be http://host:port (no path), got {url!r}", code="invalid_url",
                               param="url") from None
         if (known := next((w for w in router.workers if w.url == url), None)) is not None:
             raise RouterError(409, f"{url} is already worker {known.id} ({known.role})", code="worker_exists")
         worker = Worker(url, role, CircuitBreaker(router.config.breaker_failures, router.config.breaker_cooldown_s),
-                        id=self.new_id(), group=group)
+                        group=group)
         await self._admit(worker)
         self._check_fits(worker)
-        worker.healthy = True
+        worker.id, worker.healthy = self.new_id(), True
         router.pools[role].workers.append(worker)
         router.workers.append(worker)
         router.metrics.watch([worker])

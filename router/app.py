@@ -4,9 +4,9 @@ added from ``router.admin_app``.
 
 A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``Retry-After``,
 before the body is read), the body within ``--max-body-mb`` (413, from Content-Length before
-reading and while reading), JSON, the model check, images resolved, then the dispatcher. Every
-non-2xx answer is an OpenAI error body; a stage's own 4xx (the request was wrong) is forwarded as
-the stage wrote it. The client leaving cancels the handler (``handler_cancellation``), which aborts
+reading and while reading), JSON, the model check, images resolved (epd: with their cache keys and
+sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
+request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler (``handler_cancellation``), which aborts
 the request in every stage.
 """
 
@@ -32,6 +32,7 @@ ROUTER_KEY = web.AppKey("router", Router)
 _decode = msgspec.json.Decoder()
 # the router's limits, not the client's fault
 REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker", "no_allowed_pair")
+INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: URLs) are read on the event loop
 
 
 def create_app(router: Router) -> web.Application:
@@ -112,8 +113,12 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
-    router.metrics.images.inc(len(await router.images.resolve(body)))
-    return Call(body, body.get("stream") is True, model, started)
+    parts = await router.images.resolve(body)
+    router.metrics.images.inc(len(parts))
+    # epd: keys and sizes; large images are decoded and hashed off the event loop
+    large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
+    images = await asyncio.to_thread(router.image_refs, parts) if large else router.image_refs(parts)
+    return Call(body, body.get("stream") is True, model, started, images)
 
 
 async def _read_body(request: web.Request, max_bytes: int) -> bytes:

@@ -7,7 +7,7 @@ an in-band error event that a stream opens with, is a ``StageError`` the dispatc
 The opening role chunk is held back, not sent early, for exactly that reason; it leaves with the
 first text, so the client's time to first token is unchanged.
 
-``side_call`` sends a side stage (the prefill) its body and reads its whole answer.
+``side_call`` sends a side stage (the prefill, an encoder) its body and reads its whole answer.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Head:
 
 async def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) -> Head:
     sent_at = time.perf_counter()
-    response = await upstream.post(target.stage, target.worker, target.body)
+    response = await upstream.post(target.stage, target.worker, target.body, target.path)
     try:
         if response.status != 200 or not stream:
             raw = await upstream.read(target.stage, target.worker, response)
@@ -72,7 +72,7 @@ async def _open_stream(upstream: Upstream, target: Target, response: aiohttp.Cli
 async def side_call(upstream: Upstream, target: Target) -> float:
     """Send ``target`` its body and read its answer; the seconds it took. StageError if it failed."""
     sent_at = time.perf_counter()
-    response = await upstream.post(target.stage, target.worker, target.body)
+    response = await upstream.post(target.stage, target.worker, target.body, target.path)
     raw = await upstream.read(target.stage, target.worker, response)
     if response.status != 200:
         raise StageError(from_answer(target.stage, target.worker.url, response.status, raw))

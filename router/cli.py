@@ -25,6 +25,12 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--colocated", action="append", default=[], metavar="URL", help="colocated server (repeatable)")
     g.add_argument("--encoder", action="append", default=[], metavar="URL", help="encoder server (repeatable; epd)")
     g.add_argument("--redis-url", default=None, help="embedding cache index (epd)")
+    g.add_argument("--cache-ttl-s", type=float, default=_D["cache_ttl_s"],
+                   help="epd: an entry the router finds is kept this long (give the stages' value)")
+    g.add_argument("--cache-op-timeout-s", type=float, default=_D["cache_op_timeout_s"],
+                   help="epd: deadline of each Redis call")
+    g.add_argument("--claim-lease-s", type=float, default=_D["claim_lease_s"],
+                   help="epd: a claim the router takes for an encoder lapses after this unless the encoder renews it")
     p = parser.add_argument_group("policies")
     for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
                           ("encoder", ENCODER_POLICIES)):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from cache.config import DEFAULT_TTL_S
+
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
 ENCODER_POLICIES = (*POLICIES, "cache_aware")
@@ -27,6 +29,9 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str | None = None  # epd: the embedding cache index
+    cache_ttl_s: float = DEFAULT_TTL_S  # epd: an entry the router finds is kept this long (same as the stages')
+    cache_op_timeout_s: float = 2.0  # epd: deadline of each Redis call the router makes
+    claim_lease_s: float = 10.0  # epd: a claim taken for an encoder lapses after this unless the encoder renews it
     policy_prefill: str = "round_robin"
     policy_decode: str = "least_load"
     policy_colocated: str = "least_load"
@@ -69,7 +74,7 @@ class RouterConfig:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "health_interval_s",
                      "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
-                     "ratio_window_s", "drain_timeout_s"):
+                     "ratio_window_s", "drain_timeout_s", "cache_ttl_s", "cache_op_timeout_s", "claim_lease_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         for name in ("max_in_flight", "breaker_failures", "max_image_bytes", "max_images_per_request",
@@ -97,6 +102,8 @@ class RouterConfig:
             raise ValueError(f"pd mode needs both --prefill and --decode workers; {missing} is missing")
         if self.mode == "epd" and not self.redis_url:
             raise ValueError("epd mode (--encoder given) needs --redis-url, the embedding cache index")
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("--redis-url must start with redis://, rediss:// or unix://")
 
     @property
     def mode(self) -> str:

@@ -41,9 +41,11 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) 
 
 async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:
     """Fill in ``worker``'s models (all roles), fingerprint, group and switchability (prefill, decode)
-    and bootstrap address (prefill). A switchable worker (``stage serve pd``) serving another role,
-    or none yet, is told ``worker.role`` first, with the router's admin ``token``. Raises InfoError,
-    aiohttp.ClientError or TimeoutError."""
+    and bootstrap address (prefill), or its encoder id and vision fingerprint (encoder). A switchable
+    worker (``stage serve pd``) serving another role, or none yet, is told ``worker.role`` first,
+    with the router's admin ``token``. Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    if worker.role == "encoder":
+        return await _read_encoder(session, worker, timeout_s)
     models = await _get_json(session, worker.url + "/v1/models", timeout_s)
     cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
     fingerprint, bootstrap, info = None, None, {}
@@ -64,6 +66,20 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
     worker.switchable = info.get("switchable") is True
     if worker.group is None and isinstance(info.get("group"), str):
         worker.group = info["group"]
+    worker.known = True
+
+
+async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> None:
+    """An encoder has no ``/v1/models``: its ``/server_info`` names its model, id and vision fingerprint."""
+    info = await _get_json(session, worker.url + "/server_info", timeout_s)
+    if info.get("role") != "encoder":
+        raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --encoder")
+    fields = {name: info.get(name) for name in ("model", "encoder_id", "vision_fingerprint")}
+    lacking = sorted(name for name, value in fields.items() if not (isinstance(value, str) and value))
+    if lacking:
+        raise InfoError(f"{worker.url}/server_info lacks {lacking}")
+    worker.models, worker.cards = (fields["model"],), ()
+    worker.encoder_id, worker.vision_fingerprint = fields["encoder_id"], fields["vision_fingerprint"]
     worker.known = True
 
 

@@ -8,9 +8,19 @@ partner was the cause). A failure before anything reached the client is retried 
 plan (new room, the blamed worker excluded) unless the request itself was wrong (4xx).
 
 Aborting: whenever an attempt ends early (a failure, or the client leaving, which cancels the
-handler), every upstream call still open is cancelled, which closes its connection; the stages
-abort the room on a closed connection (``docs/protocol.md``). Each worker's lease gets exactly one
+handler), every upstream call still open is cancelled, which closes its connection; the prefill and
+the decode abort the room on a closed connection (``docs/protocol.md``), and the plan's ``on_abort``
+(epd: the encoders' ``/v1/abort``) runs in the background. Each worker's lease gets exactly one
 verdict for its breaker: success, failure (it was to blame) or none.
+
+Blame in epd mode: a prefill failing on an image the router put in the attempt (the encode
+failed, timed out, or the cache entry went away) is charged to that image's encoder
+(``verdict.blame_encoder``); a decode reporting its prefill's failure waits up to
+``PEER_GRACE_S`` for the prefill's own answer, which names the cause.
+
+The answer carries ``x-epd-room`` (the attempt's room) and ``x-epd-stage-times`` (seconds of each
+side call that had answered when the answer started, and of the decode for a JSON answer:
+``encoder=0.0123;prefill=0.0456;decode=0.0789``).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -26,15 +37,16 @@ from router.attempt import Head, open_answer, side_call
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.metrics import Metrics
-from router.modes import Call, ColocatedPlanner, PDPlanner, Plan
+from router.modes import Call, Plan, Planner
 from router.relay import relay_stream, send_json
 from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord
 from router.upstream import StageError, Upstream
-from router.verdict import ROUTER_CODES, Failure, blame
+from router.verdict import PEER_CODES, ROUTER_CODES, Failure, blame, blame_encoder
 from router.workers import Lease
 
 log = logging.getLogger(__name__)
+PEER_GRACE_S = 1.0  # a decode reports its prefill's failure: the prefill's own answer is this close behind
 
 
 @dataclass
@@ -44,13 +56,14 @@ class Answered:
 
 
 class Dispatcher:
-    def __init__(self, config: RouterConfig, planner: ColocatedPlanner | PDPlanner, upstream: Upstream,
-                 metrics: Metrics, rooms: RoomLog) -> None:
+    def __init__(self, config: RouterConfig, planner: Planner, upstream: Upstream, metrics: Metrics,
+                 rooms: RoomLog) -> None:
         self.config = config
         self.planner = planner
         self.upstream = upstream
         self.metrics = metrics
         self.rooms = rooms  # each attempt's room, for GET /admin/rooms
+        self._background: set[asyncio.Task] = set()  # aborts still being sent
 
     async def handle(self, request: web.Request, call: Call) -> Answered:
         """The client's answer, sent. Raises RouterError (no worker) or StageError (every attempt
@@ -59,7 +72,7 @@ class Dispatcher:
         last: StageError | None = None
         for _ in range(self.config.retries + 1):
             try:
-                plan = self.planner.plan(call, exclude)
+                plan = await self.planner.plan(call, exclude)
             except RouterError:
                 if last is None:
                     raise
@@ -86,14 +99,15 @@ class Dispatcher:
         answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
         sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
         head: Head | None = None
-        outcome = "aborted"
+        outcome, unreachable = "aborted", frozenset[str]()
         try:
             head = await self._head(plan, answer, sides)
             record.first_byte = time.time()
+            headers = _headers(plan, sides, None if call.stream else time.perf_counter() - head.sent_at)
             if call.stream:
-                response, failure = await relay_stream(request, self.upstream, head)
+                response, failure = await relay_stream(request, self.upstream, head, headers)
             else:
-                response, failure = await send_json(request, head), None
+                response, failure = await send_json(request, head, headers), None
             self.metrics.stage_seconds.labels(stage=plan.answer.stage).observe(time.perf_counter() - head.sent_at)
             self._observe_stream(tally)
             await self._settle(plan, sides, leases[1:])
@@ -104,10 +118,14 @@ class Dispatcher:
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
-            self._charge(exc.failure, plan, leases)
-            outcome = f"failed: the {exc.failure.stage} stage: {exc.failure.message}"
-            raise
+            failure = blame_encoder(exc.failure, plan.images)
+            self._charge(failure, plan, leases)
+            outcome = f"failed: the {failure.stage} stage: {failure.message}"
+            unreachable = frozenset({failure.url} if failure.unreachable else ())
+            raise exc if failure is exc.failure else StageError(failure) from None
         finally:
+            if outcome != "success" and plan.on_abort is not None:
+                self._spawn(plan.on_abort(unreachable))
             record.done, record.outcome = time.time(), outcome
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
@@ -139,7 +157,12 @@ class Dispatcher:
                 if not isinstance(error, StageError):
                     raise error
                 partner = plan.partner
-                waiting = partner is not None and not sides[plan.sides.index(partner)].done()
+                task = sides[plan.sides.index(partner)] if partner is not None else None
+                if task is not None and not task.done() and error.failure.code in PEER_CODES:
+                    await asyncio.wait([task], timeout=PEER_GRACE_S)
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]  # the prefill's own failure names the cause
+                waiting = partner is not None and task is not None and not task.done()
                 raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if waiting else None))
 
     async def _settle(self, plan: Plan, sides: list[asyncio.Future], leases: list[Lease]) -> None:
@@ -169,8 +192,29 @@ class Dispatcher:
                 log.warning("%s stage %s marked unhealthy: %s", target.stage, target.worker.url, failure.message)
                 target.worker.healthy = False  # the health loop brings it back once /health answers
 
+    def _spawn(self, coro: Coroutine) -> None:
+        """Run ``coro`` past the end of the request (a handler the client left is being cancelled)."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _observe_stream(self, tally: Tally) -> None:
         if tally.ttft is not None:
             self.metrics.ttft.observe(tally.ttft)
         if tally.tpot is not None:
             self.metrics.tpot.observe(tally.tpot)
+
+
+def _headers(plan: Plan, sides: list[asyncio.Future], answer_s: float | None) -> dict[str, str]:
+    """``x-epd-room`` and ``x-epd-stage-times`` of an answer about to start (see the module doc);
+    several encoders of one stage: the longest."""
+    if plan.room is None:
+        return {}
+    times: dict[str, float] = {}
+    for side, task in zip(plan.sides, sides):
+        if task.done() and not task.cancelled() and task.exception() is None:
+            times[side.stage] = max(times.get(side.stage, 0.0), task.result())
+    if answer_s is not None:
+        times[plan.answer.stage] = answer_s
+    return {"x-epd-room": str(plan.room),
+            "x-epd-stage-times": ";".join(f"{stage}={seconds:.4f}" for stage, seconds in times.items())}

@@ -6,22 +6,28 @@ must succeed for it to (the prefill in pd mode), each with the exact body it is 
                 bootstrap_host/port/room, the prefill the same with ``stream: false`` (its answer
                 is for the router)
 
-The EPD mode plugs in here as a third planner: encoder side calls (one per encoder the images'
-keys hash to, with only the missing images), and prefill/decode bodies whose images are replaced
-by references (``docs/router.md``).
+    epd         the pd plan of the body with image references, plus one encoder side call per
+                encoder that gets missing images (``router.epd.EPDPlanner``: it reads the cache,
+                so planning is a coroutine in every mode)
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from router.errors import no_allowed_pair, no_worker
 from router.pairing import Pairing
+from router.upstream import CHAT_PATH
 from router.workers import Pool, Worker, compatible, has_pair, pick_pair
+
+if TYPE_CHECKING:
+    from router.image_refs import RefImage
 
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 _encode = msgspec.json.Encoder().encode
@@ -35,6 +41,7 @@ class Call:
     stream: bool
     model: str | None
     started: float  # arrival, time.perf_counter()
+    images: tuple[RefImage, ...] = ()  # epd: the body's image parts with their keys and sizes
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class Target:
     stage: str  # encoder, prefill, decode, colocated
     worker: Worker
     body: bytes
+    path: str = CHAT_PATH
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,11 @@ class Plan:
     answer: Target  # streams or returns the client's answer
     sides: tuple[Target, ...] = ()  # must succeed; their answers are for the router
     room: int | None = None
+    # epd: each image key -> the URL of the encoder it was sent to, "" if not sent (``verdict.blame_encoder``)
+    images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # epd: called once if the attempt ends without success, with the URLs it could not reach; it
+    # tells the plan's encoders to drop the room's work (closing a connection does not)
+    on_abort: Callable[[frozenset[str]], Awaitable[None]] | None = None
 
     @property
     def partner(self) -> Target | None:
@@ -56,11 +69,18 @@ class Plan:
         return next((side for side in self.sides if side.stage == "prefill"), None)
 
 
+class Planner(Protocol):
+    async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+        """The targets of one attempt, none of them in ``exclude`` (URLs). RouterError (503) when no
+        eligible worker is left."""
+        ...
+
+
 class ColocatedPlanner:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
-    def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+    async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
         candidates = self.pool.candidates(call.model, exclude)
         if not candidates:
             raise no_worker("colocated", call.model)
@@ -73,7 +93,7 @@ class PDPlanner:
         self.decodes = decodes
         self.pairing = pairing or Pairing()
 
-    def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+    async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
         pair = pick_pair(self.prefills, self.decodes, call.model, exclude, self.pairing.pairable)
         if pair is None:
             if has_pair(self.prefills, self.decodes, call.model, exclude, compatible):

@@ -28,20 +28,21 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
                "X-Accel-Buffering": "no"}
 
 
-async def send_json(request: web.Request, head: Head) -> web.Response:
-    response = web.Response(body=head.held, content_type="application/json")
+async def send_json(request: web.Request, head: Head, headers: dict[str, str] | None = None) -> web.Response:
+    response = web.Response(body=head.held, content_type="application/json", headers=headers)
     await response.prepare(request)
     await response.write_eof()
     return response
 
 
-async def relay_stream(request: web.Request, upstream: Upstream, head: Head) -> tuple[web.StreamResponse, Failure | None]:
+async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
+                       headers: dict[str, str] | None = None) -> tuple[web.StreamResponse, Failure | None]:
     """Send the held events, then every event the stage sends, until its stream ends. Returns the
     client response (ended) and the stage's failure after the stream started, if any (an in-band
     error counts as one)."""
     assert head.response is not None and head.splitter is not None and head.tally is not None
     stage, worker = head.target.stage, head.target.worker
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
     await response.prepare(request)
     await response.write(head.held)
     failure: Failure | None = None

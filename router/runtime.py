@@ -5,10 +5,11 @@ loops: health checks, load sampling and (``--auto-ratio-interval-s``) the automa
 
 Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
 clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
-no worker answered, or, in pd mode, no prefill and decode share a fingerprint (each incompatible
-pair is logged with the fields that differ); with an admin token it asks every decode to allow
-every prefill (``Membership.connect``); then it starts the loops. ``close`` stops the loops and
-closes the clients.
+no worker answered, or, in pd and epd mode, no prefill and decode share a fingerprint (each
+incompatible pair is logged with the fields that differ), or, in epd mode, the encoders disagree
+on their vision fingerprint (their image keys would differ); with an admin token it asks every
+decode to allow every prefill (``Membership.connect``); then it starts the loops. ``close`` stops
+the loops and closes the clients (and, in epd mode, the embedding cache's connections).
 """
 
 from __future__ import annotations
@@ -17,16 +18,21 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 
+from cache.config import MIB, CacheConfig
+from cache.store import EmbeddingCache
 from router.admin_ratio import auto_ratio_loop
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.discovery import InfoError, discover, health_loop
 from router.dispatch import Dispatcher
+from router.epd import EPDPlanner
 from router.image_fetch import ImageFetcher
 from router.load import History
 from router.membership import Membership
 from router.metrics import Metrics
-from router.modes import ColocatedPlanner, PDPlanner
+from router.image_refs import RefImage, ref_images
+from router.images import ImagePart
+from router.modes import ColocatedPlanner, PDPlanner, Planner
 from router.pairing import Pairing
 from router.policy import make_policy
 from router.sampler import sample_loop
@@ -60,8 +66,14 @@ class Router:
         self.pairing = Pairing()
         self.rooms = RoomLog(config.room_history)
         self.history = History(config.ratio_window_s)
-        planner = (ColocatedPlanner(self.pools["colocated"]) if config.mode == "colocated"
-                   else PDPlanner(self.pools["prefill"], self.pools["decode"], self.pairing))
+        self.epd: EPDPlanner | None = None
+        planner: Planner
+        if config.mode == "colocated":
+            planner = ColocatedPlanner(self.pools["colocated"])
+        else:
+            planner = PDPlanner(self.pools["prefill"], self.pools["decode"], self.pairing)
+        if config.mode == "epd":
+            planner = self.epd = _epd_planner(config, self.pools["encoder"], planner, self.upstream)
         self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics, self.rooms)
         self.in_flight = 0  # chat requests held now; the app's admission gate counts them
         self.metrics.in_flight.set_function(lambda: self.in_flight)
@@ -73,15 +85,14 @@ class Router:
         return self.pools["colocated" if self.config.mode == "colocated" else "decode"]
 
     async def start(self) -> None:
-        if self.config.mode == "epd":
-            raise StartupError("epd mode (--encoder) is not built into the router yet; start it in pd mode "
-                               "(drop --encoder and --redis-url)")
         await self.upstream.start()
         try:
             await discover(self.upstream.session, self.workers, self.config)
         except InfoError as exc:
             raise StartupError(str(exc)) from None
         self._check_servable()
+        if self.epd is not None:
+            self.epd.fingerprint = self._vision_fingerprint()
         session, config = self.upstream.session, self.config
         if config.admin_token is not None and config.mode != "colocated":
             for prefill in [w for w in self.pools["prefill"].workers if w.known]:
@@ -104,19 +115,40 @@ class Router:
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
         await self.images.close()
         await self.upstream.close()
+        if self.epd is not None:
+            await self.epd.cache.aclose()
 
     def _check_servable(self) -> None:
         for role, pool in self.pools.items():
             if not any(w.known for w in pool.workers):
                 raise StartupError(f"no {role} worker answered within {self.config.startup_timeout_s:g} s "
                                    f"(--startup-timeout-s): {[w.url for w in pool.workers]}")
-        if self.config.mode != "pd":
+        if self.config.mode == "colocated":
             return
         pairs, lines = pairing_report(self.pools["prefill"], self.pools["decode"])
         for line in lines:
             log.warning("%s", line)
         if pairs == 0:
             raise StartupError("no prefill and decode can be paired: " + "; ".join(lines))
+
+    def _vision_fingerprint(self) -> str:
+        """The one vision fingerprint of the encoders that answered (StartupError if they differ)."""
+        found = {w.url: w.vision_fingerprint for w in self.pools["encoder"].workers if w.known}
+        if len(set(found.values())) != 1:
+            raise StartupError("the encoders disagree on their vision fingerprint (their image keys would differ; "
+                               "give --encoder servers of one model, dtype and image processor): "
+                               + ", ".join(f"{url}: {fp}" for url, fp in found.items()))
+        fingerprint = next(iter(found.values()))
+        assert fingerprint is not None
+        return fingerprint
+
+    def image_refs(self, parts: list[ImagePart]) -> tuple[RefImage, ...]:
+        """epd: the request's image parts with their cache keys and sizes (400/413 for a bad image);
+        other modes: none (the stages read the images themselves)."""
+        if self.epd is None or not parts:
+            return ()
+        assert self.epd.fingerprint is not None
+        return tuple(ref_images(parts, self.epd.fingerprint, self.config.max_image_bytes))
 
     def failures(self) -> dict[str, str]:
         """Dead parts of the router itself (its supervised loops), by name."""
@@ -148,3 +180,11 @@ def _report_death(task: asyncio.Task) -> None:
         exc = task.exception()
         log.error("the %s died; /health answers 503 from now on", task.get_name(),
                   exc_info=(type(exc), exc, exc.__traceback__))
+
+
+def _epd_planner(config: RouterConfig, encoders: Pool, pd: Planner, upstream: Upstream) -> EPDPlanner:
+    assert config.redis_url is not None and isinstance(pd, PDPlanner)
+    # the router only reads the index and takes claims: the byte budget is the writers' (encoders')
+    cache = EmbeddingCache(CacheConfig(url=config.redis_url, budget_bytes=MIB, ttl_s=config.cache_ttl_s,
+                                       op_timeout_s=config.cache_op_timeout_s))
+    return EPDPlanner(encoders, pd, cache, upstream, config)

@@ -8,6 +8,8 @@ counts it, a retry avoids it, and the client's error names it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -16,6 +18,10 @@ import msgspec
 PEER_CODES = frozenset({"peer_failed", "room_timeout"})
 # a stage's 4xx codes that are about the router's choices (room, pair), not the request: retried, no breaker charge
 ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
+# a prefill's error codes about one image's embedding (its message names the image key): the
+# encoder's failure, or the cache's answer the router planned on going stale (epd)
+IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached"})
+_KEY = re.compile(r"\b[0-9a-f]{64}\b")
 # the HTTP status an in-band error code stands for (a stream's status is already 200)
 CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
                "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
@@ -74,6 +80,24 @@ def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
         stage, url = partner
         return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}", answer.code)
     return answer
+
+
+def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
+    """EPD: a prefill's failure about an image the router put in this attempt, charged to the encoder.
+
+    ``images``: each image key of the attempt -> the URL of the encoder it was sent to, or "" when
+    it was not sent (cached, or being encoded elsewhere, when the attempt was planned). The image is
+    found by the key the prefill's message names. Sent: that encoder is to blame (its breaker, its
+    exclusion from a retry). Not sent: nobody here is, but the attempt is retried (status 502, not
+    the client's fault): a fresh plan reads the cache again. Any other failure, or a key the router
+    did not put there (a client's own ``image_ref``), is returned unchanged."""
+    if failure.code not in IMAGE_CODES or failure.stage == "encoder":
+        return failure
+    key = next((k for k in _KEY.findall(failure.message) if k in images), None)
+    if key is None:
+        return failure
+    return Failure("encoder", images[key], max(failure.status, 502),
+                   f"the {failure.stage} stage reports: {failure.message}", failure.code)
 
 
 def _error_of(raw: bytes) -> dict:

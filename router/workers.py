@@ -1,7 +1,7 @@
 """The workers the router knows, per role, and how one is picked. Pure: no I/O.
 
 A ``Worker`` is one stage server. What the router learns from it (models, fingerprint, bootstrap
-address) is written by discovery (``router.discovery``) from its ``/v1/models`` and
+address; an encoder's id and vision fingerprint) is written by discovery (``router.discovery``) from its ``/v1/models`` and
 ``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
 it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``; ``id``,
 ``group``, ``draining`` and ``role`` (of a switchable worker) by the admin API (``router.membership``).
@@ -27,6 +27,8 @@ class Worker:
     cards: tuple[dict, ...] = ()  # its /v1/models entries, served by the router's /v1/models
     fingerprint: dict | None = None  # prefill and decode: /server_info "fingerprint"
     bootstrap: tuple[str, int] | None = None  # prefill: where decodes dial it
+    encoder_id: str | None = None  # encoder: /server_info "encoder_id", the owner of the claims taken for it
+    vision_fingerprint: str | None = None  # encoder: /server_info "vision_fingerprint", the key of image keys
     known: bool = False  # discovery has read its info at least once
     id: str = ""  # the admin API's name for it (w1, w2, ...), stable across role switches
     group: str | None = None  # pairing label: given when added, else its stage's --group

@@ -222,17 +222,17 @@ def test_leases_count_outstanding_and_end_once():
     assert w.outstanding == 0 and not w.breaker.allows()
 
 
-def test_pd_plan_puts_one_fresh_room_in_both_bodies():
+async def test_pd_plan_puts_one_fresh_room_in_both_bodies():
     import msgspec
 
     prefills, decodes = pools([worker("http://p:1", "prefill")], [worker("http://d:1", "decode")])
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True,
             "stream_options": {"include_usage": True}, "bootstrap_room": 5}
-    plan = PDPlanner(prefills, decodes).plan(Call(body, True, None, 0.0), ())
+    plan = await PDPlanner(prefills, decodes).plan(Call(body, True, None, 0.0), ())
     d, p = msgspec.json.decode(plan.answer.body), msgspec.json.decode(plan.sides[0].body)
     assert (plan.answer.stage, plan.sides[0].stage, plan.partner) == ("decode", "prefill", plan.sides[0])
     assert d["bootstrap_room"] == p["bootstrap_room"] == plan.room != 5 and 0 <= plan.room < 2**63
     assert (d["bootstrap_host"], d["bootstrap_port"], d["stream"], d["stream_options"]) == \
         ("127.0.0.1", 9000, True, {"include_usage": True})
     assert p["stream"] is False and "stream_options" not in p
-    assert PDPlanner(prefills, decodes).plan(Call(body, True, None, 0.0), ()).room != plan.room
+    assert (await PDPlanner(prefills, decodes).plan(Call(body, True, None, 0.0), ())).room != plan.room

@@ -1,0 +1,131 @@
+"""EPD mode: who gets what for one request, with the embedding cache in the loop.
+
+``EPDPlanner.plan`` (awaited by the dispatcher once per attempt):
+1. P and D as in pd mode (``PDPlanner``: one fresh room), their body with every image part replaced
+   by its reference (``router.image_refs``). No eligible pair: 503 before any Redis call.
+2. The cache index (``contains_many``) says which of the request's keys are cached.
+3. Each missing key gets an encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same
+   encoder) among the eligible encoders with the router's vision fingerprint, and is claimed on that
+   encoder's behalf (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once
+   the image is queued there). A key whose claim is held already is being encoded elsewhere: it is
+   not sent, the prefill waits for it. A missing key with no eligible encoder: 503.
+4. One encoder side call per encoder with keys: ``POST /v1/encode {"room", "images"}``, sent at the
+   same moment as the prefill's and the decode's calls.
+
+Redis down at the router (``CacheUnavailable``): every image is sent to its encoder unclaimed (the
+encoder claims it itself); the encoder and the prefill then answer 503 naming Redis if they cannot
+reach it either, so the client gets that answer, never a hang.
+
+Abort (``Plan.on_abort``, run by the dispatcher when an attempt ends without success): each encoder
+of the plan gets ``POST /v1/abort {"room"}`` (its queued work for the room is dropped; closing the
+connection does not), within ``--health-timeout-s``; the claims of an encoder the attempt could not
+reach are released, so a retry's encoder can claim the keys at once instead of waiting for the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Collection, Sequence
+
+import aiohttp
+import msgspec
+
+from cache.errors import CacheUnavailable
+from cache.store import EmbeddingCache
+from router.config import RouterConfig
+from router.errors import no_worker
+from router.image_refs import encode_body, with_refs
+from router.modes import Call, PDPlanner, Plan, Target
+from router.upstream import JSON_HEADERS, Upstream
+from router.workers import Pool, Worker
+
+log = logging.getLogger(__name__)
+ENCODE_PATH = "/v1/encode"
+ABORT_PATH = "/v1/abort"
+
+
+class EPDPlanner:
+    """``fingerprint`` (the encoders' vision fingerprint) is set by ``Router.start`` after discovery,
+    before the first request; only encoders with that fingerprint are chosen."""
+
+    def __init__(self, encoders: Pool, pd: PDPlanner, cache: EmbeddingCache, upstream: Upstream,
+                 config: RouterConfig) -> None:
+        self.encoders = encoders
+        self.pd = pd
+        self.cache = cache
+        self.upstream = upstream
+        self.config = config
+        self.fingerprint: str | None = None
+
+    async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
+        pd = await self.pd.plan(dataclasses.replace(call, body=with_refs(call.body, call.images)), exclude)
+        keys = list(dict.fromkeys(image.key for image in call.images))
+        if not keys:
+            return pd
+        room = pd.room
+        assert room is not None
+        cached, claims = await self._cached(keys)
+        sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, claims)
+        by_key = {image.key: image for image in call.images}
+        targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
+                        for worker, mine in sent)
+        images = {key: "" for key in keys} | {key: worker.url for worker, mine in sent for key in mine}
+        return dataclasses.replace(pd, sides=(*targets, *pd.sides), images=images,
+                                   on_abort=lambda unreachable: self._abort(room, sent, unreachable))
+
+    async def _cached(self, keys: Sequence[str]) -> tuple[set[str], bool]:
+        """The cached keys, and whether claims can be taken (False: Redis is down; send everything)."""
+        try:
+            return await self.cache.contains_many(keys), True
+        except CacheUnavailable as exc:
+            log.warning("epd: sending every image to an encoder unclaimed: %s", exc)
+            return set(), False
+
+    async def _assign(self, missing: list[str], model: str | None, exclude: Collection[str],
+                      claims: bool) -> list[tuple[Worker, list[str]]]:
+        """The encoders that get images, each with its keys; keys claimed elsewhere are dropped
+        (they are pending there)."""
+        if not missing:
+            return []
+        candidates = [w for w in self.encoders.candidates(model, exclude) if w.vision_fingerprint == self.fingerprint]
+        if not candidates:
+            raise no_worker("encoder", model)
+        chosen = [(key, self.encoders.pick(candidates, key)) for key in missing]
+        won = await asyncio.gather(*(self._claim(key, worker) for key, worker in chosen)) if claims \
+            else [True] * len(chosen)
+        sent: dict[str, tuple[Worker, list[str]]] = {}
+        for (key, worker), mine in zip(chosen, won):
+            if mine:
+                sent.setdefault(worker.url, (worker, []))[1].append(key)
+        return list(sent.values())
+
+    async def _claim(self, key: str, worker: Worker) -> bool:
+        assert worker.encoder_id is not None
+        try:
+            return await self.cache.claim(key, worker.encoder_id, self.config.claim_lease_s)
+        except CacheUnavailable as exc:  # Redis went away since contains_many: the encoder claims it itself
+            log.warning("epd: sending image %s to %s unclaimed: %s", key, worker.url, exc)
+            return True
+
+    async def _abort(self, room: int, sent: Sequence[tuple[Worker, list[str]]], unreachable: frozenset[str]) -> None:
+        await asyncio.gather(*(self._release(worker, keys) if worker.url in unreachable
+                               else self._post_abort(room, worker) for worker, keys in sent))
+
+    async def _post_abort(self, room: int, worker: Worker) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        try:
+            async with self.upstream.session.post(worker.url + ABORT_PATH, data=msgspec.json.encode({"room": room}),
+                                                  headers=JSON_HEADERS, timeout=timeout) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("epd: could not abort room %d at encoder %s: %s", room, worker.url, exc)
+
+    async def _release(self, worker: Worker, keys: Sequence[str]) -> None:
+        assert worker.encoder_id is not None
+        try:
+            for key in keys:
+                await self.cache.release(key, worker.encoder_id)
+        except CacheUnavailable as exc:
+            log.info("epd: could not release the claims of %s (they lapse by themselves): %s", worker.url, exc)

@@ -257,16 +257,17 @@ class CpuMeter:
 
 # --- servers ---------------------------------------------------------------------------------
 class Server:
-    """``stage serve <role>`` on a free loopback port with ``threads`` torch threads, pinned to
-    ``cores`` (empty: not pinned), stdout and stderr to ``log_path``. ``extra_env``: KEY=VALUE items
-    for its environment; PYTHONPATH=DIR is prepended (e.g. a scratch copy of the engine to A/B)."""
+    """``stage serve <role>`` on a free loopback port with ``threads`` torch threads (on ``device``,
+    its ``--device``), pinned to ``cores`` (empty: not pinned), stdout and stderr to ``log_path``.
+    ``extra_env``: KEY=VALUE items for its environment; PYTHONPATH=DIR is prepended (e.g. a scratch
+    copy of the engine to A/B)."""
 
     def __init__(self, role: str, model: Path, cores: list[int], threads: int, log_path: Path,
-                 flags: Sequence[str] = (), extra_env: Sequence[str] = ()) -> None:
+                 flags: Sequence[str] = (), extra_env: Sequence[str] = (), device: str = "cpu") -> None:
         self.role, self.cores, self.port, self.log_path = role, list(cores), free_port(), log_path
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "stages.cli", "serve", role, "--model", str(model), "--port", str(self.port),
-                    "--threads", str(threads), "--log-level", "warning", *flags]
+                    "--threads", str(threads), "--device", device, "--log-level", "warning", *flags]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         for item in extra_env:

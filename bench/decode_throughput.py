@@ -22,6 +22,10 @@ CPU pinning (2 cores): the server process gets ``--server-cores`` (default core 
 (the HTTP client and the HF baseline) ``--client-cores`` (default core 0); both use ``--threads``
 torch threads (default 1). HF runs while the server is idle (after /health, before any request).
 
+Devices: ``--device`` (default ``cpu``) is the server's ``--device`` and where HF runs too, so a GPU
+run compares both on the same GPU (``--device cuda --server-cores '' --client-cores ''``; the CPU
+figures in the table then measure the host side only). scripts/gpu-check.sh runs it that way.
+
 Output: a table on stdout, ``bench/results/decode_throughput.json`` (machine, config, per-concurrency
 results, ratios vs HF) and ``decode_throughput.png`` next to it. ``--py-spy`` additionally records
 the server with py-spy during the largest concurrency (raw collapsed stacks + a summary in the JSON).
@@ -104,17 +108,21 @@ def scrape_metrics(base: str) -> dict[str, float]:
 
 
 # --- HF baseline -----------------------------------------------------------------------------
-def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int, repeat: int = 1) -> dict:
+def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int, repeat: int = 1,
+                device: str = "cpu") -> dict:
     import torch
 
+    from stages.engine.config import resolve_device
     from stages.engine.models import load_adapter
     from stages.prompt import PromptBuilder
 
-    torch.set_num_threads(threads)
+    target = resolve_device(device)
+    if target.type == "cpu":
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
     # load_adapter = AutoModelForImageTextToText.from_pretrained(dir, dtype=float32, attn_implementation="sdpa");
     # with "sdpa" the model is plain HF, and the adapter gives PromptBuilder its image-token rule.
-    adapter = load_adapter(model_dir, torch.float32, "sdpa")
+    adapter = load_adapter(model_dir, torch.float32, "sdpa", device=target)
     model = adapter.model
     builder = PromptBuilder.load(model_dir, adapter)
     load_s = time.perf_counter() - t0
@@ -123,21 +131,27 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int,
         image, question = workload(index)
         prompt = builder.build([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
                                [image])
-        ids = torch.tensor([prompt.token_ids])
+        ids = torch.tensor([prompt.token_ids], device=target)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if prompt.images[0].grid_thw is not None:  # Qwen family
-            inputs["pixel_values"] = torch.cat([im.pixel_values for im in prompt.images])
-            inputs["image_grid_thw"] = torch.tensor([im.grid_thw for im in prompt.images])
+            inputs["pixel_values"] = torch.cat([im.pixel_values for im in prompt.images]).to(target)
+            inputs["image_grid_thw"] = torch.tensor([im.grid_thw for im in prompt.images], device=target)
             inputs["mm_token_type_ids"] = (ids == adapter.image_token_id).int()
         else:
-            inputs["pixel_values"] = torch.stack([im.pixel_values for im in prompt.images])
+            inputs["pixel_values"] = torch.stack([im.pixel_values for im in prompt.images]).to(target)
         return inputs
+
+    def synchronize() -> None:
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
 
     def run(index: int) -> tuple[int, float, int]:
         inputs = inputs_for(index)
+        synchronize()
         start = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(**inputs, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+        synchronize()
         elapsed = time.perf_counter() - start
         return out.shape[1] - inputs["input_ids"].shape[1], elapsed, inputs["input_ids"].shape[1]
 
@@ -311,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
     p.add_argument("--max-requests", type=int, default=64, help="upper bound on requests per concurrency level")
     p.add_argument("--hf-requests", type=int, default=6, help="requests timed for the HF baseline")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of HF")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of HF (CPU only)")
+    p.add_argument("--device", default="cpu", help="the server's --device, and where HF generate() runs")
     p.add_argument("--server-cores", default="1", help="CPU cores the server process is pinned to ('' : no pinning)")
     p.add_argument("--client-cores", default="0", help="CPU cores of this process: client and HF ('' : no pinning)")
     p.add_argument("--server-arg", action="append", default=[], help="extra flag for `stage serve colocated` (repeat)")
@@ -343,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     model = resolve_model(args)
     started = time.time()
     log_path = out.with_name(out.stem + "_server.log")
-    server = Server("colocated", model, server_cores, args.threads, log_path, args.server_arg, args.server_env)
+    server = Server("colocated", model, server_cores, args.threads, log_path, args.server_arg, args.server_env,
+                    device=args.device)
     proc, base = server.proc, server.url
     print(f"server pid {proc.pid} on cores {server_cores or 'any'}; client/HF pid {os.getpid()} on cores "
           f"{client_cores or 'any'}; log {log_path}", flush=True)
@@ -360,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         model_name = model.resolve().name
         print(f"server healthy after {time.time() - started:.1f} s; HF baseline ({args.hf_requests} requests, "
               f"server idle) ...", flush=True)
-        hf = hf_baseline(model, args.hf_requests, args.max_tokens, args.threads, args.repeat)
+        hf = hf_baseline(model, args.hf_requests, args.max_tokens, args.threads, args.repeat, args.device)
         print(f"HF: {hf['tokens_per_s']:.1f} tok/s ({hf['ms_per_token']:.1f} ms/token incl. prefill), "
               f"CPU share {hf['cpu_share']}, load {loadavg()}", flush=True)
 
@@ -412,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "config": {
             "family": args.family, "size": args.size, "model_dir": str(model), "max_tokens": args.max_tokens,
+            "device": args.device,
             "image": "64x64 PNG data: URL", "temperature": 0, "ignore_eos": True, "stream": False,
             "levels": levels, "server_env": args.server_env, "max_requests": args.max_requests, "hf_requests": args.hf_requests,
             "repeat": args.repeat, "reported": "best of `repeat` runs per side (highest tokens/s); all runs kept",

@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stages.config import CACHE_BUDGET_MIB, TRANSFERS
+from stages.engine.config import check_device
 from stages.modelgen import FAMILIES, SIZES
 
 MODES = ("epd", "pd", "colocated")
+STAGE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
 DEFAULT_MODE = "pd"  # TODO(epd router): "epd" once `stage serve router` plans epd requests
 HOST = "127.0.0.1"
 HEALTH_POLL_S = 0.25
@@ -65,7 +67,9 @@ class StackError(RuntimeError):
 class StackConfig:
     """What ``Stack`` starts. ``model``: a checkpoint directory (``ensure_model`` makes one); ``port``: the
     router's (0: any free port); ``redis_url``: epd only, an existing Redis instead of the embedded one;
-    ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone."""
+    ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
+    ``devices``: ``--device`` of every stage server (one value), or of each in start order (one per
+    stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default."""
 
     model: Path
     log_dir: Path
@@ -78,6 +82,7 @@ class StackConfig:
     stop_timeout_s: float = 10.0
     stage_args: tuple[str, ...] = ()
     router: bool = True
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -90,9 +95,20 @@ class StackConfig:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        for device in self.devices:
+            check_device(device)
+        if len(self.devices) not in (0, 1, len(STAGE_ROLES[self.mode])):
+            raise ValueError(f"--device takes one device for every stage or one per stage of --mode {self.mode} "
+                             f"({','.join(STAGE_ROLES[self.mode])}), got {','.join(self.devices)}")
         for name in ("startup_timeout_s", "stop_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+    def device_of(self, index: int) -> str | None:
+        """The ``--device`` of the stage started ``index``-th, or None for the server's default."""
+        if not self.devices:
+            return None
+        return self.devices[0] if len(self.devices) == 1 else self.devices[index]
 
 
 @dataclass(frozen=True)
@@ -113,10 +129,11 @@ def stage_specs(config: StackConfig, redis_url: str | None, ports: Iterator[int]
     """The stage servers of ``config.mode`` (pure): colocated; prefill, decode; or encoder, prefill,
     decode with ``redis_url``. ``ports`` yields free ports, one per server plus the prefill's bootstrap."""
     common = ("--model", str(config.model), "--host", HOST, "--threads", str(config.threads), *config.stage_args)
-    roles = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
     specs = []
-    for role in roles[config.mode]:
+    for index, role in enumerate(STAGE_ROLES[config.mode]):
         port, flags, other = next(ports), [], ()
+        if (device := config.device_of(index)) is not None:
+            flags += ["--device", device]
         if role in ("prefill", "decode"):
             flags += ["--transfer", config.transfer]
         if role == "prefill":
@@ -341,6 +358,9 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", default=None, help="where every child's log goes; default: a new directory "
                         "under the cache dir")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads of each stage server")
+    parser.add_argument("--device", default=None, metavar="DEVICE[,DEVICE...]",
+                        help="--device of every stage server, or one per stage in start order (epd: encoder,prefill,"
+                             "decode; pd: prefill,decode), e.g. cuda:0,cuda:1,cuda:2; default: each server's (auto)")
     parser.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s,
                         help="every child must be healthy within this")
     parser.add_argument("--stop-timeout-s", type=float, default=d.stop_timeout_s,
@@ -362,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
         config = StackConfig(model=Path(args.model or "."), log_dir=log_dir.resolve(), mode=args.mode,
                              port=args.port, transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
                              startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
-                             stage_args=tuple(args.stage_arg))
+                             stage_args=tuple(args.stage_arg),
+                             devices=tuple(args.device.split(",")) if args.device else ())
     except ValueError as exc:
         print(f"stage up: error: {exc}", file=sys.stderr)
         return 2

@@ -35,8 +35,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
-            raise ValueError(f"--device must be {DEVICE_HELP}; got {self.device!r}")
+        check_device(self.device)
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -56,6 +55,12 @@ class EngineConfig:
         """``device`` on this machine: ``auto`` and ``cuda`` become ``cuda:0`` or ``cpu``. Imports torch.
         ValueError naming --device when the GPU asked for is not there."""
         return resolve_device(self.device)
+
+
+def check_device(spec: str) -> None:
+    """ValueError naming --device unless ``spec`` is a ``--device`` value (see ``DEVICE_HELP``). No torch."""
+    if not isinstance(spec, str) or not _DEVICE.fullmatch(spec):
+        raise ValueError(f"--device must be {DEVICE_HELP}; got {spec!r}")
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -1,20 +1,15 @@
-"""``stage demo``: make a model, serve it in one mode, send one image+text chat request, print the
-answer, stop everything.
+"""``stage demo``: make a model, start a mode's whole stack behind the router (what ``stage up``
+starts), send one image+text chat request with the official ``openai`` client, print the answer and
+the room's per-stage times, stop everything.
 
-    stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--transfer mooncake|nixl] [--workdir DIR]
+    stage demo [--mode epd|pd|colocated] [--family qwen2_vl] [--transfer mooncake|nixl] [--workdir DIR]
 
-The servers are a ``stages.up.Stack`` without a router (``router=False``); the demo plays the
-router's part itself, so each mode shows its wire protocol (``docs/protocol.md``):
-
-- colocated: the chat body to the one server;
-- pd: the same body, plus one bootstrap room, to the prefill and the decode at once (as SGLang's PD
-  router does); the decode's answer is the reply;
-- epd: a private Redis (the stack's embedded one, ``maxmemory`` set) beside an encoder, a prefill and
-  a decode. The image's cache key is ``image_key(bytes, vision_fingerprint)`` (the fingerprint from the
-  encoder's ``/server_info``); the demo claims the key on the encoder's behalf (its ``encoder_id``,
-  as the design's dispatcher does), then sends at once: the image to the encoder, and the chat body
-  with an ``image_ref`` in its place, plus one room, to the prefill and the decode. The prefill waits
-  for the embedding to land in the cache.
+epd (the default): a private Redis (the embedding cache), an encoder, a prefill, a decode and the
+router. The router computes the image's cache key, finds it missing, claims it for the encoder and
+sends at once: the image to the encoder, the chat body with an ``image_ref`` in its place to the
+prefill and the decode, with one room. pd: the router sends the body with one room to the prefill
+and the decode. colocated: one server. The per-stage times are the router's ``x-epd-room`` and
+``x-epd-stage-times`` answer headers (``docs/router.md``).
 
 Everything the demo started (Redis included) is stopped when it ends, however it ends. Building the
 parser imports nothing heavy.
@@ -23,21 +18,18 @@ parser imports nothing heavy.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import io
 import os
-import random
 import sys
 from pathlib import Path
 
 from stages.config import TRANSFERS
 from stages.modelgen import FAMILIES, SIZES
 
-MODES = ("colocated", "pd", "epd")
+MODES = ("epd", "pd", "colocated")
 DEMO_IMAGE_SIZE = 224
 QUESTION = "What is in this picture?"
-CLAIM_LEASE_S = 30.0  # the claim taken for the encoder: it renews it once the image is queued there
 
 
 def add_demo_args(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +37,9 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=SIZES, default="tiny", help="model size")
     parser.add_argument("--workdir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "epd-stage"),
                         help="where the model is kept (made once) and the server logs written")
-    parser.add_argument("--mode", choices=MODES, default="colocated",
-                        help="colocated: one server; pd: prefill + decode with KV moved between them; epd: encoder "
-                             "+ prefill + decode and a private Redis (the embedding cache)")
+    parser.add_argument("--mode", choices=MODES, default="epd",
+                        help="epd: encoder + prefill + decode and a private Redis (the embedding cache); pd: prefill "
+                             "+ decode with KV moved between them; colocated: one server (all behind the router)")
     parser.add_argument("--transfer", choices=TRANSFERS, default="mooncake", help="KV transfer (pd, epd)")
     parser.add_argument("--redis-url", default=None, help="epd: this Redis instead of a private one")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
@@ -55,6 +47,8 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    import openai
+
     from stages.cli import ensure_model
     from stages.up import Stack, StackConfig, StackError
 
@@ -63,86 +57,41 @@ def run_demo(args: argparse.Namespace) -> int:
     model = ensure_model(workdir / f"{args.family}-{args.size}", args.family, args.size)
     try:
         config = StackConfig(model=model, log_dir=(workdir / f"demo-{args.mode}-logs").resolve(), mode=args.mode,
-                             transfer=args.transfer, redis_url=args.redis_url, startup_timeout_s=args.timeout,
-                             router=False)
+                             transfer=args.transfer, redis_url=args.redis_url, startup_timeout_s=args.timeout)
     except ValueError as exc:
         print(f"stage demo: error: {exc}", file=sys.stderr)
         return 2
-    import httpx
-
     try:
         with Stack(config, say=lambda line: print(line, flush=True)) as stack:
-            reply = asyncio.run(_ask(stack, args))
-    except (StackError, RuntimeError, httpx.HTTPError) as exc:
+            reply, headers = _ask(stack.base_url, args)
+    except (StackError, openai.APIError) as exc:
         print(f"stage demo: error: {type(exc).__name__}: {exc} (server logs in {config.log_dir})", file=sys.stderr)
         return 1
-    choice = reply["choices"][0]
-    print(f"answer ({choice['finish_reason']}): {choice['message']['content']!r}")
-    print(f"usage: {reply['usage']['prompt_tokens']} prompt + {reply['usage']['completion_tokens']} completion tokens "
+    choice = reply.choices[0]
+    print(f"answer ({choice.finish_reason}): {choice.message.content!r}")
+    print(f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
           "(a random-weight model: the words are noise, the plumbing is real)")
+    if "x-epd-room" in headers:
+        print(f"room {headers['x-epd-room']}: {stage_times(headers.get('x-epd-stage-times', ''))}")
     return 0
 
 
-async def _ask(stack, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
-    """Send the one request the way ``args.mode`` takes it; the answering server's JSON."""
-    import httpx
+def _ask(base_url: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """One image+text request through the router; the parsed reply and the answer's headers."""
+    import openai
 
-    urls, image = stack.urls(), demo_image()
-    async with httpx.AsyncClient(timeout=args.timeout) as client:
-        if args.mode == "colocated":
-            body = _chat({"type": "image_url", "image_url": {"url": _data_url(image)}}, args.max_tokens)
-            return _json(await client.post(f"{urls['colocated']}/v1/chat/completions", json=body))
-        room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": _bootstrap_port(stack),
-                "bootstrap_room": random.getrandbits(63)}
-        if args.mode == "pd":
-            body = {**_chat({"type": "image_url", "image_url": {"url": _data_url(image)}}, args.max_tokens), **room}
-            return await _prefill_and_decode(client, urls, body)
-        key = await _claim_for_encoder(client, urls["encoder"], stack.redis_url, image)
-        part = {"type": "image_ref", "image_ref": {"key": key, "width": DEMO_IMAGE_SIZE, "height": DEMO_IMAGE_SIZE}}
-        body = {**_chat(part, args.max_tokens), **room}
-        encode = client.post(f"{urls['encoder']}/v1/encode", json={"room": room["bootstrap_room"], "images": [
-            {"key": key, "data": base64.b64encode(image).decode()}]})
-        encoded, answer = await asyncio.gather(encode, _prefill_and_decode(client, urls, body))
-        print(f"encoder: {_json(encoded)['images'][0]}")
-        return answer
+    with openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=args.timeout) as client:
+        image = {"type": "image_url", "image_url": {"url": _data_url(demo_image())}}
+        raw = client.chat.completions.with_raw_response.create(
+            model=client.models.list().data[0].id, max_tokens=args.max_tokens, temperature=0,
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}])
+        return raw.parse(), dict(raw.headers)
 
 
-async def _claim_for_encoder(client, encoder_url: str, redis_url: str, image: bytes) -> str:  # type: ignore[no-untyped-def]
-    """The image's cache key under the encoder's fingerprint, claimed for that encoder (single flight:
-    from here on a prefill that asks for the key waits for it instead of being refused)."""
-    from cache.config import MIB, CacheConfig
-    from cache.keys import image_key
-    from cache.store import EmbeddingCache
-
-    info = _json(await client.get(f"{encoder_url}/server_info"))
-    key = image_key(image, info["vision_fingerprint"])
-    async with EmbeddingCache(CacheConfig(url=redis_url, budget_bytes=64 * MIB, ttl_s=3600.0)) as cache:
-        if not await cache.claim(key, info["encoder_id"], CLAIM_LEASE_S):
-            print(f"image {key[:12]}... is cached or being encoded already")
-    return key
-
-
-async def _prefill_and_decode(client, urls: dict[str, str], body: dict) -> dict:  # type: ignore[no-untyped-def]
-    """The same body to both halves at once; the decode's answer (the prefill's is its first token)."""
-    prefill, decode = await asyncio.gather(client.post(f"{urls['prefill']}/v1/chat/completions", json=body),
-                                           client.post(f"{urls['decode']}/v1/chat/completions", json=body))
-    _json(prefill)
-    return _json(decode)
-
-
-def _bootstrap_port(stack) -> int:  # type: ignore[no-untyped-def]
-    return next(c.spec.other_ports[0] for c in stack.children if c.spec.role == "prefill")
-
-
-def _chat(image_part: dict, max_tokens: int) -> dict:
-    return {"messages": [{"role": "user", "content": [image_part, {"type": "text", "text": QUESTION}]}],
-            "max_tokens": max_tokens, "temperature": 0}
-
-
-def _json(response) -> dict:  # type: ignore[no-untyped-def]
-    if response.status_code != 200:
-        raise RuntimeError(f"{response.request.url} answered {response.status_code}: {response.text[:2000]}")
-    return response.json()
+def stage_times(header: str) -> str:
+    """``encoder=0.0123;prefill=0.0456`` -> ``encoder 12.3 ms, prefill 45.6 ms``."""
+    parts = [entry.split("=", 1) for entry in header.split(";") if "=" in entry]
+    return ", ".join(f"{stage} {float(seconds) * 1000:.1f} ms" for stage, seconds in parts) or "no stage times"
 
 
 def demo_image(size: int = DEMO_IMAGE_SIZE) -> bytes:

@@ -46,7 +46,7 @@ from stages.modelgen import FAMILIES, SIZES
 
 MODES = ("epd", "pd", "colocated")
 STAGE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
-DEFAULT_MODE = "pd"  # TODO(epd router): "epd" once `stage serve router` plans epd requests
+DEFAULT_MODE = "epd"
 HOST = "127.0.0.1"
 HEALTH_POLL_S = 0.25
 LOG_TAIL_CHARS = 3000

@@ -22,11 +22,13 @@ import pytest
 
 from stages.up import StackConfig, router_spec, stage_specs
 from tests.conftest import REPO
+from tests.router_helpers import data_url, png
 
 pytestmark = pytest.mark.timeout(300)
 STARTUP_S = 240.0
 STOP_S = 60.0
 STARTED = re.compile(r"^stage up: started (\w+) at http://127\.0\.0\.1:(\d+) \(pid (\d+), log (.+)\)$")
+REDIS = re.compile(r"^stage up: started redis at redis://127\.0\.0\.1:(\d+)")
 
 
 # --- pure: command lines and config ----------------------------------------------------------
@@ -181,9 +183,11 @@ def model(tiny_model) -> str:
     return str(tiny_model("qwen2_vl"))
 
 
-@pytest.mark.parametrize("mode, roles", [("pd", ["prefill", "decode", "router"]), ("colocated", ["colocated", "router"])])
+@pytest.mark.parametrize("mode, roles", [("epd", ["encoder", "prefill", "decode", "router"]),
+                                         ("pd", ["prefill", "decode", "router"]), ("colocated", ["colocated", "router"])])
 def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path, mode, roles):
-    up = Up("--mode", mode, "--model", model, "--port", "0", "--stage-arg=--kv-cache-mib=16", log_dir=tmp_path / "logs")
+    flags = () if mode == "epd" else ("--mode", mode)  # epd is the default
+    up = Up(*flags, "--model", model, "--port", "0", "--stage-arg=--kv-cache-mib=16", log_dir=tmp_path / "logs")
     try:
         ready = up.wait_line("stage up: ready: ", STARTUP_S)
         children = up.children()
@@ -192,8 +196,10 @@ def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path
                          "(OpenAI base URL; Ctrl-C stops everything)")
         assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(f"{r}.log" for r in roles)
         client = openai.OpenAI(base_url=ready.split()[3], api_key="x", max_retries=0, timeout=60)
+        image = {"type": "image_url", "image_url": {"url": data_url(png(48, 32, 1))}}
         kwargs = dict(model=client.models.list().data[0].id, max_tokens=6, temperature=0,
-                      messages=[{"role": "user", "content": "Say something."}], extra_body={"ignore_eos": True})
+                      messages=[{"role": "user", "content": [image, {"type": "text", "text": "Say something."}]}],
+                      extra_body={"ignore_eos": True})
         reply = client.chat.completions.create(**kwargs)
         assert (reply.choices[0].finish_reason, reply.usage.completion_tokens) == ("length", 6)
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kwargs, stream=True)
@@ -205,7 +211,9 @@ def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path
             cmdlines()[children["prefill"][1]]))] if "prefill" in children else []
         assert len(bootstrap) == (mode == "pd")
         pids = [pid for _, pid in children.values()]
-        ports = [port for port, _ in children.values()] + bootstrap
+        redis = [int(m[1]) for m in map(REDIS.match, up.lines) if m]
+        assert len(redis) == (mode == "epd")
+        ports = [port for port, _ in children.values()] + bootstrap + redis
         up.proc.send_signal(signal.SIGTERM)
         code, stderr = up.finish(STOP_S)
         assert code == 0, stderr

@@ -10,8 +10,9 @@ For each role r, over the sliding window (``router.load``):
     need_r      demand_r / capacity_r: how many workers' worth of busy time the traffic needs
 
 The split of N workers gives role r ``N * need_r / sum(need)`` workers, rounded by largest
-remainder, with at least one worker for every role in the split. A role with demand but no
-measured capacity (no busy time in the window) counts as needing the workers it has now.
+remainder, with at least one worker for every role in the split. A role whose workers were never
+busy in the window (e.g. decodes asked for one token, which the prefill makes) needs no worker's
+time: it keeps its minimum of one.
 ``docs/admin.md`` shows the formula with an example.
 """
 
@@ -33,10 +34,8 @@ class RoleLoad:
 
     @property
     def need(self) -> float:
-        """Workers' worth of busy time the demand takes."""
-        if self.capacity is None or self.capacity <= 0:
-            return float(self.workers) if self.demand > 0 else 0.0
-        return self.demand / self.capacity
+        """Workers' worth of busy time the demand takes (none when no busy time was measured)."""
+        return self.demand / self.capacity if self.capacity else 0.0
 
 
 def recommend(loads: list[RoleLoad], pool_size: int) -> dict[str, int] | None:

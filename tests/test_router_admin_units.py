@@ -61,11 +61,10 @@ def test_recommend_without_demand_or_with_too_few_workers_is_none():
     assert recommend([RoleLoad("prefill", 1, 5, 1), RoleLoad("decode", 1, 5, 1)], 1) is None
 
 
-def test_a_role_with_demand_but_no_measured_capacity_needs_the_workers_it_has():
-    assert RoleLoad("decode", 3, 50, None).need == 3.0
-    assert RoleLoad("decode", 3, 0, None).need == 0.0
+def test_a_role_never_busy_needs_no_more_than_its_minimum():
+    assert RoleLoad("decode", 3, 50, None).need == 0.0  # one-token answers: the prefill made every token
     assert recommend([RoleLoad("prefill", 1, 100, 100), RoleLoad("decode", 3, 50, None)], 4) == \
-        {"prefill": 1, "decode": 3}
+        {"prefill": 3, "decode": 1}
 
 
 def test_clamp_split_moves_only_switchable_workers():

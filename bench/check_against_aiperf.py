@@ -1,0 +1,249 @@
+"""Check ``stage bench serve`` against NVIDIA aiperf: the same requests, the same load, the same server;
+their TTFT and throughput should agree within 10%.
+
+    python bench/check_against_aiperf.py                 # ~3-4 minutes: 2 rounds x (ours, aiperf), 64 requests each
+    python bench/check_against_aiperf.py --quick         # ~1-2 minutes: 1 round, 24 requests
+    python bench/check_against_aiperf.py --concurrency 8 --output-len 64 --images-per-request 1
+
+aiperf is not a project dependency; it lives in its own venv (about 1.2 GB, no torch)::
+
+    python -m venv bench/.venv-tools && bench/.venv-tools/bin/pip install aiperf==0.13.0
+
+What runs: one ``stage serve colocated`` (``--family qwen2_vl --size small`` unless ``--model-dir``) pinned
+to ``--server-cores`` (1) with 1 torch thread; this script and both clients (and every process aiperf
+spawns) on ``--client-cores`` (0). The requests are the seeded synthetic mix of ``stage bench serve``,
+written twice: as our JSONL workload and as aiperf's ``single_turn`` file, with the same text, the same
+``data:`` PNGs, the text before the images in both, and the same ``max_tokens`` (aiperf sends it with
+``--use-legacy-max-tokens``); both send ``ignore_eos`` and ``temperature 0`` and stream with usage. Load:
+a closed loop of ``--concurrency`` requests in flight (ours ``--max-concurrency``, aiperf
+``--concurrency``), ``--requests`` in all, after ``--warmup`` untimed requests. Rounds alternate the order
+(ours first, then aiperf first), so drifting outside load hits both.
+
+Compared (ours / aiperf, means over rounds): TTFT mean and median (aiperf ``time_to_first_token``), TPOT
+mean (aiperf ``inter_token_latency``, which is per-request (latency - TTFT) / (tokens - 1), vllm's TPOT),
+E2E mean (``request_latency``), request throughput and output token throughput. Prompt and output token
+totals must be equal (both from the server's usage).
+
+Output: a table, ``bench/results/check_against_aiperf.json`` (machine, config, each round's numbers from
+both tools, ratios, ``agree_within_10pct``), each tool's own files under ``bench/results/check_against_aiperf/``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from bench.common import (  # noqa: E402
+    Server,
+    add_model_args,
+    add_output_args,
+    loadavg,
+    machine_info,
+    make_parser,
+    output_path,
+    parse_cores,
+    pin_this_process,
+    resolve_model,
+    write_json,
+)
+from bench.serve.config import Mix, parse_size, parse_weighted  # noqa: E402
+from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl  # noqa: E402
+
+AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
+TOLERANCE = 0.10
+COMPARED = ("ttft_mean_ms", "ttft_median_ms", "request_throughput", "output_throughput")  # the 10% goal
+ALSO_SHOWN = ("tpot_mean_ms", "e2el_mean_ms", "total_input_tokens", "total_output_tokens")
+
+
+# --- the workload, written for both tools ------------------------------------------------------
+def workload_files(args, folder: Path) -> tuple[Path, Path, dict]:
+    """Our JSONL and aiperf's single_turn JSONL of the same ``--requests`` requests (text first, then the
+    images). Each tool's warm-up sends the first ``--warmup`` of them, untimed, then all of them timed
+    (aiperf, sampling sequentially, may start the timed pass where its warm-up stopped and wrap: the same
+    set in a rotated order)."""
+    mix = Mix(num_requests=args.requests, seed=args.seed, input_len=args.input_len,
+              output_len=args.output_len, repeat_image_share=args.repeat_image_share,
+              images_per_request=parse_weighted("--images-per-request", args.images_per_request, int),
+              image_sizes=parse_weighted("--image-sizes", args.image_sizes, parse_size))
+    requests = synthesize(mix)
+    ours, theirs = folder / "workload_ours.jsonl", folder / "workload_aiperf.jsonl"
+    text_first = [Request([{"role": "user", "content": [{"type": "text", "text": prompt_text(r)},
+                                                        *({"type": "image_url", "image_url": {"url": url}}
+                                                          for url in image_urls(r))]}], r.max_tokens)
+                  for r in requests]
+    write_jsonl(ours, text_first)
+    with open(theirs, "w") as out:
+        for r in requests:
+            row = {"text": prompt_text(r), "output_length": r.max_tokens}
+            if image_urls(r):
+                row["images"] = image_urls(r)
+            out.write(json.dumps(row) + "\n")
+    return ours, theirs, summarize(text_first)
+
+
+# --- the two clients ---------------------------------------------------------------------------
+def run_ours(args, url: str, workload: Path, folder: Path) -> dict:
+    """``stage bench serve`` on the workload (warm-up: its first requests, then the rest timed)."""
+    cmd = [sys.executable, "-m", "stages.cli", "bench", "serve", "--url", url, "--workload", str(workload),
+           "--max-concurrency", str(args.concurrency), "--warmup", str(args.warmup), "--no-progress",
+           "--out", str(folder), "--request-timeout-s", str(args.request_timeout)]
+    started, cpu0 = time.perf_counter(), children_cpu_s()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.run_timeout)
+    cpu = children_cpu_s() - cpu0
+    (folder / "stdout.txt").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"stage bench serve exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    r = json.loads((folder / "result.json").read_text())
+    return {"ttft_mean_ms": r["mean_ttft_ms"], "ttft_median_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"],
+            "tpot_mean_ms": r["mean_tpot_ms"], "e2el_mean_ms": r["mean_e2el_ms"],
+            "request_throughput": r["request_throughput"], "output_throughput": r["output_throughput"],
+            "total_input_tokens": r["total_input_tokens"], "total_output_tokens": r["total_output_tokens"],
+            "completed": r["completed"], "failed": r["failed"], "duration_s": r["duration"],
+            "tool_cpu_s": round(cpu, 2), "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def run_aiperf(args, url: str, model_name: str, tokenizer: Path, workload: Path, folder: Path) -> dict:
+    """aiperf on the same requests: sequential sampling, the first ``--warmup`` as its warm-up phase."""
+    cmd = [str(args.aiperf), "profile", "--model", model_name, "--url", url, "--endpoint-type", "chat", "--streaming",
+           "--input-file", str(workload), "--custom-dataset-type", "single_turn",
+           "--dataset-sampling-strategy", "sequential", "--concurrency", str(args.concurrency),
+           "--request-count", str(args.requests), "--warmup-request-count", str(args.warmup),
+           "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+           "--use-server-token-count", "--tokenizer", str(tokenizer), "--output-artifact-dir", str(folder),
+           "--request-timeout-seconds", str(args.request_timeout), "--no-server-metrics", "--no-gpu-telemetry",
+           "--ui-type", "none"]
+    started, cpu0 = time.perf_counter(), children_cpu_s()
+    done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=args.run_timeout)
+    cpu = children_cpu_s() - cpu0
+    (folder / "stdout.txt").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"aiperf exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    d = json.loads((folder / "profile_export_aiperf.json").read_text())
+    return {"ttft_mean_ms": d["time_to_first_token"]["avg"], "ttft_median_ms": d["time_to_first_token"]["p50"],
+            "ttft_p99_ms": d["time_to_first_token"]["p99"], "tpot_mean_ms": d["inter_token_latency"]["avg"],
+            "e2el_mean_ms": d["request_latency"]["avg"], "request_throughput": d["request_throughput"]["avg"],
+            "output_throughput": d["output_token_throughput"]["avg"],
+            "total_input_tokens": d["total_usage_prompt_tokens"]["avg"],
+            "total_output_tokens": d["total_usage_completion_tokens"]["avg"],
+            "completed": d["request_count"]["avg"], "failed": sum(e.get("count", 0) for e in d["error_summary"]),
+            "duration_s": d["benchmark_duration"]["avg"], "tool_cpu_s": round(cpu, 2),
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children and their descendants (the whole tool, start-up
+    included: every process it spawned and waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- comparison --------------------------------------------------------------------------------
+def compare(rounds: list[dict]) -> dict:
+    """Per metric: each tool's mean over rounds, the ratio ours / aiperf, and whether it is within 10%."""
+    out = {}
+    for key in (*COMPARED, "ttft_p99_ms", *ALSO_SHOWN):
+        ours = sum(r["ours"][key] for r in rounds) / len(rounds)
+        theirs = sum(r["aiperf"][key] for r in rounds) / len(rounds)
+        ratio = ours / theirs if theirs else None
+        out[key] = {"ours": round(ours, 3), "aiperf": round(theirs, 3), "ratio": round(ratio, 4) if ratio else None,
+                    "within_10pct": ratio is not None and abs(ratio - 1) <= TOLERANCE}
+    return out
+
+
+def print_table(comparison: dict) -> None:
+    print(f"\n{'metric':<22}{'stage bench':>13}{'aiperf':>13}{'ratio':>9}  within 10%")
+    for key, row in comparison.items():
+        mark = ("yes" if row["within_10pct"] else "NO") if key in COMPARED else "(shown)"
+        print(f"{key:<22}{row['ours']:>13.2f}{row['aiperf']:>13.2f}{row['ratio'] or 0:>9.3f}  {mark}")
+
+
+# --- main --------------------------------------------------------------------------------------
+def build_parser():  # type: ignore[no-untyped-def]
+    p = make_parser(__doc__)
+    add_model_args(p)
+    p.add_argument("--requests", type=int, default=64, help="timed requests per client run")
+    p.add_argument("--warmup", type=int, default=4, help="untimed requests before each run")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (closed loop)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of (ours, aiperf), the order alternating")
+    p.add_argument("--images-per-request", default="0:0.5,1:0.5", help="as stage bench serve")
+    p.add_argument("--image-sizes", default="224x224:1", help="as stage bench serve")
+    p.add_argument("--repeat-image-share", type=float, default=0.0, help="as stage bench serve")
+    p.add_argument("--input-len", type=int, default=32, help="prompt words per request")
+    p.add_argument("--output-len", type=int, default=32, help="max_tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic mix")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server")
+    p.add_argument("--server-cores", default="1", help="cores of the server ('' : no pinning)")
+    p.add_argument("--client-cores", default="0", help="cores of this script and both clients ('' : no pinning)")
+    p.add_argument("--aiperf", default=str(AIPERF), help="the aiperf executable")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (both tools)")
+    p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per client run")
+    p.add_argument("--startup-timeout", type=float, default=240.0, help="seconds to wait for the server")
+    add_output_args(p, "check_against_aiperf", quick_help="1 round of 24 requests")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not Path(args.aiperf).exists():
+        print(f"no aiperf at {args.aiperf}; install it in its own venv:\n"
+              "    python -m venv bench/.venv-tools && bench/.venv-tools/bin/pip install aiperf==0.13.0", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.requests, args.rounds = min(args.requests, 24), 1
+    out = output_path(args)
+    folder = out.with_suffix("")
+    folder.mkdir(parents=True, exist_ok=True)
+    client_cores = pin_this_process(args.client_cores)  # the clients are children: they inherit it
+    model = resolve_model(args)
+    ours_file, aiperf_file, workload = workload_files(args, folder)
+    server = Server("colocated", model, parse_cores(args.server_cores), args.threads, folder / "server.log")
+    rounds = []
+    try:
+        server.wait(args.startup_timeout)
+        print(f"server {server.url} (pid {server.proc.pid}, cores {server.cores or 'any'}); clients on cores "
+              f"{client_cores or 'any'}; load {loadavg()}", flush=True)
+        for index in range(args.rounds):
+            order = ("ours", "aiperf") if index % 2 == 0 else ("aiperf", "ours")
+            result = {"round": index + 1, "order": list(order), "loadavg_1m": loadavg()}
+            for tool in order:
+                run_dir = folder / f"r{index + 1}_{tool}"
+                run_dir.mkdir(exist_ok=True)
+                server_cpu0 = server.cpu()
+                result[tool] = (run_ours(args, server.url, ours_file, run_dir) if tool == "ours" else
+                                run_aiperf(args, server.url, model.name, model, aiperf_file, run_dir))
+                result[tool]["server_cpu_s"] = round(server.cpu() - server_cpu0, 2)
+                print(f"round {index + 1} {tool:<6}: TTFT mean {result[tool]['ttft_mean_ms']:.1f} ms, "
+                      f"{result[tool]['request_throughput']:.2f} req/s, {result[tool]['output_throughput']:.1f} tok/s; "
+                      f"the tool used {result[tool]['tool_cpu_s']:.1f} CPU s in {result[tool]['wall_s']:.1f} s, "
+                      f"the server {result[tool]['server_cpu_s']:.1f} (measured {result[tool]['duration_s']:.1f} s)",
+                      flush=True)
+            rounds.append(result)
+    finally:
+        server.stop()
+    comparison = compare(rounds)
+    report = {
+        "benchmark": "check_against_aiperf", "machine": machine_info(),
+        "pinning": {"server": server.cores or None, "clients": client_cores or None, "torch_threads": args.threads},
+        "config": {"model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
+                   "concurrency": args.concurrency, "rounds": args.rounds, "images_per_request": args.images_per_request,
+                   "image_sizes": args.image_sizes, "input_len": args.input_len, "output_len": args.output_len,
+                   "seed": args.seed, "aiperf": args.aiperf, "workload": workload},
+        "rounds": rounds, "comparison": comparison,
+        "agree_within_10pct": all(comparison[key]["within_10pct"] for key in COMPARED),
+    }
+    write_json(out, report)
+    print_table(comparison)
+    print(f"agree within 10%: {report['agree_within_10pct']}; wrote {out}")
+    return 0 if report["agree_within_10pct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ import base64
 import io
 import random
 import re
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ class Encoder:
 
 @dataclass
 class Answers:
-    encode: list[httpx.Response]
+    encode: list[httpx.Response | httpx.HTTPError]  # an encoder that died mid-request: the error
     prefill: httpx.Response
     decode: httpx.Response
 
@@ -123,7 +124,7 @@ class EPD:
         body = self.body(images, text, max_tokens)
         if images and send:
             await self.claim(images, encoder)
-        encode = [self.encode(client, images, encoder, body["bootstrap_room"])] if images and send else []
+        encode = [_or_error(self.encode(client, images, encoder, body["bootstrap_room"]))] if images and send else []
         *encoded, (prefill, decode) = await asyncio.gather(*encode, self.chat(client, body))
         return Answers(list(encoded), prefill, decode)
 
@@ -166,6 +167,13 @@ def start_epd(variant: str, transfer: str, redis_url: str, logs: Path, *, encode
         info = httpx.get(f"{server.url}/server_info", timeout=10).json()
         found.append(Encoder(server, info["encoder_id"], info["vision_fingerprint"]))
     return EPD(found, prefill, decode, bootstrap, redis_url, path)
+
+
+async def _or_error(call: Awaitable[httpx.Response]) -> httpx.Response | httpx.HTTPError:
+    try:
+        return await call
+    except httpx.HTTPError as exc:
+        return exc
 
 
 def _launch_or_none(role: str, flags: list[str], log_path: Path) -> ServerProcess | None:

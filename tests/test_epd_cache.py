@@ -165,6 +165,18 @@ async def test_a_key_neither_cached_nor_being_encoded_fails_at_once_on_both_halv
     assert "is not in the embedding cache" in error_of(answers.decode, 502, "peer_failed")["message"]
 
 
+async def test_a_prefill_that_failed_alone_refuses_its_decode_half_with_the_reason(epd, fresh):
+    """The prefill's half fails before the decode's arrives: the room is closed with that error, and
+    the decode's KV request, when it comes, is refused with it at once (its blocks freed)."""
+    body = epd.body([Image.random(64, 64, seed=6)], "what is it", 8)
+    async with httpx.AsyncClient(timeout=30) as client:
+        error_of(await client.post(f"{epd.prefill.url}/v1/chat/completions", json=body), 400, "image_not_cached")
+        started = time.monotonic()
+        decode = await client.post(f"{epd.decode.url}/v1/chat/completions", json=body)
+    assert time.monotonic() - started < 2.0
+    assert "is not in the embedding cache" in error_of(decode, 502, "peer_failed")["message"]
+
+
 async def test_an_encoder_failure_wakes_the_prefill_with_it(epd, fresh):
     image = Image.random(64, 64, seed=4)
     arm(epd.encoders[0], "encoder.stall", delay_s=1.0)  # the prefill is waiting by the time it fails

@@ -98,7 +98,15 @@ class Membership:
                               code="worker_unreachable") from None
 
     def _check_fits(self, worker: Worker) -> None:
-        """A prefill or decode must share a fingerprint with a worker of the other role, if there is one."""
+        """A prefill or decode must share a fingerprint with a worker of the other role, if there is one;
+        an encoder must have the other encoders' vision fingerprint (else its image keys differ)."""
+        if worker.role == "encoder":
+            known = [w for w in self.router.pools["encoder"].workers if w.known]
+            if known and worker.vision_fingerprint != known[0].vision_fingerprint:
+                raise RouterError(409, f"{worker.url} has vision fingerprint {worker.vision_fingerprint!r}, the "
+                                  f"encoders {known[0].vision_fingerprint!r}: its image keys would differ",
+                                  code="worker_misfit")
+            return
         other = {"prefill": "decode", "decode": "prefill"}.get(worker.role)
         peers = [w for w in self.router.pools[other].workers if w.known] if other else []
         if peers and not any(compatible(worker, p) if worker.role == "prefill" else compatible(p, worker)

@@ -7,9 +7,10 @@ Who marks what (docs/admin.md):
               ready_sent; failed {reason}
     decode    queued, blocks_reserved {blocks}, kv_requested, kv_ready, first_token,
               finished {completion_tokens, finish_reason}; failed {reason}
-    encoder   queued, encoded / cache_hit per image {key}      (marks: the encoder's service)
+    encoder   queued {images}; per image encoded {key, num_tokens} (at the time its embedding was
+              cached), cache_hit {key} or pending_elsewhere {key}; failed {reason}
 
-``mark`` may be called from any thread (the encoder's batcher runs on its own); it never raises.
+``mark`` may be called from any thread; it never raises.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ class RoomTimeline:
         self._rooms: OrderedDict[int, list[dict]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def mark(self, room: int, event: str, **fields: object) -> None:
-        """Record ``event`` for ``room`` now; the oldest room is dropped past ``capacity``."""
-        entry = {"event": event, "t": time.time(), **fields}
+    def mark(self, room: int, event: str, at: float | None = None, **fields: object) -> None:
+        """Record ``event`` for ``room`` now (or at wall-clock ``at``); the oldest room is dropped past
+        ``capacity``."""
+        entry = {"event": event, "t": time.time() if at is None else at, **fields}
         with self._lock:
             events = self._rooms.get(room)
             if events is None:

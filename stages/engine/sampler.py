@@ -12,6 +12,9 @@ Devices: logits and generators live on the engine's device, and ``sample`` reads
 per step (the token ids and each sampled row's verdict, together). A row that cannot be sampled is
 drawn from a harmless distribution meanwhile and reported after that read: on a GPU,
 ``multinomial`` over NaN or infinite probabilities is a device-side assert, not an exception.
+The draw is ``torch.multinomial``'s own algorithm for one sample (argmax of p / q, q ~ Exp(1)),
+written out because ``multinomial`` reads the device twice to check its input: same random
+numbers, same token (``Engine._skip_draw`` relies on the count of random numbers being the same).
 """
 
 from __future__ import annotations
@@ -78,7 +81,14 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
     verdict = _verdict(logits, params)
     probs = filter_logits(logits, params).softmax(-1)
     probs = torch.where(verdict == SAMPLEABLE, probs, torch.ones_like(probs))  # see the module docstring
-    return torch.multinomial(probs, 1, generator=generator)[0], verdict
+    return draw(probs, generator), verdict
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``torch.multinomial(probs, 1, generator=generator)[0]`` for one row of valid probabilities,
+    without its host reads: the same exponential draw over ``probs.numel()`` numbers, the same token."""
+    q = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / q).argmax(-1)
 
 
 def _verdict(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

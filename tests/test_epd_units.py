@@ -155,3 +155,17 @@ def test_colocated_server_info_reports_the_whole_model_and_its_memory():
     assert (info["role"], info["parts"], info["images"]) == ("colocated", ["vision", "text"], "pixels")
     assert info["num_parameters"] == load_adapter(path, torch.float32, "sdpa").num_parameters
     assert info["rss_bytes"] > 0
+
+
+def test_openapi_documents_image_refs():
+    from tests.test_api_units import FakeAsyncEngine, client_for
+
+    document = client_for(FakeAsyncEngine()).get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert schemas["ImageRef"]["required"] == ["key", "width", "height"]
+    assert schemas["ImageRef"]["properties"]["key"]["pattern"] == "^[0-9a-f]{64}$"
+    assert {"properties": {"type": {"const": "image_ref"}, "image_ref": {"not": {"type": "null"}}},
+            "required": ["image_ref"]} in schemas["ContentPart"]["anyOf"]
+    responses = document["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "image_not_cached" in responses["400"]["description"]
+    assert "cache_unavailable" in responses["503"]["description"]

@@ -48,7 +48,10 @@ CHAT_ROUTE: dict = {
               "stream instead. A prefill server answers with its first token only (finish_reason length).",
               "content": {"text/event-stream": {"schema": SSE_EVENT}}},
         400: _error("The request is invalid: the error's param names the parameter, its code says why "
-                    "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, ...)."),
+                    "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, "
+                    "image_url_not_supported / image_ref_not_supported: the other kind of image part than this "
+                    "server takes, ...). EPD prefill: image_not_cached, an image_ref key neither cached nor being "
+                    "encoded (at once)."),
         403: _error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "
                     "(nothing is dialed)."),
         404: _error("`model` is not the served model (code model_not_found)."),
@@ -58,12 +61,15 @@ CHAT_ROUTE: dict = {
         499: {"description": "The client went away before the answer was ready; nobody reads this."},
         500: _error(INTERNAL_ERROR),
         502: _error(PD + "the other stage failed, refused the request or went away (code peer_failed or "
-                    "kv_transfer_failed)."),
+                    "kv_transfer_failed). EPD prefill: the encoder failed or died (encode_failed), or the cached "
+                    "embedding does not fit the image_ref or the model (embedding_mismatch; the entry is dropped)."),
         503: _error("The server is at --max-num-seqs + --max-waiting requests (code server_overloaded, with "
                     "Retry-After), its engine is not running (engine_unavailable), or a decode's KV pool is full "
-                    "(kv_pool_full).", RETRY_AFTER),
+                    "(kv_pool_full). EPD prefill: the embedding cache's Redis is down or slow (cache_unavailable, "
+                    "naming Redis).", RETRY_AFTER),
         504: _error(PD + "a room's deadline passed: the other half never arrived (--pair-timeout-s), or the KV "
-                    "did not (code room_timeout)."),
+                    "did not (code room_timeout); EPD prefill: an image was still being encoded at "
+                    "--embedding-timeout-s (embedding_timeout)."),
     },
 }
 HEALTH_ROUTE: dict = {

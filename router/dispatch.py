@@ -5,7 +5,8 @@ together), then waits for the first of: the answer under way (``open_answer`` re
 failing (its stage is to blame; the rest of the attempt is aborted at once instead of waiting for
 the answering stage to time out), or the answering stage failing (``blame`` decides whether its
 partner was the cause). A failure before anything reached the client is retried once on a fresh
-plan (new room, the blamed worker excluded) unless the request itself was wrong (4xx).
+plan (new room, the blamed worker excluded) unless the request itself was wrong (4xx) or a
+dependency every worker shares failed (``verdict.SHARED_CODES``: the embedding cache's Redis).
 
 Aborting: whenever an attempt ends early (a failure, or the client leaving, which cancels the
 handler), every upstream call still open is cancelled, which closes its connection; the prefill and
@@ -42,7 +43,7 @@ from router.relay import relay_stream, send_json
 from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord
 from router.upstream import StageError, Upstream
-from router.verdict import PEER_CODES, ROUTER_CODES, Failure, blame, blame_encoder
+from router.verdict import PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.workers import Lease
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Dispatcher:
             try:
                 return await self._attempt(request, call, plan)
             except StageError as exc:
-                if exc.failure.client_fault:
+                if exc.failure.client_fault or exc.failure.code in SHARED_CODES:
                     raise
                 last = exc
                 log.warning("%s stage %s failed before the answer started: %s", exc.failure.stage, exc.failure.url,
@@ -184,7 +185,7 @@ class Dispatcher:
                 continue
             if failure.client_fault:
                 lease.success()  # it answered, correctly refusing a bad request
-            elif failure.code in ROUTER_CODES:
+            elif failure.code in ROUTER_CODES or failure.code in SHARED_CODES:
                 lease.cancel()
             else:
                 lease.failure()

@@ -18,6 +18,9 @@ import msgspec
 PEER_CODES = frozenset({"peer_failed", "room_timeout"})
 # a stage's 4xx codes that are about the router's choices (room, pair), not the request: retried, no breaker charge
 ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
+# a stage's error codes about a dependency every worker shares (epd: the Redis of the embedding cache):
+# another worker would fail the same way, so the request is not retried and no breaker is charged
+SHARED_CODES = frozenset({"cache_unavailable"})
 # a prefill's error codes about one image's embedding (its message names the image key): the
 # encoder's failure, or the cache's answer the router planned on going stale (epd)
 IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached"})

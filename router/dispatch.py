@@ -41,7 +41,7 @@ from router.metrics import Metrics
 from router.modes import Call, Plan, Planner
 from router.relay import relay_stream, send_json
 from router.tally import Tally
-from router.timeline import RoomLog, RoomRecord
+from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.upstream import StageError, Upstream
 from router.verdict import PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.workers import Lease
@@ -140,8 +140,7 @@ class Dispatcher:
         """This attempt's entry in the room log (a colocated plan has no room: a detached record)."""
         now = time.time()
         record = RoomRecord(plan.room if plan.room is not None else -1, now - (time.perf_counter() - call.started),
-                            now, call.stream, {t.stage: {"id": t.worker.id, "url": t.worker.url}
-                                               for t in (plan.answer, *plan.sides)})
+                            now, call.stream, stage_workers((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
         return self.rooms.open(record) if plan.room is not None else record
 
     async def _head(self, plan: Plan, answer: asyncio.Future, sides: list[asyncio.Future]) -> Head:

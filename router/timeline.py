@@ -12,7 +12,27 @@ events from different machines line up as far as their clocks agree.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class _Worker(Protocol):
+    id: str
+    url: str
+
+
+def stage_workers(targets: Iterable[tuple[str, _Worker]]) -> dict[str, dict]:
+    """``{stage: {"id", "url"}}`` of a plan's (stage, worker) targets; a stage with several workers
+    (a room's images spread over encoders) is keyed ``encoder``, ``encoder2``, ..."""
+    found: dict[str, dict] = {}
+    for stage, worker in targets:
+        key, n = stage, 1
+        while key in found:
+            n += 1
+            key = f"{stage}{n}"
+        found[key] = {"id": worker.id, "url": worker.url}
+    return found
 
 
 @dataclass

@@ -16,7 +16,7 @@ from router.load import History, Sample, parse_sample, role_loads
 from router.membership import check_split
 from router.pairing import Pairing, PairingRules
 from router.ratio import Hysteresis, RoleLoad, clamp_split, peak_load, recommend
-from router.timeline import RoomLog, RoomRecord
+from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.workers import Worker
 from stages.timeline import RoomTimeline
 
@@ -272,3 +272,10 @@ def test_tables_are_aligned_and_show_missing_values_as_dashes():
     args = argparse.Namespace(admin_command="drain")
     answer = {"worker": {"id": "w3", "role": "decode", "url": "http://d:1", "outstanding": 2}, "idle": False}
     assert render(args, answer) == "w3 (decode http://d:1): draining, 2 request(s) in flight"
+
+
+def test_stage_workers_keys_a_repeated_stage_by_number():
+    ws = [worker("http://e:1", "encoder"), worker("http://e:2", "encoder"), worker("http://p:1", "prefill")]
+    assert stage_workers([("decode", ws[2]), ("encoder", ws[0]), ("encoder", ws[1]), ("prefill", ws[2])]) == {
+        "decode": {"id": "1", "url": "http://p:1"}, "encoder": {"id": "1", "url": "http://e:1"},
+        "encoder2": {"id": "2", "url": "http://e:2"}, "prefill": {"id": "1", "url": "http://p:1"}}

@@ -15,9 +15,16 @@ spawns) on ``--client-cores`` (0). The requests are the seeded synthetic mix of 
 written twice: as our JSONL workload and as aiperf's ``single_turn`` file, with the same text, the same
 ``data:`` PNGs, the text before the images in both, and the same ``max_tokens`` (aiperf sends it with
 ``--use-legacy-max-tokens``); both send ``ignore_eos`` and ``temperature 0`` and stream with usage. Load:
-a closed loop of ``--concurrency`` requests in flight (ours ``--max-concurrency``, aiperf
-``--concurrency``), ``--requests`` in all, after ``--warmup`` untimed requests. Rounds alternate the order
-(ours first, then aiperf first), so drifting outside load hits both.
+a closed loop of ``--concurrency`` requests in flight per tool (ours ``--max-concurrency``, aiperf
+``--concurrency``), ``--requests`` in all, after ``--warmup`` untimed requests.
+
+``--mode side-by-side`` (default): in each round aiperf starts, and when its profiling phase starts
+``stage bench serve`` starts; both then drive the same server at once, so outside load on this shared
+machine hits both alike. They do not start and end at the same instant (ours needs ~1 s to start, and a
+client that keeps up worse finishes later), so each tool's first and last requests share the server less.
+``--mode sequential``: one tool after the other, the order alternating by round: the same load in the
+strict sense, but on a busy machine the two runs see different outside load, and aiperf's own CPU use
+(~10x ours) moves other processes onto the server's core (the server's share of its core is recorded).
 
 Compared (ours / aiperf, means over rounds): TTFT mean and median (aiperf ``time_to_first_token``), TPOT
 mean (aiperf ``inter_token_latency``, which is per-request (latency - TTFT) / (tokens - 1), vllm's TPOT),
@@ -31,9 +38,10 @@ both tools, ratios, ``agree_within_10pct``), each tool's own files under ``bench
 from __future__ import annotations
 
 import json
-import resource
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +66,7 @@ from bench.serve.config import Mix, parse_size, parse_weighted  # noqa: E402
 from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl  # noqa: E402
 
 AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
+AIPERF_PROFILING_STARTED = "Phase profiling (profiling) started"  # aiperf 0.13's log line
 TOLERANCE = 0.10
 COMPARED = ("ttft_mean_ms", "ttft_median_ms", "request_throughput", "output_throughput")  # the 10% goal
 ALSO_SHOWN = ("tpot_mean_ms", "e2el_mean_ms", "total_input_tokens", "total_output_tokens")
@@ -90,42 +99,88 @@ def workload_files(args, folder: Path) -> tuple[Path, Path, dict]:
 
 
 # --- the two clients ---------------------------------------------------------------------------
-def run_ours(args, url: str, workload: Path, folder: Path) -> dict:
-    """``stage bench serve`` on the workload (warm-up: its first requests, then the rest timed)."""
+class Run:
+    """One client run as a child process, its output in ``folder/stdout.txt``. ``started`` is set once it
+    prints a line containing ``ready_marker`` (None: at once). ``finish()`` waits for it (``os.wait4``: the
+    CPU seconds of the tool and of every process it spawned and waited for) and returns its numbers."""
+
+    def __init__(self, cmd: list[str], folder: Path, parse, timeout_s: float,  # type: ignore[no-untyped-def]
+                 ready_marker: str | None = None) -> None:
+        self.folder, self.parse, self.timeout_s, self.t0 = folder, parse, timeout_s, time.perf_counter()
+        self.started = threading.Event()
+        if ready_marker is None:
+            self.started.set()
+        self.proc = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.reader = threading.Thread(target=self._read, args=(ready_marker,), daemon=True)
+        self.reader.start()
+
+    def _read(self, marker: str | None) -> None:
+        with open(self.folder / "stdout.txt", "w") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                if marker is not None and marker in line:
+                    self.started.set()
+        self.started.set()  # it ended without the marker: finish() says how
+
+    def finish(self) -> dict:
+        """Wait (at most the run timeout, then kill), check the exit code, parse the tool's files."""
+        deadline = self.t0 + self.timeout_s
+        try:
+            _, status, usage = _wait4(self.proc.pid, deadline)
+        except TimeoutError:
+            self.proc.kill()
+            _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.reader.join(10)
+        if self.proc.returncode != 0:
+            tail = (self.folder / "stdout.txt").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.proc.args[0]} exited {self.proc.returncode}:\n{tail}")
+        return {**self.parse(self.folder), "tool_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                "wall_s": round(time.perf_counter() - self.t0, 1)}
+
+
+def _wait4(pid: int, deadline: float):  # type: ignore[no-untyped-def]
+    """``os.wait4`` of a child, polled until ``deadline`` (then TimeoutError)."""
+    while time.perf_counter() < deadline:
+        waited, status, usage = os.wait4(pid, os.WNOHANG)
+        if waited:
+            return waited, status, usage
+        time.sleep(0.1)
+    raise TimeoutError
+
+
+def start_ours(args, url: str, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
+    """``stage bench serve`` on the workload: its first ``--warmup`` requests untimed, then all of them."""
     cmd = [sys.executable, "-m", "stages.cli", "bench", "serve", "--url", url, "--workload", str(workload),
            "--max-concurrency", str(args.concurrency), "--warmup", str(args.warmup), "--no-progress",
            "--out", str(folder), "--request-timeout-s", str(args.request_timeout)]
-    started, cpu0 = time.perf_counter(), children_cpu_s()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.run_timeout)
-    cpu = children_cpu_s() - cpu0
-    (folder / "stdout.txt").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"stage bench serve exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return Run(cmd, folder, parse_ours, args.run_timeout)
+
+
+def parse_ours(folder: Path) -> dict:
     r = json.loads((folder / "result.json").read_text())
     return {"ttft_mean_ms": r["mean_ttft_ms"], "ttft_median_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"],
             "tpot_mean_ms": r["mean_tpot_ms"], "e2el_mean_ms": r["mean_e2el_ms"],
             "request_throughput": r["request_throughput"], "output_throughput": r["output_throughput"],
             "total_input_tokens": r["total_input_tokens"], "total_output_tokens": r["total_output_tokens"],
-            "completed": r["completed"], "failed": r["failed"], "duration_s": r["duration"],
-            "tool_cpu_s": round(cpu, 2), "wall_s": round(time.perf_counter() - started, 1)}
+            "completed": r["completed"], "failed": r["failed"], "duration_s": r["duration"]}
 
 
-def run_aiperf(args, url: str, model_name: str, tokenizer: Path, workload: Path, folder: Path) -> dict:
-    """aiperf on the same requests: sequential sampling, the first ``--warmup`` as its warm-up phase."""
-    cmd = [str(args.aiperf), "profile", "--model", model_name, "--url", url, "--endpoint-type", "chat", "--streaming",
+def start_aiperf(args, url: str, model: Path, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
+    """aiperf on the same requests, sampled in order, its first ``--warmup`` as its warm-up phase;
+    ``started`` is set when its profiling phase starts."""
+    cmd = [str(args.aiperf), "profile", "--model", model.name, "--url", url, "--endpoint-type", "chat", "--streaming",
            "--input-file", str(workload), "--custom-dataset-type", "single_turn",
            "--dataset-sampling-strategy", "sequential", "--concurrency", str(args.concurrency),
            "--request-count", str(args.requests), "--warmup-request-count", str(args.warmup),
            "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
-           "--use-server-token-count", "--tokenizer", str(tokenizer), "--output-artifact-dir", str(folder),
+           "--use-server-token-count", "--tokenizer", str(model), "--output-artifact-dir", str(folder),
            "--request-timeout-seconds", str(args.request_timeout), "--no-server-metrics", "--no-gpu-telemetry",
            "--ui-type", "none"]
-    started, cpu0 = time.perf_counter(), children_cpu_s()
-    done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=args.run_timeout)
-    cpu = children_cpu_s() - cpu0
-    (folder / "stdout.txt").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"aiperf exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return Run(cmd, folder, parse_aiperf, args.run_timeout, ready_marker=AIPERF_PROFILING_STARTED)
+
+
+def parse_aiperf(folder: Path) -> dict:
     d = json.loads((folder / "profile_export_aiperf.json").read_text())
     return {"ttft_mean_ms": d["time_to_first_token"]["avg"], "ttft_median_ms": d["time_to_first_token"]["p50"],
             "ttft_p99_ms": d["time_to_first_token"]["p99"], "tpot_mean_ms": d["inter_token_latency"]["avg"],
@@ -134,15 +189,32 @@ def run_aiperf(args, url: str, model_name: str, tokenizer: Path, workload: Path,
             "total_input_tokens": d["total_usage_prompt_tokens"]["avg"],
             "total_output_tokens": d["total_usage_completion_tokens"]["avg"],
             "completed": d["request_count"]["avg"], "failed": sum(e.get("count", 0) for e in d["error_summary"]),
-            "duration_s": d["benchmark_duration"]["avg"], "tool_cpu_s": round(cpu, 2),
-            "wall_s": round(time.perf_counter() - started, 1)}
+            "duration_s": d["benchmark_duration"]["avg"]}
 
 
-def children_cpu_s() -> float:
-    """CPU seconds of this process's finished children and their descendants (the whole tool, start-up
-    included: every process it spawned and waited for)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def run_round(args, index: int, server: Server, model: Path, files: tuple[Path, Path],  # type: ignore[no-untyped-def]
+              folder: Path) -> dict:
+    """One round. ``sequential``: one tool after the other, the order alternating by round. ``side-by-side``:
+    aiperf starts; when its profiling phase starts, ours starts; both run at once on the same server, each
+    with ``--concurrency`` requests in flight. Also: the share of a core the server got meanwhile."""
+    dirs = {tool: folder / f"r{index + 1}_{tool}" for tool in ("ours", "aiperf")}
+    for path in dirs.values():
+        path.mkdir(exist_ok=True)
+    start = {"ours": lambda: start_ours(args, server.url, files[0], dirs["ours"]),
+             "aiperf": lambda: start_aiperf(args, server.url, model, files[1], dirs["aiperf"])}
+    result: dict = {"round": index + 1, "loadavg_1m": loadavg()}
+    cpu0, t0 = server.cpu(), time.perf_counter()
+    if args.mode == "side-by-side":
+        theirs = start["aiperf"]()
+        theirs.started.wait(args.run_timeout)
+        mine = start["ours"]()
+        result["ours"], result["aiperf"] = mine.finish(), theirs.finish()
+    else:
+        result["order"] = ["ours", "aiperf"] if index % 2 == 0 else ["aiperf", "ours"]
+        for tool in result["order"]:
+            result[tool] = start[tool]().finish()
+    result["server_cpu_share"] = round((server.cpu() - cpu0) / (time.perf_counter() - t0), 3)
+    return result
 
 
 # --- comparison --------------------------------------------------------------------------------
@@ -172,7 +244,9 @@ def build_parser():  # type: ignore[no-untyped-def]
     p.add_argument("--requests", type=int, default=64, help="timed requests per client run")
     p.add_argument("--warmup", type=int, default=4, help="untimed requests before each run")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (closed loop)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of (ours, aiperf), the order alternating")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of (ours, aiperf)")
+    p.add_argument("--mode", choices=["side-by-side", "sequential"], default="side-by-side",
+                   help="both tools at once on the server (robust to outside load), or one after the other")
     p.add_argument("--images-per-request", default="0:0.5,1:0.5", help="as stage bench serve")
     p.add_argument("--image-sizes", default="224x224:1", help="as stage bench serve")
     p.add_argument("--repeat-image-share", type=float, default=0.0, help="as stage bench serve")
@@ -211,20 +285,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server {server.url} (pid {server.proc.pid}, cores {server.cores or 'any'}); clients on cores "
               f"{client_cores or 'any'}; load {loadavg()}", flush=True)
         for index in range(args.rounds):
-            order = ("ours", "aiperf") if index % 2 == 0 else ("aiperf", "ours")
-            result = {"round": index + 1, "order": list(order), "loadavg_1m": loadavg()}
-            for tool in order:
-                run_dir = folder / f"r{index + 1}_{tool}"
-                run_dir.mkdir(exist_ok=True)
-                server_cpu0 = server.cpu()
-                result[tool] = (run_ours(args, server.url, ours_file, run_dir) if tool == "ours" else
-                                run_aiperf(args, server.url, model.name, model, aiperf_file, run_dir))
-                result[tool]["server_cpu_s"] = round(server.cpu() - server_cpu0, 2)
-                print(f"round {index + 1} {tool:<6}: TTFT mean {result[tool]['ttft_mean_ms']:.1f} ms, "
-                      f"{result[tool]['request_throughput']:.2f} req/s, {result[tool]['output_throughput']:.1f} tok/s; "
-                      f"the tool used {result[tool]['tool_cpu_s']:.1f} CPU s in {result[tool]['wall_s']:.1f} s, "
-                      f"the server {result[tool]['server_cpu_s']:.1f} (measured {result[tool]['duration_s']:.1f} s)",
-                      flush=True)
+            result = run_round(args, index, server, model, (ours_file, aiperf_file), folder)
+            for tool in ("ours", "aiperf"):
+                r = result[tool]
+                print(f"round {index + 1} {tool:<6}: TTFT mean {r['ttft_mean_ms']:.1f} ms, {r['request_throughput']:.2f} "
+                      f"req/s, {r['output_throughput']:.1f} tok/s over {r['duration_s']:.1f} s; the tool used "
+                      f"{r['tool_cpu_s']:.1f} CPU s", flush=True)
+            print(f"round {index + 1}: the server had {result['server_cpu_share']:.0%} of a core; load "
+                  f"{result['loadavg_1m']}", flush=True)
             rounds.append(result)
     finally:
         server.stop()
@@ -232,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "check_against_aiperf", "machine": machine_info(),
         "pinning": {"server": server.cores or None, "clients": client_cores or None, "torch_threads": args.threads},
-        "config": {"model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
+        "config": {"mode": args.mode, "model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
                    "concurrency": args.concurrency, "rounds": args.rounds, "images_per_request": args.images_per_request,
                    "image_sizes": args.image_sizes, "input_len": args.input_len, "output_len": args.output_len,
                    "seed": args.seed, "aiperf": args.aiperf, "workload": workload},

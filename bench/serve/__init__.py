@@ -13,6 +13,7 @@ One job per module::
     metrics.py   Outcomes -> the result dict (vllm bench serve key names)                     pure
     report.py    the printed summary; result.json                                            pure but the file
     plots.py     latency CDFs; latency against request rate
+    machine.py   CPU, cores, memory, commit for the JSON (reads /proc, runs git)
     cli.py       flags -> configs; run; exit codes
 
 Imports of the ``stage`` parser stay light: ``cli.add_args`` imports only ``config``.

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench.serve.config import Load, Mix, Target, parse_rates, parse_size, parse_slo, parse_weighted
+from bench.serve.config import Load, Mix, Slo, Target, parse_rates, parse_size, parse_slo, parse_weighted
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_NOTHING_MEASURED = 0, 1, 2, 3
 MODELS_TIMEOUT_S = 10.0
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_SOME_FAILED if any(r["failed"] for r, _ in results) else EXIT_OK
 
 
-def run_once(requests: list, target: Target, load: Load, slo, args: argparse.Namespace,  # type: ignore[no-untyped-def]
+def run_once(requests: list, target: Target, load: Load, slo: Slo, args: argparse.Namespace,
              tokenizer: str | None) -> tuple[dict, dict]:
     """One run at ``load``: send, count tokens, summarize, print. Returns (result dict, latency samples)."""
     import asyncio
@@ -158,8 +158,8 @@ def _configs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
               range_ratio=args.range_ratio, seed=args.seed)
     load = Load(args.request_rate, args.burstiness, args.max_concurrency, args.seed)
     rates = parse_rates(args.sweep) if args.sweep else (args.request_rate,)
-    for rate in rates:
-        replace(load, request_rate=rate)  # validates each
+    for rate in rates:  # each must make a valid Load
+        replace(load, request_rate=rate)
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     return mix, load, parse_slo(args.slo), rates

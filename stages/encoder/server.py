@@ -186,14 +186,16 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
 
 
 def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult]) -> None:
-    """Each image's outcome in the room's timeline: encoded at the time its embedding was cached."""
+    """Each image's outcome in the room's timeline, in time order: encoded at the time its embedding
+    was cached, the others now."""
     queued = timeline.events(room)
-    start = queued[0]["t"] if queued else time.time()
-    for r in results:
-        if r.status == "encoded":
-            timeline.mark(room, "encoded", at=start + r.seconds, key=r.key, num_tokens=r.num_tokens)
-        else:
-            timeline.mark(room, "cache_hit" if r.status == "cached" else r.status, key=r.key)
+    start, now = (queued[0]["t"] if queued else time.time()), time.time()
+    marks = sorted(((start + r.seconds, "encoded", r) if r.status == "encoded" else
+                    (now, "cache_hit" if r.status == "cached" else r.status, r) for r in results),
+                   key=lambda mark: mark[0])
+    for at, event, r in marks:
+        fields = {"key": r.key, "num_tokens": r.num_tokens} if event == "encoded" else {"key": r.key}
+        timeline.mark(room, event, at=min(at, now), **fields)
 
 
 def _parse(model: type[M], raw: bytes) -> M:

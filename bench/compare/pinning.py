@@ -1,0 +1,54 @@
+"""Pin a started ``Stack`` to the cores of ``Pinning``: every thread of every process of each child.
+
+Called by ``session.py`` once the stack is healthy (the models load unpinned, which only makes start-up
+faster). Linux sets affinity per thread, so each thread in ``/proc/PID/task`` is pinned; threads made
+later inherit the affinity of the thread that makes them, which is pinned by then. A child leads its own
+process group (``stages.up``), so anything it forked is found by its group id.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bench.compare.config import Pinning
+from stages.up import Stack
+
+
+def pin_stack(stack: Stack, pinning: Pinning) -> dict[str, dict]:
+    """Pin each child (by its role) and the embedded Redis; returns role -> {"pids", "cores"} for the
+    JSON. Raises OSError if a core does not exist on this machine (``--pin``)."""
+    placed: dict[str, dict] = {}
+    groups = [(child.spec.role, group_pids(child.proc.pid)) for child in stack.children]
+    if stack.redis is not None and stack.redis.process is not None:
+        groups.append(("redis", [stack.redis.process.pid]))
+    for role, pids in groups:
+        cores = pinning.of(role)
+        for pid in pids:
+            pin_process(pid, cores)
+        placed[role] = {"pids": pids, "cores": list(cores)}
+    return placed
+
+
+def pin_process(pid: int, cores: tuple[int, ...]) -> None:
+    """Every thread of ``pid`` on ``cores`` (a thread that ends meanwhile is skipped)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except ProcessLookupError:
+            continue
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes whose process group is ``pgid`` (the leader first)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return sorted(out, key=lambda pid: pid != pgid)

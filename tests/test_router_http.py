@@ -347,8 +347,11 @@ def test_refuses_to_start_without_an_answering_worker():
            f"['{dead}']" in result.stderr
 
 
-def test_refuses_bad_flags_and_epd_for_now():
+def test_refuses_bad_flags():
     assert "pd mode needs both --prefill and --decode workers" in run_router("--prefill", "http://h:1").stderr
-    epd = run_router("--encoder", "http://127.0.0.1:1", "--prefill", "http://127.0.0.1:2", "--decode",
-                     "http://127.0.0.1:3", "--redis-url", "redis://127.0.0.1:4")
-    assert epd.returncode == 2 and "epd mode (--encoder) is not built into the router yet" in epd.stderr
+    epd = ("--encoder", "http://127.0.0.1:1", "--prefill", "http://127.0.0.1:2", "--decode", "http://127.0.0.1:3")
+    for flags, message in ((epd, "epd mode (--encoder given) needs --redis-url, the embedding cache index"),
+                           ((*epd, "--redis-url", "http://127.0.0.1:4"),
+                            "--redis-url must start with redis://, rediss:// or unix://")):
+        result = run_router(*flags)
+        assert (result.returncode, result.stderr.strip()) == (2, f"stage serve router: error: {message}")

@@ -233,7 +233,7 @@ async def busy_decode(router, client: httpx.AsyncClient, max_tokens: int) -> tup
 
 async def test_a_drained_worker_finishes_its_stream_and_gets_no_new_request(router):
     async with httpx.AsyncClient(timeout=120) as client:
-        task, busy = await busy_decode(router, client, max_tokens=300)
+        task, busy = await busy_decode(router, client, max_tokens=1500)
         served = metric(busy["url"], LENGTH)
         response = admin(router, "POST", f"/workers/{busy['id']}/drain?wait_s=0")
         assert response.status_code == 202, response.text
@@ -253,7 +253,7 @@ async def test_a_drained_worker_finishes_its_stream_and_gets_no_new_request(rout
 
 async def test_removing_a_busy_worker_is_refused(router, late_decode):
     async with httpx.AsyncClient(timeout=120) as client:
-        task, busy = await busy_decode(router, client, max_tokens=200)
+        task, busy = await busy_decode(router, client, max_tokens=1500)
         response = admin(router, "DELETE", f"/workers/{busy['id']}")
         assert response.status_code == 409
         assert response.json()["error"]["message"] == (

@@ -234,9 +234,9 @@ class PrefillCoordinator:
                 await asyncio.sleep(delay.delay_s)
             if room in self._aborted:
                 raise bad_gateway(self._aborted[room])
+            mark(room, "ready_sent")
             await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
                                          prompt_tokens=last.prompt_tokens)
-            mark(room, "ready_sent")
             if not local.result.done():
                 local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
                                                       last.prompt_tokens, moved, elapsed))

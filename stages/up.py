@@ -67,7 +67,8 @@ class StackError(RuntimeError):
 class StackConfig:
     """What ``Stack`` starts. ``model``: a checkpoint directory (``ensure_model`` makes one); ``port``: the
     router's (0: any free port); ``redis_url``: epd only, an existing Redis instead of the embedded one;
-    ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
+    ``kv_cache_mib``: the KV pool of each server that has one (prefill, decode, colocated; None: their
+    default); ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
     ``devices``: ``--device`` of every stage server (one value), or of each in start order (one per
     stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default."""
 
@@ -80,6 +81,7 @@ class StackConfig:
     threads: int = 1
     startup_timeout_s: float = 300.0
     stop_timeout_s: float = 10.0
+    kv_cache_mib: int | None = None
     stage_args: tuple[str, ...] = ()
     router: bool = True
     devices: tuple[str, ...] = ()
@@ -91,6 +93,8 @@ class StackConfig:
             raise ValueError(f"--transfer must be one of {TRANSFERS}, got {self.transfer!r}")
         if self.redis_url is not None and self.mode != "epd":
             raise ValueError(f"--redis-url is for --mode epd (the embedding cache); --mode {self.mode} has no cache")
+        if self.kv_cache_mib is not None and self.kv_cache_mib < 1:
+            raise ValueError(f"--kv-cache-mib must be >= 1, got {self.kv_cache_mib}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if self.threads < 1:
@@ -132,6 +136,8 @@ def stage_specs(config: StackConfig, redis_url: str | None, ports: Iterator[int]
     specs = []
     for index, role in enumerate(STAGE_ROLES[config.mode]):
         port, flags, other = next(ports), [], ()
+        if role != "encoder" and config.kv_cache_mib is not None:  # the encoder has no KV pool
+            flags += ["--kv-cache-mib", str(config.kv_cache_mib)]
         if (device := config.device_of(index)) is not None:
             flags += ["--device", device]
         if role in ("prefill", "decode"):
@@ -365,8 +371,10 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help="every child must be healthy within this")
     parser.add_argument("--stop-timeout-s", type=float, default=d.stop_timeout_s,
                         help="SIGKILL a child that has not exited this long after SIGTERM")
+    parser.add_argument("--kv-cache-mib", type=int, default=None,
+                        help="KV pool of each prefill, decode or colocated server; default: theirs")
     parser.add_argument("--stage-arg", action="append", default=[], metavar="FLAG",
-                        help="extra flag for every stage server, e.g. --stage-arg=--kv-cache-mib=64 (repeatable)")
+                        help="extra flag for every stage server, e.g. --stage-arg=--log-level=warning (repeatable)")
 
 
 def cache_dir() -> Path:
@@ -382,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         config = StackConfig(model=Path(args.model or "."), log_dir=log_dir.resolve(), mode=args.mode,
                              port=args.port, transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
                              startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
-                             stage_args=tuple(args.stage_arg),
+                             kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
                              devices=tuple(args.device.split(",")) if args.device else ())
     except ValueError as exc:
         print(f"stage up: error: {exc}", file=sys.stderr)

@@ -64,6 +64,8 @@ def test_epd_and_colocated_command_lines():
     router = router_spec(cfg, [encoder, prefill, decode], "redis://127.0.0.1:7000/0", 9000)
     assert list(router.argv[9:17]) == ["--encoder", "http://127.0.0.1:6001", "--prefill", "http://127.0.0.1:6002",
                                        "--decode", "http://127.0.0.1:6004", "--redis-url", "redis://127.0.0.1:7000/0"]
+    sized = stage_specs(config("epd", kv_cache_mib=16), "redis://127.0.0.1:7000/0", iter(range(6001, 6010)))
+    assert ["--kv-cache-mib" in s.argv for s in sized] == [False, True, True]  # the encoder has no KV pool
     (colocated,) = stage_specs(config("colocated"), None, iter([7001]))
     assert list(colocated.argv[4:]) == ["colocated", "--model", "/m", "--host", "127.0.0.1", "--threads", "1",
                                         "--port", "7001"]
@@ -187,7 +189,7 @@ def model(tiny_model) -> str:
                                          ("pd", ["prefill", "decode", "router"]), ("colocated", ["colocated", "router"])])
 def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path, mode, roles):
     flags = () if mode == "epd" else ("--mode", mode)  # epd is the default
-    up = Up(*flags, "--model", model, "--port", "0", "--stage-arg=--kv-cache-mib=16", log_dir=tmp_path / "logs")
+    up = Up(*flags, "--model", model, "--port", "0", "--kv-cache-mib", "16", log_dir=tmp_path / "logs")
     try:
         ready = up.wait_line("stage up: ready: ", STARTUP_S)
         children = up.children()
@@ -209,7 +211,7 @@ def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path
 
         bootstrap = [int(m) for m in re.findall(r"--bootstrap-port (\d+)", " ".join(
             cmdlines()[children["prefill"][1]]))] if "prefill" in children else []
-        assert len(bootstrap) == (mode == "pd")
+        assert len(bootstrap) == (mode in ("pd", "epd"))
         pids = [pid for _, pid in children.values()]
         redis = [int(m[1]) for m in map(REDIS.match, up.lines) if m]
         assert len(redis) == (mode == "epd")
@@ -226,7 +228,7 @@ def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path
 
 
 def test_killed_up_takes_its_children_with_it(model, tmp_path):
-    up = Up("--mode", "colocated", "--model", model, "--port", "0", "--stage-arg=--kv-cache-mib=16",
+    up = Up("--mode", "colocated", "--model", model, "--port", "0", "--kv-cache-mib", "16",
             log_dir=tmp_path / "logs")
     try:
         up.wait_line("stage up: ready: ", STARTUP_S)
@@ -244,7 +246,7 @@ def test_a_child_that_cannot_start_stops_everything_and_names_itself(model, tmp_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        up = Up("--mode", "colocated", "--model", model, "--port", str(port), "--stage-arg=--kv-cache-mib=16",
+        up = Up("--mode", "colocated", "--model", model, "--port", str(port), "--kv-cache-mib", "16",
                 log_dir=tmp_path / "logs")
         try:
             code, stderr = up.finish(STARTUP_S)

@@ -6,8 +6,8 @@ A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``
 before the body is read), the body within ``--max-body-mb`` (413, from Content-Length before
 reading and while reading), JSON, the model check, images resolved (epd: with their cache keys and
 sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
-request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler (``handler_cancellation``), which aborts
-the request in every stage.
+request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler
+(``handler_cancellation``), which aborts the request in every stage.
 """
 
 from __future__ import annotations

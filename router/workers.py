@@ -1,8 +1,8 @@
 """The workers the router knows, per role, and how one is picked. Pure: no I/O.
 
 A ``Worker`` is one stage server. What the router learns from it (models, fingerprint, bootstrap
-address; an encoder's id and vision fingerprint) is written by discovery (``router.discovery``) from its ``/v1/models`` and
-``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
+address; an encoder's id and vision fingerprint) is written by discovery (``router.discovery``)
+from its ``/v1/models`` and ``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
 it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``; ``id``,
 ``group``, ``draining`` and ``role`` (of a switchable worker) by the admin API (``router.membership``).
 """

@@ -69,7 +69,8 @@ def redis_db():
 def stages(start_server, tiny_model, redis_db, tmp_path_factory):
     """(E x2 + P + D, a colocated server of the same model), started together."""
     with ThreadPoolExecutor(1) as pool:
-        colocated = pool.submit(start_server, "colocated", "--model", str(tiny_model("qwen2_vl")), "--kv-cache-mib", "16")
+        colocated = pool.submit(start_server, "colocated", "--model", str(tiny_model("qwen2_vl")),
+                                "--kv-cache-mib", "16")
         epd = start_epd("qwen2_vl", "mooncake", redis_db.url, tmp_path_factory.mktemp("epd-logs"), encoders=2,
                         encoder_flags=ENCODER_FLAGS, prefill_flags=PREFILL_FLAGS, decode_flags=DECODE_FLAGS)
         try:

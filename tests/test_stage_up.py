@@ -186,7 +186,8 @@ def model(tiny_model) -> str:
 
 
 @pytest.mark.parametrize("mode, roles", [("epd", ["encoder", "prefill", "decode", "router"]),
-                                         ("pd", ["prefill", "decode", "router"]), ("colocated", ["colocated", "router"])])
+                                         ("pd", ["prefill", "decode", "router"]),
+                                         ("colocated", ["colocated", "router"])])
 def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path, mode, roles):
     flags = () if mode == "epd" else ("--mode", mode)  # epd is the default
     up = Up(*flags, "--model", model, "--port", "0", "--kv-cache-mib", "16", log_dir=tmp_path / "logs")

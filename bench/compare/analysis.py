@@ -58,7 +58,7 @@ def stage_work(result: dict, placed: dict[str, dict], client_cores: tuple[int, .
                        "busy_s": None if busy is None else round(busy, 3),
                        "busy_ms_per_request": None if busy is None else _per(busy * 1e3, n),
                        "busy_fraction": None if busy is None or not wall else round(busy / wall, 3),
-                       **unit_costs(role, series)}
+                       **unit_costs(role, series, cpu)}
     cores: dict[str, float] = {}
     for role, cpu in cpu_by_role.items():
         key = "+".join(map(str, client_cores if role == "client" else placed[role]["cores"]))
@@ -71,21 +71,29 @@ def stage_work(result: dict, placed: dict[str, dict], client_cores: tuple[int, .
             "capacity_rps": round(1e3 / demand, 3) if demand else None}
 
 
-def unit_costs(role: str, series: dict[str, float]) -> dict[str, float]:
-    """What one unit of work cost a stage, from its counters: the encoder's ms per image; a prefill's
-    ms per 1000 prompt tokens (a PD prefill's include encoding the images); an engine's (decode,
-    colocated) ms per step and output tokens per step (the mean batch of decodes)."""
-    out = {}
+def unit_costs(role: str, series: dict[str, float], cpu_s: float) -> dict[str, float]:
+    """What one unit of work cost a stage, from its counters: busy ms (the stage's own step or call
+    timing: wall time, so it grows when other processes share the core) and CPU ms (its process's CPU
+    seconds, HTTP and transfer included: work done, which does not). The encoder's per image; a
+    prefill's per 1000 prompt tokens (a PD prefill's include encoding the images); an engine's
+    (decode, colocated) per step and per output token, and output tokens per step (the mean batch).
+    ``cpu_of_busy``: CPU seconds over busy seconds (well below 1: the stage waited for its core)."""
+    out: dict[str, float] = {}
     images = series.get("epd_encoder_images_encoded_total")
-    if images:
-        out["ms_per_image"] = round(series["epd_encoder_seconds_sum"] * 1e3 / images, 2)
     steps, busy = series.get("epd_engine_step_seconds_count"), series.get("epd_engine_step_seconds_sum")
-    prompt = series.get("epd_prompt_tokens_total")
+    prompt, generated = series.get("epd_prompt_tokens_total"), series.get("epd_generation_tokens_total")
+    if images:
+        busy = series["epd_encoder_seconds_sum"]
+        out.update(ms_per_image=round(busy * 1e3 / images, 2), cpu_ms_per_image=round(cpu_s * 1e3 / images, 2))
     if role == "prefill" and prompt:
-        out["ms_per_1k_prompt_tokens"] = round(busy * 1e6 / prompt, 1)
+        out.update(ms_per_1k_prompt_tokens=round(busy * 1e6 / prompt, 1),
+                   cpu_ms_per_1k_prompt_tokens=round(cpu_s * 1e6 / prompt, 1))
     if role in ("decode", "colocated") and steps:
-        out["ms_per_step"] = round(busy * 1e3 / steps, 2)
-        out["tokens_per_step"] = round(series.get("epd_generation_tokens_total", 0.0) / steps, 2)
+        out.update(ms_per_step=round(busy * 1e3 / steps, 2), tokens_per_step=round((generated or 0.0) / steps, 2))
+        if role == "decode" and generated:
+            out["cpu_ms_per_output_token"] = round(cpu_s * 1e3 / generated, 2)
+    if busy:
+        out["cpu_of_busy"] = round(cpu_s / busy, 3)
     return out
 
 
@@ -122,6 +130,7 @@ def _tpot_goal(mode: str, mine: dict, base: dict, work: dict) -> dict:
              "decode_ms_per_step": decode.get("ms_per_step"), "colocated_ms_per_step": engine.get("ms_per_step"),
              "encoder_ms_per_image": roles.get("encoder", {}).get("ms_per_image"),
              "prefill_ms_per_1k_prompt_tokens": roles["prefill"].get("ms_per_1k_prompt_tokens"),
+             "decode_cpu_of_busy": decode.get("cpu_of_busy"), "colocated_cpu_of_busy": engine.get("cpu_of_busy"),
              "ratio_floor": floor}
     encode = (f"the encoder {facts['encoder_ms_per_image']} ms per image, " if "encoder" in roles
               else "")
@@ -129,8 +138,9 @@ def _tpot_goal(mode: str, mine: dict, base: dict, work: dict) -> dict:
            f"engine averaged {engine.get('ms_per_step')} ms per step, because the step that takes in an image "
            f"request also encodes its images and prefills its prompt ({mode}: {encode}the prefill "
            f"{facts['prefill_ms_per_1k_prompt_tokens']} ms per 1000 prompt tokens) while every running request "
-           f"waits: p99 TPOT {base['p99_tpot_ms']} ms colocated vs {mine['p99_tpot_ms']} ms. The ratio cannot go "
-           f"below {floor} (a decode step over colocated's p99 TPOT)")
+           f"waits: p99 TPOT {_ms(base['p99_tpot_ms'])} ms colocated vs {_ms(mine['p99_tpot_ms'])} ms. The ratio "
+           f"cannot go below {floor} (a decode step over colocated's p99 TPOT). While busy, the decode's process ran "
+           f"{decode.get('cpu_of_busy')} of the time, colocated's {engine.get('cpu_of_busy')} (1 = its core to itself)")
     return _goal("tpot_p99_encode_heavy", mode, value, TPOT_GOAL, value is not None and value <= TPOT_GOAL,
                  facts, why)
 
@@ -141,7 +151,8 @@ def _goodput_goal(mode: str, mine: dict, base: dict, work: dict) -> dict:
     ceiling = ratio(total, base["good_requests"])
     cap, cap_base = work[mode][ENCODE_HEAVY]["capacity_rps"], work["colocated"][ENCODE_HEAVY]["capacity_rps"]
     facts = {"good_requests": mine["good_requests"], "colocated_good_requests": base["good_requests"],
-             "requests": total, "ceiling_at_this_rate": ceiling, "capacity_rps": cap, "colocated_capacity_rps": cap_base,
+             "requests": total, "ceiling_at_this_rate": ceiling, "capacity_rps": cap,
+             "colocated_capacity_rps": cap_base,
              "capacity_ratio": ratio(cap, cap_base), "busiest_core": work[mode][ENCODE_HEAVY]["busiest_core"],
              "colocated_busiest_core": work["colocated"][ENCODE_HEAVY]["busiest_core"]}
     why = (f"at one offered rate, goodput is the good share of the same requests: {mine['good_requests']} of "
@@ -169,18 +180,22 @@ def _e2e_goal(mode: str, mine: dict, base: dict, work: dict) -> dict:
              "router_stage_call_ms": calls, "kv_write_ms_per_request": _per(kv * 1e3, n) if kv is not None else None,
              "busy_ms_per_request": busy,
              "colocated_busy_ms_per_request": work["colocated"][SINGLE]["roles"]["colocated"]["busy_ms_per_request"]}
-    extra = None if value is None else round(mine["median_e2el_ms"] - base["median_e2el_ms"], 1)
-    why = (f"one request at a time: {mine['median_e2el_ms']} ms vs colocated's {base['median_e2el_ms']} ms "
-           f"({'+' if extra is not None and extra >= 0 else ''}{extra} ms); the stages' own busy ms per request "
+    extra = "n/a" if value is None else f"{mine['median_e2el_ms'] - base['median_e2el_ms']:+.1f}"
+    why = (f"one request at a time: {_ms(mine['median_e2el_ms'])} ms vs colocated's {_ms(base['median_e2el_ms'])} ms "
+           f"({extra} ms); the stages' own busy ms per request "
            f"{busy} vs colocated's {facts['colocated_busy_ms_per_request']}; the router's calls (sent to last "
            f"byte) {calls} ms; KV writes {facts['kv_write_ms_per_request']} ms per request. What {mode} adds "
-           f"is the hand-offs between processes (HTTP, Redis, KV transfer) and, with one core for "
-           f"{'encoder, prefill, ' if 'encoder' in busy else 'prefill, '}router and client, their queueing")
+           f"is the hand-offs between processes (HTTP, {'Redis, ' if 'encoder' in busy else ''}KV transfer) and "
+           f"the waits of processes that share a core (per core: {work[mode][SINGLE]['cores']})")
     return _goal("e2e_single_request", mode, value, E2E_GOAL, value is not None and value <= E2E_GOAL, facts, why)
 
 
 def _goal(name: str, mode: str, value: float | None, target: float, met: bool, facts: dict, why: str) -> dict:
     return {"goal": name, "mode": mode, "ratio": value, "target": target, "met": met, "facts": facts, "why": why}
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _per(total: float, n: int) -> float | None:

@@ -27,7 +27,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``stage bench compare`` (defaults from the config dataclasses)."""
     sizing, config = Sizing(), CompareConfig(model=Path(), out=Path())
     g = p.add_argument_group("model and deployments")
-    g.add_argument("--model", default=None, help="checkpoint directory; default: the generated --family model of --size")
+    g.add_argument("--model", default=None, help="checkpoint directory; default: the generated --family model "
+                   "of --size")
     g.add_argument("--family", default="qwen2_vl", help="model family to generate (without --model)")
     g.add_argument("--size", default="small", help="model size to generate (without --model)")
     g.add_argument("--deployments", default=",".join(DEPLOYMENTS), help="which of colocated,pd,epd (colocated is "

@@ -11,6 +11,8 @@ RATIO_OF = {"median_ttft_ms": "ttft_p50", "p99_ttft_ms": "ttft_p99", "median_tpo
             "p99_tpot_ms": "tpot_p99", "request_goodput": "goodput", "median_e2el_ms": "e2e_p50",
             "p99_e2el_ms": "e2e_p99"}
 CELL = 15
+UNIT_KEYS = {"ms_per_image", "cpu_ms_per_image", "ms_per_1k_prompt_tokens", "cpu_ms_per_1k_prompt_tokens",
+             "ms_per_step", "tokens_per_step", "cpu_ms_per_output_token", "cpu_of_busy"}
 
 
 def cell(value: float | None, fmt: str, times: float | None) -> str:
@@ -65,11 +67,8 @@ def work_text(report: dict) -> str:
     for mode, by_workload in report["stage_work"].items():
         for name, work in by_workload.items():
             cores = ", ".join(f"core {core} {c['cpu_ms_per_request']} ms" for core, c in work["cores"].items())
-            units = "; ".join(f"{role} " + ", ".join(f"{k} {v}" for k, v in role_work.items()
-                                                     if k in ("ms_per_image", "ms_per_1k_prompt_tokens",
-                                                              "ms_per_step", "tokens_per_step"))
-                              for role, role_work in work["roles"].items()
-                              if any(k in role_work for k in ("ms_per_image", "ms_per_1k_prompt_tokens", "ms_per_step")))
+            units = "; ".join(f"{role} " + ", ".join(f"{k} {v}" for k, v in role_work.items() if k in UNIT_KEYS)
+                              for role, role_work in work["roles"].items() if UNIT_KEYS & set(role_work))
             lines.append(f"  {mode:<10} {name:<16} {cores} -> {work['capacity_rps']} req/s   [{units}]")
     return "\n".join(lines)
 

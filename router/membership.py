@@ -45,6 +45,7 @@ class Membership:
         self.router = router
         self._ids = 0
         self._switching = asyncio.Lock()  # one split at a time
+        self._moving: set[str] = set()  # ids of the workers switching roles now
 
     def new_id(self) -> str:
         self._ids += 1
@@ -161,13 +162,12 @@ class Membership:
         return await self._idle(worker, wait_s)
 
     def resume(self, worker: Worker) -> None:
+        self._check_not_moving(worker, "resume")
         worker.draining = False
 
     def remove(self, worker: Worker, force: bool) -> None:
         router = self.router
-        if self._switching.locked() and worker.draining and worker.switchable:
-            raise RouterError(409, f"{worker.id} is switching roles; remove it after the split is applied",
-                              code="worker_busy")
+        self._check_not_moving(worker, "remove")
         if worker.outstanding and not force:
             raise RouterError(409, f"{worker.id} ({worker.role} {worker.url}) has {worker.outstanding} request(s) in "
                               f"flight: drain it first (POST /admin/workers/{worker.id}/drain) or remove it with "
@@ -179,6 +179,11 @@ class Membership:
         router.pairing.refused = {pair for pair in router.pairing.refused if worker.url not in pair}
         log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
                  worker.outstanding)
+
+    def _check_not_moving(self, worker: Worker, what: str) -> None:
+        if worker.id in self._moving:
+            raise RouterError(409, f"{worker.id} is switching roles; {what} it once the split is applied",
+                              code="worker_busy")
 
     async def _idle(self, worker: Worker, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
@@ -198,14 +203,18 @@ class Membership:
         async with self._switching:
             source, target, count = ("decode", "prefill", prefill - len(ps)) if prefill > len(ps) else \
                 ("prefill", "decode", len(ps) - prefill)
-            movers = sorted((w for w in pools[source].workers if w.switchable),
-                            key=lambda w: (w.outstanding, w.id))[:count]
+            candidates = [w for w in pools[source].workers if w.switchable and not w.draining]
+            if len(candidates) < count:
+                raise RouterError(409, f"{count} {source} worker(s) must switch, but only {len(candidates)} are "
+                                  "switchable and not drained (resume drained ones first)", code="split_unreachable")
+            movers = sorted(candidates, key=lambda w: (w.outstanding, w.id))[:count]
             return list(await asyncio.gather(*(self.switch(w, target) for w in movers)))
 
     async def switch(self, worker: Worker, role: str) -> dict:
         """Drain ``worker``, switch it to ``role`` and readmit it (see the module docstring)."""
         router, started, previous = self.router, time.monotonic(), worker.role
         worker.draining = True
+        self._moving.add(worker.id)
         try:
             if not await self._idle(worker, router.config.drain_timeout_s):
                 raise RouterError(504, f"{worker.id} still had {worker.outstanding} request(s) in flight after "
@@ -222,6 +231,7 @@ class Membership:
             dial = await self.connect(worker)
         finally:
             worker.draining = False
+            self._moving.discard(worker.id)
         log.info("admin: %s %s switched from %s to %s in %.2f s", worker.id, worker.url, previous, role,
                  time.monotonic() - started)
         return {"id": worker.id, "from": previous, "to": role, "seconds": time.monotonic() - started, "dial": dial}

@@ -5,6 +5,7 @@ checks and the `stage admin` table renderer. No sockets."""
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,11 +14,14 @@ from router.admin_cli import render, table
 from router.breaker import CircuitBreaker
 from router.errors import RouterError
 from router.load import History, Sample, parse_sample, role_loads
-from router.membership import check_split
+from router.config import RouterConfig
+from router.membership import Membership, check_split
+from router.metrics import Metrics
 from router.pairing import Pairing, PairingRules
+from router.policy import RoundRobin
 from router.ratio import Hysteresis, RoleLoad, clamp_split, peak_load, recommend
 from router.timeline import RoomLog, RoomRecord, stage_workers
-from router.workers import Worker
+from router.workers import Pool, Worker
 from stages.timeline import RoomTimeline
 
 TOKEN = "s3cret-token-0123456789"
@@ -279,3 +283,50 @@ def test_stage_workers_keys_a_repeated_stage_by_number():
     assert stage_workers([("decode", ws[2]), ("encoder", ws[0]), ("encoder", ws[1]), ("prefill", ws[2])]) == {
         "decode": {"id": "1", "url": "http://p:1"}, "encoder": {"id": "1", "url": "http://e:1"},
         "encoder2": {"id": "2", "url": "http://e:2"}, "prefill": {"id": "1", "url": "http://p:1"}}
+
+
+# --- membership, without sockets ---------------------------------------------------------------
+def membership_of(prefills: list[Worker], decodes: list[Worker]) -> Membership:
+    pools = {"prefill": Pool("prefill", prefills, RoundRobin()), "decode": Pool("decode", decodes, RoundRobin())}
+    router = SimpleNamespace(pools=pools, workers=[*prefills, *decodes], metrics=Metrics(), history=History(60.0),
+                             pairing=Pairing(), config=RouterConfig(prefill=("http://p:1",), decode=("http://d:1",)))
+    router.metrics.watch(router.workers)
+    return Membership(router)  # type: ignore[arg-type]
+
+
+def test_a_new_worker_must_fit_its_peers():
+    membership = membership_of([worker("http://p:1", "prefill")], [worker("http://d:1", "decode")])
+    membership._check_fits(worker("http://d:2", "decode"))
+    with pytest.raises(RouterError) as error:
+        membership._check_fits(worker("http://d:3", "decode", fingerprint={**FP, "block_size": 32}))
+    assert (error.value.status, error.value.code, error.value.message) == (
+        409, "worker_misfit", "http://d:3 can never be paired: its fingerprint matches no prefill (against 1 "
+        "http://p:1: block_size: 32 != 16)")
+
+
+async def test_a_split_moves_only_switchable_workers_not_drained():
+    x = worker("http://x:1", "prefill", switchable=True)
+    membership = membership_of([worker("http://p:1", "prefill"), x], [worker("http://d:1", "decode")])
+    x.draining = True
+    with pytest.raises(RouterError) as error:
+        await membership.apply_split(1, 2)
+    assert (error.value.status, error.value.message) == (
+        409, "1 prefill worker(s) must switch, but only 0 are switchable and not drained (resume drained ones first)")
+    membership._moving.add(x.id)  # as while it switches
+    for act in (lambda: membership.resume(x), lambda: membership.remove(x, force=True)):
+        with pytest.raises(RouterError) as error:
+            act()
+        assert error.value.code == "worker_busy" and error.value.message.startswith("1 is switching roles; ")
+
+
+def test_removing_a_worker_forgets_it():
+    p, d = worker("http://p:1", "prefill"), worker("http://d:1", "decode")
+    membership = membership_of([p], [d])
+    membership.router.pairing.refused.add((p.url, d.url))
+    d.outstanding = 1
+    with pytest.raises(RouterError):
+        membership.remove(d, force=False)
+    membership.remove(d, force=True)
+    assert membership.router.workers == [p] and membership.router.pools["decode"].workers == []
+    assert membership.router.pairing.refused == set()
+    assert 'worker="http://d:1"' not in membership.router.metrics.render().decode()

@@ -162,7 +162,10 @@ def test_same_answer_as_colocated(router, colocated, stream, n_images):
 
 
 def test_stage_times_and_room_in_the_answer_headers(router, epd):
-    """A new image: the answer names its room, and the encoder's, prefill's and decode's times."""
+    """A new image: the answer names its room, and the encoder's, prefill's and decode's times, which
+    the router's epd_router_stage_seconds also counts."""
+    stage_counts = {stage: metric(router.url, f'epd_router_stage_seconds_count{{stage="{stage}"}}')
+                    for stage in ("encoder", "prefill", "decode")}
     client = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60)
     raw = client.chat.completions.with_raw_response.create(
         model=client.models.list().data[0].id, max_tokens=4, temperature=0,
@@ -171,6 +174,8 @@ def test_stage_times_and_room_in_the_answer_headers(router, epd):
     assert 0 <= int(raw.headers["x-epd-room"]) < 2**63
     times = dict(entry.split("=") for entry in raw.headers["x-epd-stage-times"].split(";"))
     assert sorted(times) == ["decode", "encoder", "prefill"] and all(float(t) > 0 for t in times.values())
+    for stage, count in stage_counts.items():  # the router's per-stage time metric counts the encoder too
+        wait_metric(router.url, f'epd_router_stage_seconds_count{{stage="{stage}"}}', count + 1)
 
 
 def chat_body(i: int) -> tuple[list[dict], int, bool]:

@@ -1,7 +1,10 @@
 """``stage up``: everything one machine needs behind one OpenAI URL, started and stopped together.
 
     stage up [--model DIR | --family F --size tiny|small] [--port N] [--mode epd|pd|colocated]
-             [--transfer mooncake|nixl] [--redis-url URL] [--log-dir DIR]
+             [--transfer mooncake|nixl] [--redis-url URL] [--kv-cache-mib N] [--log-dir DIR]
+
+epd (the default): the router computes each image's cache key, sends only missing images to the
+encoder and image references with one room to the prefill and the decode (``docs/router.md``).
 
 A mode's stack, in start order: the embedded Redis (epd without ``--redis-url``), the stage servers
 (encoder + prefill + decode, prefill + decode, or one colocated server), then the router in front of

@@ -4,6 +4,7 @@ their TTFT and throughput should agree within 10%.
     python bench/check_against_aiperf.py                 # ~3-4 minutes: 2 rounds x (ours, aiperf), 64 requests each
     python bench/check_against_aiperf.py --quick         # ~1-2 minutes: 1 round, 24 requests
     python bench/check_against_aiperf.py --concurrency 8 --output-len 64 --images-per-request 1
+    python bench/check_against_aiperf.py --server paced --out bench/results/check_against_aiperf_paced.json
 
 aiperf is not a project dependency; it lives in its own venv (about 1.2 GB, no torch)::
 
@@ -25,6 +26,10 @@ client that keeps up worse finishes later), so each tool's first and last reques
 ``--mode sequential``: one tool after the other, the order alternating by round: the same load in the
 strict sense, but on a busy machine the two runs see different outside load, and aiperf's own CPU use
 (~10x ours) moves other processes onto the server's core (the server's share of its core is recorded).
+
+``--server paced`` replaces the model server with ``bench/paced_server.py`` (first token ``--paced-ttft-ms``
+after the body arrives, then one every ``--paced-itl-ms``; no model, ~1% of a core): the truth is known,
+so the table also shows what a perfect client would measure, and each tool's own overhead is visible.
 
 Compared (ours / aiperf, means over rounds): TTFT mean and median (aiperf ``time_to_first_token``), TPOT
 mean (aiperf ``inter_token_latency``, which is per-request (latency - TTFT) / (tokens - 1), vllm's TPOT),
@@ -51,6 +56,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from bench.common import (  # noqa: E402
     Server,
+    cpu_seconds,
     add_model_args,
     add_output_args,
     loadavg,
@@ -63,6 +69,7 @@ from bench.common import (  # noqa: E402
     write_json,
 )
 from bench.serve.config import Mix, parse_size, parse_weighted  # noqa: E402
+from stages.cli import free_port, stop_process, wait_healthy  # noqa: E402
 from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl  # noqa: E402
 
 AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
@@ -96,6 +103,41 @@ def workload_files(args, folder: Path) -> tuple[Path, Path, dict]:
                 row["images"] = image_urls(r)
             out.write(json.dumps(row) + "\n")
     return ours, theirs, summarize(text_first)
+
+
+# --- the server -------------------------------------------------------------------------------
+class PacedServer:
+    """``bench/paced_server.py`` on a free loopback port, pinned to ``cores``: known TTFT and ITL, no model.
+    The same calls as ``bench.common.Server``: ``url``, ``proc``, ``cores``, ``wait``, ``cpu``, ``stop``."""
+
+    def __init__(self, model_name: str, cores: list[int], ttft_ms: float, itl_ms: float, log_path: Path) -> None:
+        self.cores, self.url = list(cores), f"http://127.0.0.1:{free_port()}"
+        cmd = [sys.executable, str(REPO / "bench" / "paced_server.py"), "--port", self.url.rsplit(":", 1)[1],
+               "--model", model_name, "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if self.cores:
+            os.sched_setaffinity(self.proc.pid, self.cores)
+
+    def wait(self, timeout_s: float) -> None:
+        wait_healthy(self.url, self.proc, timeout_s)
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def expected(args, workload: dict) -> dict | None:  # type: ignore[no-untyped-def]
+    """What a perfect client measures against the paced server (None for the real one): TTFT and TPOT
+    as set, E2E = TTFT + (mean tokens - 1) * ITL, throughput = concurrency / E2E."""
+    if args.server != "paced":
+        return None
+    e2el = args.paced_ttft_ms + (workload["mean_max_tokens"] - 1) * args.paced_itl_ms
+    return {"ttft_mean_ms": args.paced_ttft_ms, "ttft_median_ms": args.paced_ttft_ms, "tpot_mean_ms": args.paced_itl_ms,
+            "e2el_mean_ms": e2el, "request_throughput": args.concurrency / e2el * 1e3,
+            "output_throughput": args.concurrency / e2el * 1e3 * workload["mean_max_tokens"]}
 
 
 # --- the two clients ---------------------------------------------------------------------------
@@ -218,8 +260,9 @@ def run_round(args, index: int, server: Server, model: Path, files: tuple[Path, 
 
 
 # --- comparison --------------------------------------------------------------------------------
-def compare(rounds: list[dict]) -> dict:
-    """Per metric: each tool's mean over rounds, the ratio ours / aiperf, and whether it is within 10%."""
+def compare(rounds: list[dict], truth: dict | None) -> dict:
+    """Per metric: each tool's mean over rounds, the ratio ours / aiperf, whether it is within 10%, and
+    against the paced server what a perfect client would measure."""
     out = {}
     for key in (*COMPARED, "ttft_p99_ms", *ALSO_SHOWN):
         ours = sum(r["ours"][key] for r in rounds) / len(rounds)
@@ -227,14 +270,17 @@ def compare(rounds: list[dict]) -> dict:
         ratio = ours / theirs if theirs else None
         out[key] = {"ours": round(ours, 3), "aiperf": round(theirs, 3), "ratio": round(ratio, 4) if ratio else None,
                     "within_10pct": ratio is not None and abs(ratio - 1) <= TOLERANCE}
+        if truth and key in truth:
+            out[key]["expected"] = round(truth[key], 3)
     return out
 
 
 def print_table(comparison: dict) -> None:
-    print(f"\n{'metric':<22}{'stage bench':>13}{'aiperf':>13}{'ratio':>9}  within 10%")
+    print(f"\n{'metric':<22}{'stage bench':>13}{'aiperf':>13}{'expected':>10}{'ratio':>9}  within 10%")
     for key, row in comparison.items():
         mark = ("yes" if row["within_10pct"] else "NO") if key in COMPARED else "(shown)"
-        print(f"{key:<22}{row['ours']:>13.2f}{row['aiperf']:>13.2f}{row['ratio'] or 0:>9.3f}  {mark}")
+        truth = f"{row['expected']:>10.2f}" if "expected" in row else f"{'':>10}"
+        print(f"{key:<22}{row['ours']:>13.2f}{row['aiperf']:>13.2f}{truth}{row['ratio'] or 0:>9.3f}  {mark}")
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -253,6 +299,10 @@ def build_parser():  # type: ignore[no-untyped-def]
     p.add_argument("--input-len", type=int, default=32, help="prompt words per request")
     p.add_argument("--output-len", type=int, default=32, help="max_tokens per request")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic mix")
+    p.add_argument("--server", choices=["colocated", "paced"], default="colocated",
+                   help="stage serve colocated on the model, or bench/paced_server.py (known TTFT and ITL, no model)")
+    p.add_argument("--paced-ttft-ms", type=float, default=100.0, help="--server paced: first token after this")
+    p.add_argument("--paced-itl-ms", type=float, default=20.0, help="--server paced: a token every this")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     p.add_argument("--server-cores", default="1", help="cores of the server ('' : no pinning)")
     p.add_argument("--client-cores", default="0", help="cores of this script and both clients ('' : no pinning)")
@@ -272,13 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         args.requests, args.rounds = min(args.requests, 24), 1
-    out = output_path(args)
+    out = output_path(args).resolve()  # the clients run in their own folders
     folder = out.with_suffix("")
     folder.mkdir(parents=True, exist_ok=True)
     client_cores = pin_this_process(args.client_cores)  # the clients are children: they inherit it
     model = resolve_model(args)
     ours_file, aiperf_file, workload = workload_files(args, folder)
-    server = Server("colocated", model, parse_cores(args.server_cores), args.threads, folder / "server.log")
+    cores = parse_cores(args.server_cores)
+    server = (Server("colocated", model, cores, args.threads, folder / "server.log") if args.server == "colocated" else
+              PacedServer(model.name, cores, args.paced_ttft_ms, args.paced_itl_ms, folder / "server.log"))
     rounds = []
     try:
         server.wait(args.startup_timeout)
@@ -296,11 +348,13 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(result)
     finally:
         server.stop()
-    comparison = compare(rounds)
+    comparison = compare(rounds, expected(args, workload))
     report = {
         "benchmark": "check_against_aiperf", "machine": machine_info(),
         "pinning": {"server": server.cores or None, "clients": client_cores or None, "torch_threads": args.threads},
-        "config": {"mode": args.mode, "model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
+        "config": {"mode": args.mode, "server": args.server,
+                   "paced": {"ttft_ms": args.paced_ttft_ms, "itl_ms": args.paced_itl_ms} if args.server == "paced" else None,
+                   "model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
                    "concurrency": args.concurrency, "rounds": args.rounds, "images_per_request": args.images_per_request,
                    "image_sizes": args.image_sizes, "input_len": args.input_len, "output_len": args.output_len,
                    "seed": args.seed, "aiperf": args.aiperf, "workload": workload},

@@ -130,9 +130,14 @@ class Dispatcher:
             record.done, record.outcome = time.time(), outcome
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
-            for task in (answer, *sides):
+            tasks = (answer, *sides)
+            for task in tasks:
                 task.cancel()  # closes what is still open: the stage aborts the room
-            await asyncio.gather(answer, *sides, return_exceptions=True)
+            if all(task.done() for task in tasks):  # the common case: no extra turn of the event loop
+                for task in tasks:
+                    task.cancelled() or task.exception()  # a failure is marked as seen (no "never retrieved")
+            else:
+                await asyncio.gather(*tasks, return_exceptions=True)
             for lease in leases:
                 lease.cancel()  # no verdict for whoever has none yet
 

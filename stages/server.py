@@ -38,7 +38,7 @@ def serve(config: ServerConfig) -> None:
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=5,
-                                           access_log=False))
+                                           access_log=False, loop="asyncio"))  # not uvloop (the router's)
     log.info("%s server for model %r listening on http://%s:%d", config.role, config.model_name, host, port)
     try:
         server.run(sockets=[sock])

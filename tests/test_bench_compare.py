@@ -76,12 +76,12 @@ def test_workloads_are_the_four_described_each_with_its_own_seed():
     single, heavy, text, repeated = built
     assert (single.mix.num_requests, single.load.max_concurrency, math.isinf(single.load.request_rate)) == (3, 1, True)
     assert single.mix.images_per_request == ((1, 1.0),) and single.mix.image_sizes == (((64, 48), 1.0),)
-    assert heavy.mix.images_per_request == ((0, 0.75), (3, 0.25)) and heavy.load.request_rate == 0.5
+    assert heavy.mix.images_per_request == ((0, 0.75), (3, 0.25)) and heavy.load.request_rate == 0.35
     assert text.mix.images_per_request == ((0, 1.0),) and text.load.request_rate == 3.0
-    assert repeated.mix.repeat_image_share == 0.85 and repeated.load.request_rate == 0.75
+    assert repeated.mix.repeat_image_share == 0.85 and repeated.load.request_rate == 0.5
     assert {w.mix.output_len for w in built} == {8}
     assert len({w.mix.seed for w in built}) == 4
-    assert heavy.what == "25% of requests with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; Poisson 0.5/s"
+    assert heavy.what == "25% of requests with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; Poisson 0.35/s"
     assert [w.name for w in select(built, ("text_only", "single"))] == ["single", "text_only"]
     with pytest.raises(ValueError, match=r"^--workloads: unknown video \(known: single, encode_heavy, "):
         select(built, ("video",))

@@ -155,11 +155,15 @@ def _goodput_goal(mode: str, mine: dict, base: dict, work: dict) -> dict:
              "colocated_capacity_rps": cap_base,
              "capacity_ratio": ratio(cap, cap_base), "busiest_core": work[mode][ENCODE_HEAVY]["busiest_core"],
              "colocated_busiest_core": work["colocated"][ENCODE_HEAVY]["busiest_core"]}
-    why = (f"at one offered rate, goodput is the good share of the same requests: {mine['good_requests']} of "
-           f"{total} good vs colocated's {base['good_requests']}, so this rate caps the ratio at {ceiling}; "
-           f"the CPU work per request says how far load could go: colocated's busiest core (core "
-           f"{facts['colocated_busiest_core']}) allows {cap_base} req/s, {mode}'s (core {facts['busiest_core']}) "
-           f"{cap} req/s, {facts['capacity_ratio']}x")
+    cap_text = (f"by CPU work per request, colocated's busiest core (core {facts['colocated_busiest_core']}) allows "
+                f"{cap_base} req/s, {mode}'s (core {facts['busiest_core']}) {cap} req/s: {facts['capacity_ratio']}x")
+    if not base["good_requests"]:
+        why = (f"colocated met the SLO on none of the {total} requests at this rate ({mode}: {mine['good_requests']}), "
+               f"so the ratio has no value: lower the rate (--rates) or loosen --slo to compare; {cap_text}")
+    else:
+        why = (f"at one offered rate goodput is the good share of the same requests: {mine['good_requests']} of "
+               f"{total} good vs colocated's {base['good_requests']}, so this rate caps the ratio at {ceiling}; "
+               f"{cap_text}")
     return _goal("goodput_encode_heavy", mode, value, GOODPUT_GOAL, value is not None and value >= GOODPUT_GOAL,
                  facts, why)
 

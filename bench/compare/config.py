@@ -30,7 +30,7 @@ DEFAULT_PINNING: tuple[tuple[str, tuple[int, ...]], ...] = (
 SINGLE = "single"  # the low-load workload: one request at a time (the E2E goal)
 ENCODE_HEAVY = "encode_heavy"  # the TPOT and goodput goals
 WORKLOAD_NAMES = (SINGLE, ENCODE_HEAVY, "text_only", "repeated_images")
-DEFAULT_RATES = ((ENCODE_HEAVY, 0.5), ("text_only", 1.5), ("repeated_images", 0.75))
+DEFAULT_RATES = ((ENCODE_HEAVY, 0.35), ("text_only", 1.0), ("repeated_images", 0.5))
 DEFAULT_SLO = Slo(ttft_ms=4000.0, tpot_ms=100.0)
 
 

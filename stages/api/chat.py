@@ -99,15 +99,15 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
         raise bad_request(f"The request has {len(parts)} images; this server accepts at most "
                           f"{limits.max_images} per request.", "messages", "too_many_images")
     wanted = "image_ref" if mode is ImageMode.REFS else "image_url"
-    for part, param in parts:
-        if part.type != wanted and wanted == "image_ref":
-            raise bad_request("This server runs in EPD mode (--redis-url): it takes images only as image_ref parts "
-                              '({"key", "width", "height"}) of images sent to an encoder, not as pixels.',
-                              param, "image_url_not_supported")
-        if part.type != wanted:
-            raise bad_request("image_ref parts are taken only by prefill and decode servers started with "
-                              "--redis-url (EPD mode); send the image itself as an image_url data: URL.",
-                              param, "image_ref_not_supported")
+    wrong = next((param for part, param in parts if part.type != wanted), None)
+    if wrong is not None and mode is ImageMode.REFS:
+        raise bad_request("This server runs in EPD mode (--redis-url): it takes images only as image_ref parts "
+                          '({"key", "width", "height"}) of images sent to an encoder, not as pixels.',
+                          wrong, "image_url_not_supported")
+    if wrong is not None:
+        raise bad_request("image_ref parts are taken only by prefill and decode servers started with "
+                          "--redis-url (EPD mode); send the image itself as an image_url data: URL.",
+                          wrong, "image_ref_not_supported")
 
 
 def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,

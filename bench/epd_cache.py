@@ -3,8 +3,8 @@ mooncake, a private Redis) against one colocated server behind the router, side 
 TTFT with the images cached and not, encoder calls per unique image, and the time from an
 embedding landing in the cache to the waiting prefill starting.
 
-    python bench/epd_cache.py                  # full run (~6-9 minutes on 2 cores)
-    python bench/epd_cache.py --quick          # smoke run (~3-4 minutes)
+    python bench/epd_cache.py                  # full run (~5-6 minutes on 2 cores)
+    python bench/epd_cache.py --quick          # smoke run (~2 minutes)
     python bench/epd_cache.py --images 1,4,8 --image-size 448 --requests 6
 
 Both systems are driven through the router (``stages.up.Stack``, what ``stage up`` starts), the
@@ -21,7 +21,9 @@ gets the same bodies in the same order.
 
 Measures:
 - TTFT: send -> first SSE chunk with non-empty ``delta.content`` (the router's stream). Medians per
-  system, N and case; the goal is epd hit <= 0.5x epd miss.
+  system, N and case; the goal is epd hit <= 0.5x epd miss. Each request also records every
+  server's CPU ms over its stream (``/proc``): the stage servers' sum is the steadier view of the
+  work a hit saves when other load shares the cores.
 - Encoder calls per unique image: the encoder's ``epd_encoder_images_encoded_total`` over the run /
   the distinct images sent. Over the TTFT requests (every miss image once, each then repeated) and a
   concurrent burst (``--burst-requests`` requests at ``--burst-concurrency``, each with 1-4 images
@@ -30,13 +32,15 @@ Measures:
 - Wake: for every miss whose prefill waited (its ``epd_cache_misses_total`` moved and it was paired
   before the last image landed), the prefill's ``embeddings_ready`` room event (``GET /rooms/{room}``:
   its room's inputs are in hand and the request goes to the engine next) minus the landing time of
-  the request's last image. Landing = when this process's own subscriber heard the image's ``ready``
-  event, the last step of the cache's write script (``ReadyWatcher``: the event reaches it as it
-  reaches the prefill; late by its delivery, which each epd phase calibrates first:
-  ``event_delivery_ms``, probes' PUBLISH -> heard). Also reported: from the entry's ``created_at``
-  (the encoder's clock before it sends the write: an upper bound that includes the write's own
-  trip). Wall clocks of one machine. Goal: p50 under 2 ms. (Redis MONITOR would date the PUBLISH
-  exactly, but it echoes every payload: it delayed the prefill's wake by ~10 ms here.)
+  the request's last image. Landing = the kernel's receive stamp (``SO_TIMESTAMPNS``) of the image's
+  ``ready`` event on this process's own subscriber socket (``LandingClock``): the event is the last
+  step of the cache's write script, and on loopback the stamp is taken inside Redis's write of it,
+  when it reaches every subscriber, the prefill included, however late this process reads it. Also
+  reported: from the entry's ``created_at`` (the encoder's clock before it sends the write: an upper
+  bound that includes the write's own trip). Wall clocks of one machine. Goal: p50 under 2 ms.
+  (Rejected: Redis MONITOR dates the PUBLISH too but echoes every payload, which delayed the
+  prefill's wake by ~10 ms; a subscriber's own read time is late by however long its thread waits
+  for a core, up to several ms on this machine.)
 
 Pinning (``--*-cores``): encoder core 0, prefill core 1, decode core 0; colocated core 1 (the
 prefill's core: both run the forward pass of the first token there); router, Redis and this client
@@ -184,58 +188,124 @@ def start_stack(mode: str, args, model: Path, log_dir: Path, cores: dict[str, li
     return stack, pins
 
 
-class ReadyWatcher:
-    """This process's own subscriber to the cache's event channel, on a thread and connection of its
-    own: when it heard each key's ``ready`` event (``time.time()``). The event is the last step of the
-    cache's write script, so hearing it dates the landing, late by the event's delivery from Redis.
-    ``calibrate`` measures that delivery: probes published on a channel of their own, send -> heard."""
+def parse_pushes(buffer: bytes) -> tuple[list[list[bytes]], int]:
+    """The complete RESP2 arrays of bulk strings and integers at the start of ``buffer`` (what a
+    subscribed connection receives: ``subscribe`` confirmations, ``message`` pushes), and how many
+    bytes they took; an incomplete tail is left for the next read. Pure."""
+    out, pos = [], 0
+    while True:
+        item, end = _parse_array(buffer, pos)
+        if item is None:
+            return out, pos
+        out.append(item)
+        pos = end
 
-    PROBES = "epd-bench:probe"
+
+def _parse_array(buffer: bytes, pos: int) -> tuple[list[bytes] | None, int]:
+    line_end = buffer.find(b"\r\n", pos)
+    if line_end < 0:
+        return None, pos
+    if buffer[pos:pos + 1] != b"*":
+        raise ValueError(f"not a RESP array at byte {pos}: {buffer[pos:pos + 40]!r}")
+    items, cursor = [], line_end + 2
+    for _ in range(int(buffer[pos + 1:line_end])):
+        end = buffer.find(b"\r\n", cursor)
+        if end < 0:
+            return None, pos
+        kind, value = buffer[cursor:cursor + 1], buffer[cursor + 1:end]
+        if kind == b":":
+            items.append(value)
+            cursor = end + 2
+        elif kind == b"$":
+            start, size = end + 2, int(value)
+            if len(buffer) < start + size + 2:
+                return None, pos
+            items.append(buffer[start:start + size])
+            cursor = start + size + 2
+        else:
+            raise ValueError(f"unexpected RESP type {kind!r} at byte {cursor}")
+    return items, cursor
+
+
+class LandingClock:
+    """When each image landed in the cache: the cache's write script ends by publishing the key's
+    ``ready`` event, and this subscriber's socket asks the kernel to stamp every packet as it arrives
+    (``SO_TIMESTAMPNS``, wall clock). On loopback the stamp is taken inside Redis's own ``write`` of
+    the event, the moment it reaches every subscriber (the waiting prefill included); when this
+    thread reads it later does not matter. A read that holds several events carries the last
+    packet's stamp: only the last of them is dated (the others landed before it; counted in
+    ``shared_stamps``)."""
+
+    SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; the socket module does not name it
 
     def __init__(self, redis_url: str) -> None:
-        import redis
+        import socket
+        from urllib.parse import urlsplit
 
         from cache.scripts import CHANNEL
 
-        self.heard: dict[str, float] = {}
-        self._redis_url = redis_url
+        url = urlsplit(redis_url)
+        if url.scheme != "redis":
+            raise ValueError(f"LandingClock needs a redis://HOST:PORT Redis, got {redis_url!r}")
+        self.landed: dict[str, float | None] = {}  # every ready key heard -> its stamp, None if undated
+        self.shared_stamps = 0
+        self._buffer = b""
         self._closing = threading.Event()
-        self._pubsub = redis.Redis.from_url(redis_url, socket_timeout=10).pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(CHANNEL, self.PROBES)
-        self._thread = threading.Thread(target=self._run, name="ready-watcher", daemon=True)
+        self._sock = socket.create_connection((url.hostname, url.port or 6379), timeout=10)
+        self._sock.setsockopt(socket.SOL_SOCKET, self.SO_TIMESTAMPNS, 1)
+        name = CHANNEL.encode()
+        self._sock.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(name), name))
+        while not self._read_once():  # the confirmation: from here on every event reaches this socket
+            pass
+        self._sock.settimeout(0.2)
+        self._thread = threading.Thread(target=self._run, name="landing-clock", daemon=True)
         self._thread.start()
+
+    def _read_once(self) -> list[list[bytes]]:
+        import struct
+
+        data, ancillary, _, _ = self._sock.recvmsg(1 << 16, 64)
+        if not data:
+            raise ConnectionError("Redis closed the subscriber's connection")
+        stamp = next((sec + nsec / 1e9 for level, kind, raw in ancillary if kind == self.SO_TIMESTAMPNS
+                      for sec, nsec in [struct.unpack("qq", raw[:16])]), None)
+        pushes, used = parse_pushes(self._buffer + data)
+        self._buffer = (self._buffer + data)[used:]
+        events = [json.loads(p[2]) for p in pushes if p[0] == b"message"]
+        ready = [e["key"] for e in events if e.get("kind") == "ready"]
+        for key in ready[:-1]:
+            self.landed.setdefault(key, None)
+        if ready:
+            self.landed.setdefault(ready[-1], stamp)
+            self.shared_stamps += len(ready) - 1
+        return pushes
+
+    def last_landing(self, keys: list[str], timeout_s: float = 2.0) -> float | None:
+        """When the last of ``keys`` landed: the latest stamp among them, once every key's event has
+        been read (within ``timeout_s``; None if not, or if none of them is dated). Keys are heard in
+        the order they land, and an undated one landed before a dated one read with it, so the latest
+        stamp is the last landing as long as ``keys`` are one request's, one request at a time."""
+        deadline = time.monotonic() + timeout_s
+        while any(k not in self.landed for k in keys):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        stamps = [self.landed[k] for k in keys if self.landed[k] is not None]
+        return max(stamps) if stamps else None
 
     def _run(self) -> None:
         while not self._closing.is_set():
-            message = self._pubsub.get_message(timeout=0.2)
-            if message is None or message["type"] != "message":
+            try:
+                self._read_once()
+            except TimeoutError:
                 continue
-            now = time.time()
-            event = json.loads(message["data"])
-            if event.get("kind") in ("ready", "probe"):
-                self.heard.setdefault(event["key"], now)
-
-    def calibrate(self, count: int = 40, gap_s: float = 0.02) -> list[float]:
-        """Publish ``count`` probes ``gap_s`` apart: ms from just before each PUBLISH to heard here."""
-        import redis
-
-        client = redis.Redis.from_url(self._redis_url, socket_timeout=10)
-        sent = {}
-        try:
-            for i in range(count):
-                key = f"probe-{i}-{random.getrandbits(32)}"
-                sent[key] = time.time()
-                client.publish(self.PROBES, json.dumps({"kind": "probe", "key": key}))
-                time.sleep(gap_s)
-        finally:
-            client.close()
-        time.sleep(0.2)
-        return [round(1e3 * (self.heard[k] - t), 3) for k, t in sent.items() if k in self.heard]
+            except OSError:  # Redis stopped, or close()
+                return
 
     def close(self) -> None:
         self._closing.set()
         self._thread.join(5)
-        self._pubsub.close()
+        self._sock.close()
 
 
 def created_at(redis_url: str, keys: list[str]) -> dict[str, float]:
@@ -311,29 +381,39 @@ async def stream_chat(client, url: str, body: dict) -> dict:
 @dataclass
 class EpdProbe:
     """What an epd request is checked against: the encoder's and prefill's URLs, the Redis URL, the
-    vision fingerprint (keys) and this process's ready-event watcher."""
+    vision fingerprint (keys) and the landing clock."""
 
     encoder: str
     prefill: str
     redis_url: str
     fingerprint: str
-    watcher: ReadyWatcher
+    clock: LandingClock
 
 
-async def one_request(client, router: str, pair: Pair, case: str, args, probe: EpdProbe | None) -> dict:
-    """One timed request of ``pair`` (``case`` miss or hit); for epd, also the encoder's and the
-    prefill's counters around it, the prefill's room events and the images' landing times."""
+def cpu_ms(pids: dict[str, int]) -> dict[str, float]:
+    """CPU milliseconds (utime + stime, 10 ms ticks) of each process so far."""
+    return {role: 1e3 * cpu_seconds(pid) for role, pid in pids.items()}
+
+
+async def one_request(client, router: str, pair: Pair, case: str, args, probe: EpdProbe | None,
+                      pids: dict[str, int]) -> dict:
+    """One timed request of ``pair`` (``case`` miss or hit): TTFT, text, each process's CPU ms over
+    the stream (``pids``); for epd, also the encoder's and the prefill's counters around it, the
+    prefill's room events and the images' landing times."""
     body = chat_body(list(pair.pngs), args.max_tokens)
+    tags = {"n": pair.n, "case": case, "round": pair.round, "warmup": pair.index < 0}
     if probe is None:
-        return {**await stream_chat(client, router, body), "n": pair.n, "case": case, "round": pair.round,
-                "warmup": pair.index < 0}
+        cpu0 = cpu_ms(pids)
+        reply = await stream_chat(client, router, body)
+        return {**reply, **tags, "cpu_ms": {r: round(v - cpu0[r]) for r, v in cpu_ms(pids).items()}}
     from cache.keys import image_key
 
     keys = [image_key(p, probe.fingerprint) for p in pair.pngs]
     encoded0 = await scrape(client, probe.encoder, ENCODED)
     misses0 = await scrape(client, probe.prefill, MISSES)
+    cpu0 = cpu_ms(pids)
     reply = await stream_chat(client, router, body)
-    reply.update(n=pair.n, case=case, round=pair.round, warmup=pair.index < 0,
+    reply.update(tags, cpu_ms={r: round(v - cpu0[r]) for r, v in cpu_ms(pids).items()},
                  encoded=await scrape(client, probe.encoder, ENCODED) - encoded0,
                  prefill_cache_misses=await scrape(client, probe.prefill, MISSES) - misses0)
     room = await client.get(f"{probe.prefill}/rooms/{reply['room']}")
@@ -341,30 +421,30 @@ async def one_request(client, router: str, pair: Pair, case: str, args, probe: E
     created = created_at(probe.redis_url, keys)
     reply["prefill_events"] = events
     reply["created_at"] = max(created.values()) if len(created) == len(keys) else None
-    heard = [probe.watcher.heard.get(k) for k in keys]
-    reply["heard_at"] = max(heard) if case == "miss" and all(heard) else None
+    reply["landed_at"] = probe.clock.last_landing(keys) if case == "miss" else None
     reply.update(_wake(reply, events))
     return reply
 
 
 def _wake(reply: dict, events: dict[str, float]) -> dict:
     """The miss's wake figures: did the prefill wait for the last image (its cache misses moved, and it
-    was queued and paired before that image landed), and from its ready event as heard here
-    (``wake_ms``) and from its entry's ``created_at`` (the encoder's clock before it sent the write:
-    an upper bound; ``wake_upper_ms``) to ``embeddings_ready``, in ms."""
-    ready, landed = events.get("embeddings_ready"), reply["heard_at"] or reply["created_at"]
+    was queued and paired before that image landed), and from its landing (``wake_ms``) and from its
+    entry's ``created_at`` (the encoder's clock before it sent the write: an upper bound;
+    ``wake_upper_ms``) to ``embeddings_ready``, in ms."""
+    ready, landed = events.get("embeddings_ready"), reply["landed_at"] or reply["created_at"]
     if reply["case"] != "miss" or ready is None or landed is None:
         return {"waited": False}
     waited = reply["prefill_cache_misses"] > 0 and events.get("queued", 1e18) <= landed \
         and events.get("paired", 1e18) <= landed
     out = {"waited": waited, "wake_upper_ms": round(1e3 * (ready - reply["created_at"]), 3),
            "paired_before_landing_ms": round(1e3 * (landed - events.get("paired", landed)), 3)}
-    if reply["heard_at"] is not None:
-        out["wake_ms"] = round(1e3 * (ready - reply["heard_at"]), 3)
+    if reply["landed_at"] is not None:
+        out["wake_ms"] = round(1e3 * (ready - reply["landed_at"]), 3)
     return out
 
 
-async def measure_ttft(router: str, pairs: list[Pair], args, probe: EpdProbe | None) -> list[dict]:
+async def measure_ttft(router: str, pairs: list[Pair], args, probe: EpdProbe | None,
+                       pids: dict[str, int]) -> list[dict]:
     """Every pair's miss then hit, one request at a time, ``gap_s`` idle before each."""
     import httpx
 
@@ -373,7 +453,7 @@ async def measure_ttft(router: str, pairs: list[Pair], args, probe: EpdProbe | N
         for pair in pairs:
             for case in ("miss", "hit"):
                 await asyncio.sleep(args.gap_s)
-                samples.append(await one_request(client, router, pair, case, args, probe))
+                samples.append(await one_request(client, router, pair, case, args, probe, pids))
     return samples
 
 
@@ -418,32 +498,31 @@ def run_phase(mode: str, args, model: Path, pairs: list[Pair], source: ImageSour
     log_dir = out.with_name(f"{out.stem}_{mode}_r{round_index}")
     started = time.perf_counter()
     stack, pins = start_stack(mode, args, model, log_dir.resolve(), cores)
-    watcher = None
+    clock = None
     try:
         startup_s = time.perf_counter() - started
         print(f"[{mode} r{round_index}] " + ", ".join(f"{r} pid {p['pid']} on cores {p['cores'] or 'any'}"
                                                      for r, p in pins.items())
               + f"; healthy after {startup_s:.1f} s; load {loadavg()}", flush=True)
-        probe, delivery = None, None
+        probe, clock = None, None
         if mode == "epd":
             urls = stack.urls()
             fingerprint = httpx.get(f"{urls['encoder']}/server_info", timeout=10).json()["vision_fingerprint"]
-            watcher = ReadyWatcher(urls["redis"])
-            delivery = watcher.calibrate()
-            probe = EpdProbe(urls["encoder"], urls["prefill"], urls["redis"], fingerprint, watcher)
+            clock = LandingClock(urls["redis"])
+            probe = EpdProbe(urls["encoder"], urls["prefill"], urls["redis"], fingerprint, clock)
         cpu0 = {r: cpu_seconds(p["pid"]) for r, p in pins.items()}
         meter = CpuMeter({os.getpid(), *(p["pid"] for p in pins.values())}, cpu_key="client_cpu_s")
-        samples = asyncio.run(measure_ttft(stack.url, pairs, args, probe))
+        samples = asyncio.run(measure_ttft(stack.url, pairs, args, probe, {r: p["pid"] for r, p in pins.items()}))
         burst = asyncio.run(measure_burst(stack.url, source, args, probe)) if probe is not None else None
         usage = meter.done()
         usage["server_cpu_s"] = {r: round(cpu_seconds(p["pid"]) - cpu0[r], 2) for r, p in pins.items()}
     finally:
-        if watcher is not None:
-            watcher.close()
+        if clock is not None:
+            clock.close()
         stack.stop()
     return {"phase": mode, "round": round_index, "startup_s": round(startup_s, 1), "pinning": pins,
             "measure": usage, "samples": samples, "burst": burst, "logs": str(log_dir),
-            "event_delivery_ms": delivery}
+            "landings_sharing_a_stamp": clock.shared_stamps if clock is not None else None}
 
 
 # --- statistics --------------------------------------------------------------------------------
@@ -455,18 +534,25 @@ def _ms(values: list[float]) -> dict:
 
 
 def summarize(runs: dict[str, list[dict]], counts: list[int]) -> dict:
-    """Per system, N and case: TTFT stats (ms), prompt tokens, texts; epd: encoder and wake figures."""
-    out: dict = {"ttft_ms": {}, "prompt_tokens": {}}
+    """Per system, N and case: TTFT stats (ms), the stage servers' CPU ms per request (median of their
+    sum, and per process: router and Redis apart), prompt tokens; epd: encoder and wake figures."""
+    out: dict = {"ttft_ms": {}, "cpu_ms": {}, "prompt_tokens": {}}
     for mode, mode_runs in runs.items():
         timed = [s for run in mode_runs for s in run["samples"] if not s["warmup"]]
         for n in counts:
             for case in ("miss", "hit"):
                 mine = [s for s in timed if s["n"] == n and s["case"] == case]
                 out["ttft_ms"].setdefault(mode, {}).setdefault(str(n), {})[case] = _ms([1e3 * s["ttft_s"] for s in mine])
+                out["cpu_ms"].setdefault(mode, {}).setdefault(str(n), {})[case] = {
+                    "stages_median": statistics.median(sum(s["cpu_ms"][r] for r in ROLES[mode]) for s in mine),
+                    **{r: statistics.median(s["cpu_ms"][r] for s in mine) for r in mine[0]["cpu_ms"]}} if mine else {}
             out["prompt_tokens"][str(n)] = next((s["prompt_tokens"] for s in timed if s["n"] == n), None)
     epd = [s for run in runs.get("epd", []) for s in run["samples"]]
     if epd:
         out.update(_epd_summary(runs, epd, counts))
+        cpu = out["cpu_ms"]["epd"]
+        out["ratio_hit_vs_miss_cpu"] = {str(n): round(cpu[str(n)]["hit"]["stages_median"]
+                                                      / cpu[str(n)]["miss"]["stages_median"], 3) for n in counts}
     return out
 
 
@@ -492,7 +578,6 @@ def _epd_summary(runs: dict[str, list[dict]], epd: list[dict], counts: list[int]
     waited = [s for s in epd if s["case"] == "miss" and s.get("waited")]
     wake = {"all": _ms([s["wake_ms"] for s in waited if "wake_ms" in s]),
             "upper_bound": _ms([s["wake_upper_ms"] for s in waited]),
-            "event_delivery": _ms([ms for run in runs["epd"] for ms in run["event_delivery_ms"]]),
             "per_n": {str(n): _ms([s["wake_ms"] for s in waited if s["n"] == n and "wake_ms" in s]) for n in counts},
             "upper_bound_per_n": {str(n): _ms([s["wake_upper_ms"] for s in waited if s["n"] == n]) for n in counts},
             "misses": sum(1 for s in epd if s["case"] == "miss"), "waited": len(waited),
@@ -533,7 +618,7 @@ def print_table(summary: dict, counts: list[int]) -> None:
     ttft, ratios = summary["ttft_ms"], summary.get("ratio_hit_vs_miss", {})
     print()
     header = (f"{'images':>6}{'prompt':>8}  {'system':<10}{'case':<6}{'TTFT p50':>9}{'p90':>9}{'min':>9}{'n':>4}"
-              f"{'hit/miss':>10}{'/coloc':>8}")
+              f"{'hit/miss':>10}{'/coloc':>8}{'CPU ms':>8}{'hit/miss':>10}")
     print(header)
     print("-" * len(header))
     for n in counts:
@@ -547,11 +632,16 @@ def print_table(summary: dict, counts: list[int]) -> None:
                 coloc = summary.get("ratio_epd_vs_colocated", {}).get(str(n), {}).get(case) if mode == "epd" else None
                 lead = f"{n:>6}{summary['prompt_tokens'][str(n)] or 0:>8}" if first else " " * 14
                 first = False
+                cpu = summary["cpu_ms"][mode][str(n)]
+                cpu_ratio = f"{cpu['hit']['stages_median'] / cpu['miss']['stages_median']:.2f}x" \
+                    if mode == "epd" and case == "hit" and cpu["miss"]["stages_median"] else ""
                 print(f"{lead}  {mode:<10}{case:<6}{s['median']:>9.1f}{s['p90']:>9.1f}{s['min']:>9.1f}{s['n']:>4}"
-                      f"{ratio:>10}{f'{coloc:.2f}x' if coloc else '':>8}")
+                      f"{ratio:>10}{f'{coloc:.2f}x' if coloc else '':>8}{cpu[case]['stages_median']:>8.0f}{cpu_ratio:>10}")
         print()
     print("TTFT in ms: send -> first SSE chunk with content, through the router. colocated has no cache: its")
-    print("'hit' is the same body computed again. hit/miss: ratio of the epd medians (goal <= 0.5).")
+    print("'hit' is the same body computed again. hit/miss: ratio of the epd medians (goal <= 0.5). CPU ms: the")
+    print("stage servers' CPU per request (median of E+P+D, or colocated; /proc, 10 ms ticks), steadier than TTFT")
+    print("when other work shares the cores.")
     if "encoder_calls" in summary:
         e, w = summary["encoder_calls"], summary["wake_ms"]
         print(f"encoder calls per unique image: TTFT workload {e['ttft_workload']['calls_per_unique_image']} "
@@ -560,13 +650,12 @@ def print_table(summary: dict, counts: list[int]) -> None:
               f"overall {e['overall_calls_per_unique_image']} (goal 1.0); requests with a wrong count: "
               f"{len(e['requests_with_a_wrong_count'])}")
         print(f"misses whose prefill waited for its last image: {w['waited']} of {w['misses']}")
-        for name, a in (("ready event heard", w["all"]), ("created_at (upper bound)", w["upper_bound"])):
+        for name, a in (("landing", w["all"]), ("created_at (upper bound)", w["upper_bound"])):
             if a["n"]:
                 print(f"{name} -> waiting prefill starts: p50 {a['median']:.2f} ms, p90 {a['p90']:.2f}, "
                       f"min {a['min']:.2f}, max {a['max']:.2f} (goal p50 < {WAKE_GOAL_MS:g} ms)")
-        d, h = w["event_delivery"], summary["hit_paired_to_embeddings_ready_ms"]
-        print(f"event delivery, PUBLISH -> heard here (what 'heard' is late by): p50 {d['median']:.2f} ms, "
-              f"p90 {d['p90']:.2f}; hits, paired -> embeddings_ready (cached reads): p50 {h['median']:.2f} ms")
+        h = summary["hit_paired_to_embeddings_ready_ms"]
+        print(f"hits, paired -> embeddings_ready (the cached entries read and checked): p50 {h['median']:.2f} ms")
 
 
 def plot(summary: dict, runs: dict[str, list[dict]], counts: list[int], path: Path, title: str) -> None:
@@ -601,7 +690,7 @@ def plot(summary: dict, runs: dict[str, list[dict]], counts: list[int], path: Pa
     waited = [s for run in runs.get("epd", []) for s in run["samples"] if s.get("waited")]
     exact = sorted(s["wake_ms"] for s in waited if "wake_ms" in s)
     upper = sorted(s["wake_upper_ms"] for s in waited)
-    for values, label, color in ((exact, "from the ready event heard", "tab:blue"),
+    for values, label, color in ((exact, "from landing", "tab:blue"),
                                  (upper, "from created_at (upper bound)", "tab:cyan")):
         if values:
             ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=label, color=color)
@@ -696,8 +785,9 @@ def main(argv: list[str] | None = None) -> int:
                    "burst": {"requests": args.burst_requests, "concurrency": args.burst_concurrency,
                              "unique": args.burst_unique}, "quick": args.quick, "driven_through": "router",
                    "ttft": "send -> first SSE chunk with non-empty delta content, through the router",
-                   "wake": "prefill room event embeddings_ready - when this process heard the last image's "
-                           "ready event (upper bound: - its entry's created_at); misses whose prefill waited"},
+                   "wake": "prefill room event embeddings_ready - the last image's landing: the kernel's receive "
+                           "stamp of its ready event on a subscriber socket (upper bound: - its entry's "
+                           "created_at); misses whose prefill waited"},
         "summary": summary,
         "goals": _goals(summary),
         "runs": runs,

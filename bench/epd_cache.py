@@ -60,6 +60,7 @@ import io
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import threading
@@ -496,6 +497,7 @@ def run_phase(mode: str, args, model: Path, pairs: list[Pair], source: ImageSour
     import httpx
 
     log_dir = out.with_name(f"{out.stem}_{mode}_r{round_index}")
+    shutil.rmtree(log_dir, ignore_errors=True)  # Stack appends to its logs; keep only this run's
     started = time.perf_counter()
     stack, pins = start_stack(mode, args, model, log_dir.resolve(), cores)
     clock = None

@@ -19,7 +19,11 @@ from bench.compare import analysis, report
 from bench.compare.cli import exit_code
 from bench.compare.config import (DEFAULT_PINNING, PIN_ROLES, CompareConfig, Pinning, Sizing, select, workloads)
 from bench.compare.pinning import group_pids
+from bench.compare.pool import Measured, merge_probes, pooled
 from bench.compare.probe import delta, parse
+from bench.serve.client import Outcome
+from bench.serve.tokens import Counts
+from bench.serve.workload import Request
 from bench.serve.config import Slo
 from stages.cli import main as stage_main
 from tests.generated_models import model_dir
@@ -76,12 +80,12 @@ def test_workloads_are_the_four_described_each_with_its_own_seed():
     single, heavy, text, repeated = built
     assert (single.mix.num_requests, single.load.max_concurrency, math.isinf(single.load.request_rate)) == (3, 1, True)
     assert single.mix.images_per_request == ((1, 1.0),) and single.mix.image_sizes == (((64, 48), 1.0),)
-    assert heavy.mix.images_per_request == ((0, 0.75), (3, 0.25)) and heavy.load.request_rate == 0.35
+    assert heavy.mix.images_per_request == ((0, 0.75), (3, 0.25)) and heavy.load.request_rate == 1.0
     assert text.mix.images_per_request == ((0, 1.0),) and text.load.request_rate == 3.0
-    assert repeated.mix.repeat_image_share == 0.85 and repeated.load.request_rate == 0.5
+    assert repeated.mix.repeat_image_share == 0.85 and repeated.load.request_rate == 1.0
     assert {w.mix.output_len for w in built} == {8}
     assert len({w.mix.seed for w in built}) == 4
-    assert heavy.what == "25% of requests with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; Poisson 0.35/s"
+    assert heavy.what == "25% of requests with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; Poisson 1/s"
     assert [w.name for w in select(built, ("text_only", "single"))] == ["single", "text_only"]
     with pytest.raises(ValueError, match=r"^--workloads: unknown video \(known: single, encode_heavy, "):
         select(built, ("video",))
@@ -105,6 +109,7 @@ def test_sizing_refusals_name_the_flag(kw, message):
     (dict(slo=Slo()), r"^--slo: give at least one objective"),
     (dict(transfer="carrier-pigeon"), r"^--transfer must be one of mooncake, nixl, got 'carrier-pigeon'$"),
     (dict(workloads=()), r"^--workloads: give at least one workload$"),
+    (dict(rounds=0), r"^--rounds must be >= 1, got 0$"),
 ])
 def test_compare_config_refusals_name_the_flag(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -124,6 +129,41 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(flags, message, capsys):
     assert stage_main(["bench", "compare", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"stage bench compare: error: {message}") and err.count("\n") == 1
+
+
+def test_rounds_reverse_the_order_every_other_round():
+    config = CompareConfig(model=Path("m"), out=Path("o"))
+    assert [config.order(i) for i in range(3)] == [("colocated", "pd", "epd"), ("epd", "pd", "colocated"),
+                                                   ("colocated", "pd", "epd")]
+
+
+# --- pooling -----------------------------------------------------------------------------------
+def _round(ttfts: list[float], duration: float, cpu: float, steps: float) -> Measured:
+    outcomes = [Outcome(True, 0.0, ttft + 0.3, ttft=ttft, itl=[0.1, 0.1], chunks=3, prompt_tokens=5, output_tokens=4)
+                for ttft in ttfts]
+    probe = {"machine": {"wall_s": duration, "client_cpu_s": 0.1, "loadavg_1m": [1.0, 1.0]},
+             "roles": {"decode": {"cpu_s": cpu, "series": {"epd_engine_step_seconds_count": steps}},
+                       "redis": {"cpu_s": 0.01}}}
+    return Measured(outcomes, Counts([5] * len(ttfts), [4] * len(ttfts), {"input": {"usage": len(ttfts)},
+                                                                           "output": {"usage": len(ttfts)}}),
+                    duration, 0.1, probe)
+
+
+def test_rounds_pool_into_one_result_and_keep_each_rounds_numbers():
+    requests = [Request([{"role": "user", "content": "hi"}], 4)] * 2
+    result, samples = pooled([_round([0.1, 0.2], 2.0, 1.0, 10), _round([0.3], 4.0, 0.5, 5)], Slo(ttft_ms=250),
+                             requests)
+    assert (result["completed"], result["failed"], result["good_requests"], result["duration"]) == (3, 0, 2, 6.0)
+    assert result["request_goodput"] == round(2 / 6.0, 4) and result["total_output_tokens"] == 12
+    assert result["median_ttft_ms"] == 200.0
+    assert result["token_counts"] == {"input": {"usage": 3}, "output": {"usage": 3}}
+    assert [(r["completed"], r["good_requests"], r["duration"]) for r in result["per_round"]] == [(2, 2, 2.0),
+                                                                                                 (1, 0, 4.0)]
+    assert result["rounds"] == 2 and sorted(samples["ttft"]) == [0.1, 0.2, 0.3]
+    assert result["probe"]["roles"] == {"decode": {"cpu_s": 1.5, "series": {"epd_engine_step_seconds_count": 15.0}},
+                                        "redis": {"cpu_s": 0.02}}
+    assert result["probe"]["machine"]["wall_s"] == 6.0 and result["probe"]["machine"]["client_cpu_s"] == 0.2
+    assert len(merge_probes([_round([0.1], 1.0, 1.0, 1).probe])["machine"]["rounds"]) == 1
 
 
 # --- /metrics ----------------------------------------------------------------------------------
@@ -219,7 +259,7 @@ def test_table_rows_show_ratios_and_counts():
     assert lines[5].split() == ["epd", "250", "(1.25x)", "500", "(1.25x)", "15.0", "(0.38x)", "30.0", "(0.38x)",
                                 "0.400", "(2.00x)", "800", "(0.53x)", "1600", "(0.53x)", "4/4/4"]
     assert exit_code({"deployments": results}) == 0
-    assert exit_code({"deployments": {**results, "pd": {"error": "pd could not start"}}}) == 3
+    assert exit_code({"deployments": {**results, "pd": {"errors": ["pd could not start"]}}}) == 3
 
 
 # --- a real run ----------------------------------------------------------------------------------
@@ -233,7 +273,8 @@ def test_compare_runs_every_deployment_and_workload_on_the_tiny_model(tmp_path):
         [sys.executable, "-m", "stages.cli", "bench", "compare", "--model", str(model_dir("qwen2_vl")),
          "--num-requests", "3", "--single-requests", "2", "--output-len", "4", "--image-size", "64x64",
          "--rates", "encode_heavy=8,text_only=8,repeated_images=8", "--slo", "ttft_ms=60000,tpot_ms=10000",
-         "--request-timeout-s", "60", "--startup-timeout-s", "120", "--out", str(out), "--no-progress", *pins],
+         "--request-timeout-s", "60", "--startup-timeout-s", "120", "--rounds", "1", "--out", str(out),
+         "--no-progress", *pins],
         cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -2,7 +2,8 @@
 
 Exit codes: 0 every request of every deployment completed; 1 the run finished but some requests
 failed (counted per workload, grouped by message in the JSON); 2 bad flags (one line on stderr);
-3 a deployment could not start (its error is in the JSON; the others still ran) or nothing completed.
+3 a deployment could not start in some round (its errors are in the JSON; the rest still ran) or a
+workload completed nothing.
 
 Output in ``--out`` (default ``bench/results/compare``): ``compare.json``, ``compare.md`` (the table as
 Markdown), ``compare.png``, ``compare_cdf_<workload>.png``, ``logs/<deployment>/<role>.log``.
@@ -35,6 +36,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "required: the ratios are against it); run in that order")
     g.add_argument("--transfer", default=config.transfer, help="KV transfer of pd and epd (mooncake, nixl)")
     g.add_argument("--threads", type=int, default=config.threads, help="torch threads of every stage server")
+    g.add_argument("--rounds", type=int, default=config.rounds, help="run the deployments this many times, "
+                   "reversed every other round, and pool each one's samples (outside load drifts over a run)")
     g.add_argument("--pin", action="append", default=[], metavar="ROLE=CORES",
                    help=f"cores of one role, e.g. --pin decode=1 or --pin prefill=0-1 (roles: {', '.join(PIN_ROLES)}; "
                    "client is this process); default split: bench/README.md")
@@ -102,33 +105,45 @@ def build_config(args: argparse.Namespace, model: Path) -> CompareConfig:
     return CompareConfig(model=model, out=Path(args.out), deployments=deployments,
                          workloads=select(workloads(sizing), names), slo=parse_slo(args.slo),
                          pinning=Pinning().overridden(dict(_pin(item) for item in args.pin)), transfer=args.transfer,
-                         threads=args.threads, request_timeout_s=args.request_timeout_s,
+                         threads=args.threads, rounds=args.rounds, request_timeout_s=args.request_timeout_s,
                          startup_timeout_s=args.startup_timeout_s, progress=not args.no_progress)
 
 
 def measure(config: CompareConfig, allowed: set[int]) -> int:
-    """Each deployment in turn, then the analysis, the printed table and the files."""
+    """Every round of every deployment, then the pooling, the analysis, the printed table and the files."""
     from bench.compare import analysis, plots, report as text
+    from bench.compare.pool import pooled
     from bench.compare.session import run_deployment
     from bench.serve.report import write_json
     from bench.serve.workload import synthesize
     from stages.up import StackError
 
     say = lambda line: print(f"compare: {line}", flush=True)  # noqa: E731
-    say(f"model {config.model}; deployments {', '.join(config.deployments)}; cores "
+    say(f"model {config.model}; deployments {', '.join(config.deployments)}; {config.rounds} round(s); cores "
         + ", ".join(f"{role} {'+'.join(map(str, cores))}" for role, cores in config.pinning.cores))
     requests = {w.name: synthesize(w.mix) for w in config.workloads}
+    rounds: dict[str, list[dict]] = {mode: [] for mode in config.deployments}
+    errors: dict[str, list[str]] = {mode: [] for mode in config.deployments}
+    for index in range(config.rounds):
+        for mode in config.order(index):
+            say(f"round {index + 1} of {config.rounds}: {mode}")
+            try:
+                rounds[mode].append(run_deployment(config, mode, requests, allowed, say))
+            except StackError as exc:
+                say(f"{mode} could not start: {exc}")
+                errors[mode].append(str(exc))
     deployments: dict[str, dict] = {}
     samples: dict[str, dict] = {}
     for mode in config.deployments:
-        try:
-            measured = run_deployment(config, mode, requests, allowed, say)
-        except StackError as exc:
-            say(f"{mode} could not start: {exc}")
-            deployments[mode] = {"error": str(exc)}
+        done = rounds[mode]
+        deployments[mode] = {"errors": errors[mode]} if errors[mode] else {}
+        if not done:
             continue
-        samples[mode] = measured.pop("samples")
-        deployments[mode] = measured
+        pooled_runs = {w.name: pooled([r["workloads"][w.name] for r in done], config.slo, requests[w.name])
+                       for w in config.workloads}
+        deployments[mode].update(placed=done[-1]["placed"], rounds=len(done),
+                                 workloads={name: result for name, (result, _) in pooled_runs.items()})
+        samples[mode] = {name: s for name, (_, s) in pooled_runs.items()}
     report = build_report(config, deployments, analysis)
     out = config.out
     write_json(out / "compare.json", report)
@@ -161,7 +176,8 @@ def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) 
                            "request_rate": "inf" if math.isinf(w.load.request_rate) else w.load.request_rate,
                            "max_concurrency": w.load.max_concurrency} for w in config.workloads],
             "slo": config.slo.given(), "pinning": {role: list(cores) for role, cores in config.pinning.cores},
-            "transfer": config.transfer, "threads": config.threads, "request_timeout_s": config.request_timeout_s},
+            "transfer": config.transfer, "threads": config.threads, "rounds": config.rounds,
+            "request_timeout_s": config.request_timeout_s},
         "deployments": deployments,
         "ratios": analysis.ratios(measured) if has_base else {},
         "stage_work": work,
@@ -170,9 +186,11 @@ def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) 
 
 
 def exit_code(report: dict) -> int:
-    """3 if a deployment did not start or a workload completed nothing; else 1 if any request failed."""
+    """3 if a deployment did not start (in any round) or a workload completed nothing; else 1 if any
+    request failed."""
     results = [r for d in report["deployments"].values() for r in d.get("workloads", {}).values()]
-    if any("error" in d for d in report["deployments"].values()) or any(r["completed"] == 0 for r in results):
+    if any(d.get("errors") or "workloads" not in d for d in report["deployments"].values()) \
+            or any(r["completed"] == 0 for r in results):
         return EXIT_NOT_MEASURED
     return EXIT_SOME_FAILED if any(r["failed"] for r in results) else EXIT_OK
 

@@ -30,8 +30,8 @@ DEFAULT_PINNING: tuple[tuple[str, tuple[int, ...]], ...] = (
 SINGLE = "single"  # the low-load workload: one request at a time (the E2E goal)
 ENCODE_HEAVY = "encode_heavy"  # the TPOT and goodput goals
 WORKLOAD_NAMES = (SINGLE, ENCODE_HEAVY, "text_only", "repeated_images")
-DEFAULT_RATES = ((ENCODE_HEAVY, 0.35), ("text_only", 1.0), ("repeated_images", 0.5))
-DEFAULT_SLO = Slo(ttft_ms=4000.0, tpot_ms=100.0)
+DEFAULT_RATES = ((ENCODE_HEAVY, 1.0), ("text_only", 2.0), ("repeated_images", 1.0))
+DEFAULT_SLO = Slo(ttft_ms=2000.0, tpot_ms=50.0)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,8 @@ def select(all_workloads: tuple[Workload, ...], names: tuple[str, ...]) -> tuple
 @dataclass(frozen=True)
 class CompareConfig:
     """One run: ``deployments`` one after the other (each a fresh ``stage up`` stack behind the router),
-    each driven with every workload in order. ``threads``: torch threads of every stage server."""
+    each driven with every workload in order; the whole sequence ``rounds`` times, reversed every other
+    round (``pool.py``). ``threads``: torch threads of every stage server."""
 
     model: Path
     out: Path
@@ -158,6 +159,7 @@ class CompareConfig:
     pinning: Pinning = Pinning()
     transfer: str = "mooncake"
     threads: int = 1
+    rounds: int = 2
     request_timeout_s: float = 300.0
     startup_timeout_s: float = 300.0
     progress: bool = True
@@ -178,6 +180,12 @@ class CompareConfig:
             raise ValueError(f"--transfer must be one of {', '.join(TRANSFERS)}, got {self.transfer!r}")
         if self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
         for name in ("request_timeout_s", "startup_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+    def order(self, round_index: int) -> tuple[str, ...]:
+        """The deployments of round ``round_index`` (from 0): as given, reversed every other round."""
+        return self.deployments if round_index % 2 == 0 else self.deployments[::-1]

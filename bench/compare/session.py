@@ -1,10 +1,10 @@
-"""One deployment of a compare run: start its ``stage up`` stack behind the router, pin it, warm it up,
-drive it with every workload in turn (``bench.serve``'s runner, one run each), stop it.
+"""One deployment in one round of a compare run: start its ``stage up`` stack behind the router, pin it,
+warm it up, drive it with every workload in turn (``bench.serve``'s runner, one run each), stop it.
 
-Called by ``cli.py`` once per deployment, one after the other; ``requests`` are the same objects for
-every deployment. This process (the client) is pinned to the client's cores while it measures and
-unpinned while a stack starts (the stack's children inherit this process's affinity until
-``pin_stack``; a model loads faster on every core)."""
+Called by ``cli.py`` once per deployment and round, one after the other; ``requests`` are the same
+objects for every deployment; ``pool.py`` pools the rounds. This process (the client) is pinned to
+the client's cores while it measures and unpinned while a stack starts (the stack's children inherit
+this process's affinity until ``pin_stack``; a model loads faster on every core)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from collections.abc import Callable
 from bench.compare.config import CompareConfig, Workload
 from bench.compare.pinning import pin_stack
 from bench.compare.probe import Probe
-from bench.serve import metrics, runner, tokens
+from bench.compare.pool import Measured
+from bench.serve import runner, tokens
 from bench.serve.cli import first_model
 from bench.serve.config import Load, Mix, Target
-from bench.serve.workload import Request, summarize, synthesize
+from bench.serve.workload import Request, synthesize
 from stages.up import Stack, StackConfig
 
 WARMUP_SEED = 999_983  # its own images: none of them is in a workload
@@ -36,7 +37,7 @@ def run_deployment(config: CompareConfig, mode: str, requests: dict[str, list[Re
                    say: Callable[[str], None]) -> dict:
     """Start ``mode``'s stack, measure every workload, stop it. ``cores``: this process's affinity at
     the start of the run (restored here at the end). Returns {"placed", "urls", "workloads": name ->
-    ``run_workload``'s dict, "samples": name -> latency samples (seconds, for plots)}. Raises
+    ``Measured``}. Raises
     ``stages.up.StackError`` if the stack cannot start (everything started is stopped first)."""
     log_dir = config.out / "logs" / mode
     shutil.rmtree(log_dir, ignore_errors=True)
@@ -60,28 +61,26 @@ def _measure(stack: Stack, config: CompareConfig, mode: str, requests: dict[str,
         if not all(o.ok for o in warm.outcomes):
             say(f"warm-up: {sum(not o.ok for o in warm.outcomes)} of {len(warm.outcomes)} requests failed: "
                 f"{next(o.error for o in warm.outcomes if not o.ok)}")
-        out: dict = {"placed": placed, "urls": stack.urls(), "workloads": {}, "samples": {}}
+        out: dict = {"placed": placed, "urls": stack.urls(), "workloads": {}}
+        pids = {role: group["pids"] for role, group in placed.items()}
         for workload in config.workloads:
-            pids = {role: group["pids"] for role, group in placed.items()}
-            result, samples = run_workload(workload, requests[workload.name], target, urls, pids, config, mode)
-            out["workloads"][workload.name], out["samples"][workload.name] = result, samples
-            say(f"{mode} {workload.name}: {result['completed']} completed, {result['failed']} failed in "
-                f"{result['duration']:.1f} s")
+            measured = run_workload(workload, requests[workload.name], target, urls, pids, config, mode)
+            out["workloads"][workload.name] = measured
+            failed = sum(not o.ok for o in measured.outcomes)
+            say(f"{mode} {workload.name}: {len(measured.outcomes) - failed} completed, {failed} failed in "
+                f"{measured.duration:.1f} s")
     return out
 
 
 def run_workload(workload: Workload, requests: list[Request], target: Target, urls: dict[str, str],
-                 pids: dict[str, list[int]], config: CompareConfig, mode: str) -> tuple[dict, dict]:
-    """One workload against a running stack: ``bench.serve``'s result dict (vllm key names) plus
-    ``probe`` (each role's busy seconds, counters and CPU over the run; the machine's meters), and the
-    latency samples (seconds) for the CDF plots."""
+                 pids: dict[str, list[int]], config: CompareConfig, mode: str) -> Measured:
+    """One workload against a running stack: what the client saw, the token counts (the servers'
+    usage) and the probe (each role's busy seconds, counters and CPU over the run; the machine's meters)."""
     probe = Probe(urls, pids)
     run = _drive(requests, target, workload.load, config, f"{mode} {workload.name}")
     probed = probe.done()
-    counts = tokens.count(run.outcomes, requests, str(config.model))
-    result = {**metrics.summarize(run.outcomes, counts, run.duration, config.slo),
-              "client_cpu_s": round(run.client_cpu_s, 3), "workload": summarize(requests), "probe": probed}
-    return result, metrics.per_request(run.outcomes, counts)
+    return Measured(run.outcomes, tokens.count(run.outcomes, requests, str(config.model)), run.duration,
+                    run.client_cpu_s, probed)
 
 
 def _drive(requests: list[Request], target: Target, load: Load, config: CompareConfig, label: str) -> runner.Run:

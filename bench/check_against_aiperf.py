@@ -1,9 +1,9 @@
 """Check ``stage bench serve`` against NVIDIA aiperf: the same requests, the same load, the same server;
 their TTFT and throughput should agree within 10%.
 
-    python bench/check_against_aiperf.py                 # ~3-4 minutes: 2 rounds x (ours, aiperf), 64 requests each
-    python bench/check_against_aiperf.py --quick         # ~1-2 minutes: 1 round, 24 requests
-    python bench/check_against_aiperf.py --concurrency 8 --output-len 64 --images-per-request 1
+    python bench/check_against_aiperf.py                 # ~2 minutes: 2 rounds, 64 requests per tool at 1.5/s
+    python bench/check_against_aiperf.py --quick         # ~1 minute: 1 round, 24 requests
+    python bench/check_against_aiperf.py --closed-loop --concurrency 8 --output-len 64 --images-per-request 1
     python bench/check_against_aiperf.py --server paced --out bench/results/check_against_aiperf_paced.json
 
 aiperf is not a project dependency; it lives in its own venv (about 1.2 GB, no torch)::
@@ -16,8 +16,13 @@ spawns) on ``--client-cores`` (0). The requests are the seeded synthetic mix of 
 written twice: as our JSONL workload and as aiperf's ``single_turn`` file, with the same text, the same
 ``data:`` PNGs, the text before the images in both, and the same ``max_tokens`` (aiperf sends it with
 ``--use-legacy-max-tokens``); both send ``ignore_eos`` and ``temperature 0`` and stream with usage. Load:
-a closed loop of ``--concurrency`` requests in flight per tool (ours ``--max-concurrency``, aiperf
-``--concurrency``), ``--requests`` in all, after ``--warmup`` untimed requests.
+``--request-rate`` (1.5) requests/s per tool, evenly spaced (ours ``--burstiness inf``, aiperf
+``--arrival-pattern constant``), no cap in flight; or with ``--closed-loop`` ``--concurrency`` (4) requests
+in flight per tool (ours ``--max-concurrency``, aiperf ``--concurrency``). ``--requests`` in all, after
+``--warmup`` untimed requests. The default is the open loop because aiperf 0.13's concurrency mode spins
+its timing manager (``try_issue_credit`` retried after a bare yield while no slot is free): a whole core
+for the run, which on two shared cores slows the server under test and aiperf's own reads; its rate mode
+sleeps between sends (5-6 CPU s per 48-request run, ours 1.1-1.3).
 
 ``--mode side-by-side`` (default): in each round aiperf starts, and when its profiling phase starts
 ``stage bench serve`` starts; both then drive the same server at once, so outside load on this shared
@@ -135,9 +140,10 @@ def expected(args, workload: dict) -> dict | None:  # type: ignore[no-untyped-de
     if args.server != "paced":
         return None
     e2el = args.paced_ttft_ms + (workload["mean_max_tokens"] - 1) * args.paced_itl_ms
+    per_s = (args.requests / ((args.requests - 1) / args.request_rate + e2el / 1e3) if args.request_rate else
+             args.concurrency / e2el * 1e3)  # rate: the last request is sent at (N - 1) / rate and takes e2el
     return {"ttft_mean_ms": args.paced_ttft_ms, "ttft_median_ms": args.paced_ttft_ms, "tpot_mean_ms": args.paced_itl_ms,
-            "e2el_mean_ms": e2el, "request_throughput": args.concurrency / e2el * 1e3,
-            "output_throughput": args.concurrency / e2el * 1e3 * workload["mean_max_tokens"]}
+            "e2el_mean_ms": e2el, "request_throughput": per_s, "output_throughput": per_s * workload["mean_max_tokens"]}
 
 
 # --- the two clients ---------------------------------------------------------------------------
@@ -193,9 +199,11 @@ def _wait4(pid: int, deadline: float):  # type: ignore[no-untyped-def]
 
 def start_ours(args, url: str, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
     """``stage bench serve`` on the workload: its first ``--warmup`` requests untimed, then all of them."""
-    cmd = [sys.executable, "-m", "stages.cli", "bench", "serve", "--url", url, "--workload", str(workload),
-           "--max-concurrency", str(args.concurrency), "--warmup", str(args.warmup), "--no-progress",
-           "--out", str(folder), "--request-timeout-s", str(args.request_timeout)]
+    load = (["--request-rate", str(args.request_rate), "--burstiness", "inf"] if args.request_rate else
+            ["--max-concurrency", str(args.concurrency)])
+    cmd = [sys.executable, "-m", "stages.cli", "bench", "serve", "--url", url, "--workload", str(workload), *load,
+           "--warmup", str(args.warmup), "--no-progress", "--out", str(folder),
+           "--request-timeout-s", str(args.request_timeout)]
     return Run(cmd, folder, parse_ours, args.run_timeout)
 
 
@@ -211,10 +219,11 @@ def parse_ours(folder: Path) -> dict:
 def start_aiperf(args, url: str, model: Path, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
     """aiperf on the same requests, sampled in order, its first ``--warmup`` as its warm-up phase;
     ``started`` is set when its profiling phase starts."""
+    load = (["--request-rate", str(args.request_rate), "--arrival-pattern", "constant"] if args.request_rate else
+            ["--concurrency", str(args.concurrency)])
     cmd = [str(args.aiperf), "profile", "--model", model.name, "--url", url, "--endpoint-type", "chat", "--streaming",
            "--input-file", str(workload), "--custom-dataset-type", "single_turn",
-           "--dataset-sampling-strategy", "sequential", "--concurrency", str(args.concurrency),
-           "--request-count", str(args.requests), "--warmup-request-count", str(args.warmup),
+           "--dataset-sampling-strategy", "sequential", *load, "--request-count", str(args.requests), "--warmup-request-count", str(args.warmup),
            "--use-legacy-max-tokens", "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
            "--use-server-token-count", "--tokenizer", str(model), "--output-artifact-dir", str(folder),
            "--request-timeout-seconds", str(args.request_timeout), "--no-server-metrics", "--no-gpu-telemetry",
@@ -289,7 +298,11 @@ def build_parser():  # type: ignore[no-untyped-def]
     add_model_args(p)
     p.add_argument("--requests", type=int, default=64, help="timed requests per client run")
     p.add_argument("--warmup", type=int, default=4, help="untimed requests before each run")
-    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (closed loop)")
+    p.add_argument("--request-rate", type=float, default=1.5, help="requests/s per tool, evenly spaced (ours "
+                   "--burstiness inf, aiperf --arrival-pattern constant), no cap in flight")
+    p.add_argument("--closed-loop", action="store_true", help="instead of --request-rate: --concurrency requests in "
+                   "flight per tool (aiperf's timing manager then spins a core)")
+    p.add_argument("--concurrency", type=int, default=4, help="with --closed-loop: requests in flight per tool")
     p.add_argument("--rounds", type=int, default=2, help="rounds of (ours, aiperf)")
     p.add_argument("--mode", choices=["side-by-side", "sequential"], default="side-by-side",
                    help="both tools at once on the server (robust to outside load), or one after the other")
@@ -320,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no aiperf at {args.aiperf}; install it in its own venv:\n"
               "    python -m venv bench/.venv-tools && bench/.venv-tools/bin/pip install aiperf==0.13.0", file=sys.stderr)
         return 2
+    if args.closed_loop:
+        args.request_rate = None
     if args.quick:
         args.requests, args.rounds = min(args.requests, 24), 1
     out = output_path(args).resolve()  # the clients run in their own folders
@@ -355,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"mode": args.mode, "server": args.server,
                    "paced": {"ttft_ms": args.paced_ttft_ms, "itl_ms": args.paced_itl_ms} if args.server == "paced" else None,
                    "model_dir": str(model), "requests": args.requests, "warmup": args.warmup,
-                   "concurrency": args.concurrency, "rounds": args.rounds, "images_per_request": args.images_per_request,
+                   "concurrency": None if args.request_rate else args.concurrency, "request_rate": args.request_rate,
+                   "rounds": args.rounds, "images_per_request": args.images_per_request,
                    "image_sizes": args.image_sizes, "input_len": args.input_len, "output_len": args.output_len,
                    "seed": args.seed, "aiperf": args.aiperf, "workload": workload},
         "rounds": rounds, "comparison": comparison,

@@ -93,6 +93,7 @@ def test_arrivals_are_seeded_offer_the_mean_rate_and_bunch_by_burstiness():
     assert cv(arrivals.offsets(2001, Load(request_rate=4.0, burstiness=4.0))) == pytest.approx(0.5, abs=0.06)
     assert cv(arrivals.offsets(2001, Load(request_rate=4.0, burstiness=0.25))) == pytest.approx(2.0, abs=0.3)
     assert arrivals.offsets(3, Load()) == [0.0, 0.0, 0.0]  # rate inf: all at once
+    assert arrivals.offsets(4, Load(request_rate=2.0, burstiness=math.inf)) == [0.0, 0.5, 1.0, 1.5]  # evenly spaced
 
 
 # --- workload ----------------------------------------------------------------------------------

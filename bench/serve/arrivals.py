@@ -13,9 +13,12 @@ def offsets(n: int, load: Load) -> list[float]:
     ``load.burstiness`` and mean ``1 / load.request_rate`` (shape 1: exponential gaps, a Poisson
     process), seeded by ``load.seed``. The gaps are then scaled so that the last offset is exactly
     ``(n - 1) / rate``, as vllm does, so two seeds offer the same mean rate and differ only in how the
-    requests bunch. ``request_rate = inf``: every offset is 0."""
+    requests bunch. ``request_rate = inf``: every offset is 0. ``burstiness = inf``: evenly spaced,
+    ``i / rate`` (the gamma distribution's limit)."""
     if math.isinf(load.request_rate) or n <= 1:
         return [0.0] * n
+    if math.isinf(load.burstiness):
+        return [i / load.request_rate for i in range(n)]
     rng = random.Random(load.seed)
     scale = 1.0 / (load.request_rate * load.burstiness)
     out = [0.0]

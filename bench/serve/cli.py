@@ -41,7 +41,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "or with --workload the whole file (N: its first N, repeated if it is shorter)")
     g.add_argument("--request-rate", type=float, default=load.request_rate, help="requests/s (inf: all at once)")
     g.add_argument("--burstiness", type=float, default=load.burstiness,
-                   help="gamma shape of the gaps between arrivals: 1 Poisson, < 1 burstier, > 1 more even")
+                   help="gamma shape of the gaps between arrivals: 1 Poisson, < 1 burstier, > 1 more even, "
+                   "inf evenly spaced")
     g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     g.add_argument("--sweep", default=None, help="comma-separated request rates, one run each (replaces --request-rate)")
     g.add_argument("--warmup", type=int, default=1, help="untimed requests sent one at a time before each run")

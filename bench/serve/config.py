@@ -48,7 +48,8 @@ class Mix:
 @dataclass(frozen=True)
 class Load:
     """How requests arrive: at ``request_rate`` per second (``inf``: all at once) with gaps drawn from a
-    gamma distribution of shape ``burstiness`` (1: Poisson; < 1 burstier; > 1 more even), and at most
+    gamma distribution of shape ``burstiness`` (1: Poisson; < 1 burstier; > 1 more even; inf: evenly
+    spaced), and at most
     ``max_concurrency`` in flight (None: no cap)."""
 
     request_rate: float = math.inf

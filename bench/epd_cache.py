@@ -3,8 +3,8 @@ mooncake, a private Redis) against one colocated server behind the router, side 
 TTFT with the images cached and not, encoder calls per unique image, and the time from an
 embedding landing in the cache to the waiting prefill starting.
 
-    python bench/epd_cache.py                  # full run (~5-6 minutes on 2 cores)
-    python bench/epd_cache.py --quick          # smoke run (~2 minutes)
+    python bench/epd_cache.py                  # full run (~2-6 minutes on 2 cores, with the load)
+    python bench/epd_cache.py --quick          # smoke run (~1-2 minutes)
     python bench/epd_cache.py --images 1,4,8 --image-size 448 --requests 6
 
 Both systems are driven through the router (``stages.up.Stack``, what ``stage up`` starts), the

@@ -123,7 +123,7 @@ def workloads(sizing: Sizing) -> tuple[Workload, ...]:
                  Mix(num_requests=sizing.single_requests, images_per_request=((1, 1.0),), image_sizes=size,
                      input_len=16, output_len=out, seed=sizing.seed * 10 + 1),
                  Load(request_rate=math.inf, max_concurrency=1, seed=sizing.seed)),
-        Workload(ENCODE_HEAVY, f"25% of requests with 3 new {w}x{h} images, 75% ~16-word text turns; "
+        Workload(ENCODE_HEAVY, f"~25% of requests (drawn) with 3 new {w}x{h} images, 75% ~16-word text turns; "
                  f"{out} tokens; Poisson {sizing.rate(ENCODE_HEAVY):g}/s",
                  Mix(num_requests=n, images_per_request=((0, 0.75), (3, 0.25)), image_sizes=size,
                      input_len=16, output_len=out, seed=sizing.seed * 10 + 2), poisson(ENCODE_HEAVY)),

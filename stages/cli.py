@@ -9,6 +9,7 @@
     stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--workdir DIR]   (stages/demo.py)
     stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/up.py)
     stage bench serve --url URL [--request-rate R | --max-concurrency C] [--out DIR] [...]   (bench/serve/cli.py)
+    stage bench compare [--model DIR] [--deployments colocated,pd,epd] [--pin ROLE=CORES] [...]   (bench/compare/)
 
 ``serve`` takes one role per subcommand; every role goes through one config (``stages.config``)
 and one serve path (``stages.server``). Flag defaults come from the config dataclasses, and

@@ -112,7 +112,6 @@ def build_config(args: argparse.Namespace, model: Path) -> CompareConfig:
 def measure(config: CompareConfig, allowed: set[int]) -> int:
     """Every round of every deployment, then the pooling, the analysis, the printed table and the files."""
     from bench.compare import analysis, plots, report as text
-    from bench.compare.pool import pooled
     from bench.compare.session import run_deployment
     from bench.serve.report import write_json
     from bench.serve.workload import synthesize
@@ -132,6 +131,24 @@ def measure(config: CompareConfig, allowed: set[int]) -> int:
             except StackError as exc:
                 say(f"{mode} could not start: {exc}")
                 errors[mode].append(str(exc))
+    deployments, samples = pool_rounds(config, rounds, errors, requests)
+    report = build_report(config, deployments, analysis)
+    out = config.out
+    write_json(out / "compare.json", report)
+    (out / "compare.md").write_text(text.markdown(report))
+    print("\n".join(["", text.table(report), "", text.work_text(report), "", text.goals_text(report)]), flush=True)
+    plots.bars(report, out / "compare.png")
+    plots.cdfs(report, samples, out)
+    say(f"wrote {out / 'compare.json'}, compare.md and the plots in {out}")
+    return exit_code(report)
+
+
+def pool_rounds(config: CompareConfig, rounds: dict[str, list[dict]], errors: dict[str, list[str]],
+                requests: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Per deployment: its start errors, and for the rounds it ran, the placement and each workload's
+    pooled result (``pool.pooled``); and the pooled latency samples per deployment and workload."""
+    from bench.compare.pool import pooled
+
     deployments: dict[str, dict] = {}
     samples: dict[str, dict] = {}
     for mode in config.deployments:
@@ -144,15 +161,7 @@ def measure(config: CompareConfig, allowed: set[int]) -> int:
         deployments[mode].update(placed=done[-1]["placed"], rounds=len(done),
                                  workloads={name: result for name, (result, _) in pooled_runs.items()})
         samples[mode] = {name: s for name, (_, s) in pooled_runs.items()}
-    report = build_report(config, deployments, analysis)
-    out = config.out
-    write_json(out / "compare.json", report)
-    (out / "compare.md").write_text(text.markdown(report))
-    print("\n".join(["", text.table(report), "", text.work_text(report), "", text.goals_text(report)]), flush=True)
-    plots.bars(report, out / "compare.png")
-    plots.cdfs(report, samples, out)
-    say(f"wrote {out / 'compare.json'}, compare.md and the plots in {out}")
-    return exit_code(report)
+    return deployments, samples
 
 
 def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) -> dict:  # type: ignore[no-untyped-def]

@@ -85,7 +85,8 @@ def test_workloads_are_the_four_described_each_with_its_own_seed():
     assert repeated.mix.repeat_image_share == 0.85 and repeated.load.request_rate == 1.0
     assert {w.mix.output_len for w in built} == {8}
     assert len({w.mix.seed for w in built}) == 4
-    assert heavy.what == "~25% of requests (drawn) with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; Poisson 1/s"
+    assert heavy.what == ("~25% of requests (drawn) with 3 new 64x48 images, 75% ~16-word text turns; 8 tokens; "
+                          "Poisson 1/s")
     assert [w.name for w in select(built, ("text_only", "single"))] == ["single", "text_only"]
     with pytest.raises(ValueError, match=r"^--workloads: unknown video \(known: single, encode_heavy, "):
         select(built, ("video",))

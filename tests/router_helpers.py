@@ -4,6 +4,7 @@ reaches a value), arming a stage's fault."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import time
@@ -64,3 +65,26 @@ def wait_metric(url: str, name: str, value: float, within_s: float = 5.0) -> Non
 def arm(server, point: str, times: int, delay_s: float = 0.0) -> None:
     response = httpx.post(f"{server.url}/debug/faults", json={"point": point, "times": times, "delay_s": delay_s})
     assert response.status_code == 200, response.text
+
+
+async def mixed_answers(router_url: str, router_base: str, colocated_base: str, bodies, count: int = 32) -> None:
+    """Send ``count`` mixed requests (``bodies(i) -> (messages, max_tokens, stream)``) through the router and
+    the same ones to a colocated server with the official client; assert equal, non-empty greedy answers and
+    that the router counted each one as a success."""
+    model = httpx.get(f"{router_url}/v1/models").json()["data"][0]["id"]
+    success = metric(router_url, 'epd_router_requests_total{outcome="success"}')
+
+    async def run(client: openai.AsyncOpenAI, i: int) -> str:
+        msgs, max_tokens, stream = bodies(i)
+        kwargs = dict(model=model, messages=msgs, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+        if not stream:
+            return (await client.chat.completions.create(**kwargs)).choices[0].message.content
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in
+                        await client.chat.completions.create(**kwargs, stream=True) if chunk.choices])
+
+    through = openai.AsyncOpenAI(base_url=router_base, api_key="x", max_retries=0, timeout=120)
+    direct = openai.AsyncOpenAI(base_url=colocated_base, api_key="x", max_retries=0, timeout=120)
+    answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(count))), 150)
+    expected = await asyncio.gather(*(run(direct, i) for i in range(count)))
+    assert answers == expected and all(answers)
+    wait_metric(router_url, 'epd_router_requests_total{outcome="success"}', success + count)

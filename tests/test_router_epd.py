@@ -29,7 +29,7 @@ from cache.embedded import EmbeddedRedis
 from cache.keys import image_key
 from router.policy import CacheAware
 from tests.epd_helpers import EPD, start_epd
-from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
+from tests.router_helpers import arm, ask, data_url, messages, metric, mixed_answers, png, wait_metric
 
 pytestmark = pytest.mark.timeout(300)
 CLAIM_LEASE_S = "3"
@@ -185,23 +185,7 @@ def chat_body(i: int) -> tuple[list[dict], int, bool]:
 
 
 async def test_32_concurrent_mixed_requests(router, colocated, epd):
-    model = httpx.get(f"{router.url}/v1/models").json()["data"][0]["id"]
-    success = metric(router.url, 'epd_router_requests_total{outcome="success"}')
-
-    async def run(client: openai.AsyncOpenAI, i: int) -> str:
-        msgs, max_tokens, stream = chat_body(i)
-        kwargs = dict(model=model, messages=msgs, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
-        if not stream:
-            return (await client.chat.completions.create(**kwargs)).choices[0].message.content
-        return "".join([chunk.choices[0].delta.content or "" async for chunk in
-                        await client.chat.completions.create(**kwargs, stream=True) if chunk.choices])
-
-    through = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=120)
-    direct = openai.AsyncOpenAI(base_url=colocated.base_url, api_key="x", max_retries=0, timeout=120)
-    answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(32))), 150)
-    expected = await asyncio.gather(*(run(direct, i) for i in range(32)))
-    assert answers == expected and all(answers)
-    wait_metric(router.url, 'epd_router_requests_total{outcome="success"}', success + 32)
+    await mixed_answers(router.url, router.base_url, colocated.base_url, chat_body)
     for encoder in epd.encoders:  # cache_aware spread the images over both
         assert encoder.encoded_total() > 0, encoder.url
 

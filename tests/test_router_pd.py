@@ -5,7 +5,6 @@ and a decode killed mid-stream. KV blocks are back to zero on every stage after 
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 
 from stages.cli import free_port
 from tests.conftest import REPO
-from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
+from tests.router_helpers import arm, ask, data_url, messages, metric, mixed_answers, png, wait_metric
 
 pytestmark = pytest.mark.timeout(240)
 FAST = ["--kv-cache-mib", "16", "--transfer", "mooncake", "--pair-timeout-s", "5", "--transfer-timeout-s", "5"]
@@ -122,23 +121,7 @@ def test_same_answer_as_colocated(router, colocated, stream, n_images):
 
 
 async def test_32_concurrent_mixed_requests(router, colocated, prefills, decodes, odd_decode):
-    model = httpx.get(f"{router.url}/v1/models").json()["data"][0]["id"]
-    success = metric(router.url, 'epd_router_requests_total{outcome="success"}')
-
-    async def run(client: openai.AsyncOpenAI, i: int) -> str:
-        msgs, max_tokens, stream = chat_body(i)
-        kwargs = dict(model=model, messages=msgs, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
-        if not stream:
-            return (await client.chat.completions.create(**kwargs)).choices[0].message.content
-        return "".join([chunk.choices[0].delta.content or "" async for chunk in
-                        await client.chat.completions.create(**kwargs, stream=True) if chunk.choices])
-
-    through = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=120)
-    direct = openai.AsyncOpenAI(base_url=colocated.base_url, api_key="x", max_retries=0, timeout=120)
-    answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(32))), 150)
-    expected = await asyncio.gather(*(run(direct, i) for i in range(32)))
-    assert answers == expected and all(answers)
-    wait_metric(router.url, 'epd_router_requests_total{outcome="success"}', success + 32)
+    await mixed_answers(router.url, router.base_url, colocated.base_url, chat_body)
     for stage in (*prefills, *decodes):  # the policies spread the load over both of each
         assert metric(stage.url, 'epd_requests_total{finish_reason="length"}') > 0, stage.url
     assert metric(odd_decode.url, 'epd_requests_total{finish_reason="length"}') == 0

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 
+from router.instance import INSTANCE_ID
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.schemas import ChatCompletionRequest
@@ -171,7 +172,8 @@ def build(config: ServerConfig) -> FastAPI:
             return {"role": None, "switchable": True, "roles": list(ROLES), "model": config.model_name,
                     "transfer_backend": disagg.transfer, "group": disagg.group,
                     "fingerprint": dataclasses.asdict(runtime.fingerprint),
-                    "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total}}
+                    "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
+                    "instance_id": INSTANCE_ID}
         mode = ImageMode.PIXELS if isinstance(coordinator, PrefillCoordinator) else ImageMode.SIZES
         return {**stage_info(config, runtime, coordinator, mode), "switchable": True, "roles": list(ROLES)}
 

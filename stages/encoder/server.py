@@ -129,6 +129,7 @@ def build(config: ServerConfig) -> FastAPI:
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
                        faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
+    from router.instance import INSTANCE_ID
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)
@@ -145,7 +146,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
 
     @app.get("/server_info")
     async def server_info() -> dict:
-        return {**info, "rss_bytes": rss_bytes()}
+        return {**info, "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -2,6 +2,12 @@
 every non-2xx response (ours, FastAPI's 404/405, pydantic's validation errors, crashes) into
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+
+An unexpected exception is answered by ``CatchAll``, a middleware inside Starlette's
+``ServerErrorMiddleware``: that one re-raises after its handler answers, and uvicorn then closes the
+kept-alive connection without ``Connection: close`` (a pooled client's next request dies with
+ECONNRESET). ``CatchAll`` answers the 500 and returns, so the connection stays usable. Only an
+exception after the response has started (a stream) still ends the connection: nothing else can.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +117,32 @@ def install_error_handlers(app: FastAPI) -> None:
         error = APIError(exc.status_code, str(exc.detail), code=code)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error").response()
+    app.add_middleware(CatchAll)
+
+
+class CatchAll:
+    """ASGI middleware: an exception no handler took becomes a 500 OpenAI body, and the connection
+    stays open for the client's next request. Re-raised only once the response has started."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            crash = APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
+            await crash.response()(scope, receive, send)

@@ -21,6 +21,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from pydantic import ValidationError
 
 from stages.api.errors import APIError, bad_request, validation_error
+from stages.api.json_depth import check_json_depth
 from stages.api.schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, ChatCompletionRequest
 
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
@@ -77,7 +78,9 @@ class _Request(Struct, gc=False):
 
 
 def parse_request(raw: bytes) -> ChatCompletionRequest:
-    """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema."""
+    """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema;
+    nested deeper than ``MAX_JSON_DEPTH`` anywhere: 400 before any parser recurses."""
+    check_json_depth(raw)
     try:
         shape = msgspec.json.decode(raw, type=_Request)
     except msgspec.ValidationError as exc:

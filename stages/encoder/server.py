@@ -34,6 +34,7 @@ from stages.api.errors import (APIError, bad_request, install_error_handlers, ov
                                validation_error)
 from stages.api.faults import add_fault_routes
 from stages.api.images import decode_data_url
+from stages.api.json_depth import check_json_depth
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.service import EncodeService, ImageResult, Upload
 from stages.faults import Faults
@@ -200,6 +201,8 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
 
 
 def _parse(model: type[M], raw: bytes) -> M:
+    """``raw`` validated as ``model``; 400 as the chat route's (nesting bound included)."""
+    check_json_depth(raw)
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

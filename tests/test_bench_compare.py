@@ -18,7 +18,7 @@ import pytest
 from bench.compare import analysis, report
 from bench.compare.cli import exit_code
 from bench.compare.config import (DEFAULT_PINNING, PIN_ROLES, CompareConfig, Pinning, Sizing, select, workloads)
-from bench.compare.pinning import group_pids
+from bench.common.proc import group_pids
 from bench.compare.pool import Measured, merge_probes, pooled
 from bench.compare.probe import delta, parse
 from bench.serve.client import Outcome

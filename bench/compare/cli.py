@@ -113,7 +113,7 @@ def measure(config: CompareConfig, allowed: set[int]) -> int:
     """Every round of every deployment, then the pooling, the analysis, the printed table and the files."""
     from bench.compare import analysis, plots, report as text
     from bench.compare.session import run_deployment
-    from bench.serve.report import write_json
+    from bench.common.output import write_json
     from bench.serve.workload import synthesize
     from stages.up import StackError
 
@@ -169,8 +169,7 @@ def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) 
     import math
     from datetime import datetime
 
-    from bench.common import loadavg
-    from bench.serve.machine import machine_info
+    from bench.common.machine import loadavg, machine_info
 
     measured = {mode: d for mode, d in deployments.items() if "workloads" in d}
     client = config.pinning.of("client")
@@ -178,7 +177,7 @@ def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) 
     work = analysis.all_stage_work(measured, client)
     return {
         "date": datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {**machine_info(), "cpus_available": sorted(os.sched_getaffinity(0)), "loadavg_1m_end": loadavg()},
+        "machine": {**machine_info(), "loadavg_1m_end": loadavg()},
         "config": {
             "model": str(config.model), "model_name": config.model.name, "deployments": list(config.deployments),
             "workloads": [{"name": w.name, "what": w.what, "num_requests": w.mix.num_requests,
@@ -223,8 +222,8 @@ def _number(flag: str, name: str, value: str) -> float:
 
 
 def _pin(item: str) -> tuple[str, tuple[int, ...]]:
-    """``ROLE=CORES`` (``bench.common.parse_cores``: 1, 0,2 or 0-3) -> (role, cores)."""
-    from bench.common import parse_cores
+    """``ROLE=CORES`` (``bench.common.pinning.parse_cores``: 1, 0,2 or 0-3) -> (role, cores)."""
+    from bench.common.pinning import parse_cores
 
     role, sep, cores = item.partition("=")
     try:

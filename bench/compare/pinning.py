@@ -8,9 +8,8 @@ process group (``stages.up``), so anything it forked is found by its group id.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+from bench.common.pinning import pin_threads
+from bench.common.proc import group_pids
 from bench.compare.config import Pinning
 from stages.up import Stack
 
@@ -25,30 +24,6 @@ def pin_stack(stack: Stack, pinning: Pinning) -> dict[str, dict]:
     for role, pids in groups:
         cores = pinning.of(role)
         for pid in pids:
-            pin_process(pid, cores)
+            pin_threads(pid, cores)
         placed[role] = {"pids": pids, "cores": list(cores)}
     return placed
-
-
-def pin_process(pid: int, cores: tuple[int, ...]) -> None:
-    """Every thread of ``pid`` on ``cores`` (a thread that ends meanwhile is skipped)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            os.sched_setaffinity(int(task.name), cores)
-        except ProcessLookupError:
-            continue
-
-
-def group_pids(pgid: int) -> list[int]:
-    """The processes whose process group is ``pgid`` (the leader first)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            out.append(int(entry.name))
-    return sorted(out, key=lambda pid: pid != pgid)

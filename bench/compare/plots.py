@@ -8,17 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common.output import pyplot, save_figure
 from bench.compare.report import COLUMNS, RATIO_OF
 from bench.serve.plots import latency_cdfs
 
 
 def bars(report: dict, path: Path) -> None:
     """``compare.png``: TTFT p50/p99, TPOT p50/p99, goodput, E2E p50 (one panel each)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [c for c in COLUMNS if c[0] != "E2E p99"]
     workloads = [w["name"] for w in report["config"]["workloads"]]
     modes = [m for m, d in report["deployments"].items() if d.get("workloads")]
@@ -42,10 +39,7 @@ def bars(report: dict, path: Path) -> None:
     slo = ", ".join(f"{k}<={v:g}" for k, v in report["config"]["slo"].items())
     fig.suptitle(f"colocated vs 1P1D (pd) vs 1E1P1D (epd), {report['config']['model_name']}, "
                  f"{report['machine']['cpu_count']} cores; labels: ratio vs colocated; SLO {slo}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def cdfs(report: dict, samples: dict[str, dict[str, dict]], folder: Path) -> list[Path]:

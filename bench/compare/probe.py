@@ -1,6 +1,6 @@
 """What each stage of a running stack did during one workload: its busy seconds and counters from its
 ``/metrics`` and its processes' CPU seconds from ``/proc``, read before and after (``Probe``), plus the
-machine's meters (``bench.common.CpuMeter``: wall time, the client's CPU, each core's busy fraction,
+machine's meters (``bench.common.meter.CpuMeter``: wall time, the client's CPU, each core's busy fraction,
 load average, other processes).
 
 Busy time is what the stages report themselves: ``epd_engine_step_seconds_sum`` (colocated, prefill,
@@ -15,7 +15,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import CpuMeter, cpu_seconds
+from bench.common.meter import CpuMeter
+from bench.common.proc import cpu_seconds
 
 SCRAPE_TIMEOUT_S = 10.0
 SERIES = (  # the samples kept, by their exposition name; labelled ones are summed over their labels

@@ -11,9 +11,8 @@ One job per module::
     runner.py    arrivals + concurrency cap + progress bar -> Outcomes of one run
     tokens.py    output tokens when the server sent no usage: tokenizer, else chunks
     metrics.py   Outcomes -> the result dict (vllm bench serve key names)                     pure
-    report.py    the printed summary; result.json                                            pure but the file
+    report.py    the printed summary                                                         pure
     plots.py     latency CDFs; latency against request rate
-    machine.py   CPU, cores, memory, commit for the JSON (reads /proc, runs git)
     cli.py       flags -> configs; run; exit codes
 
 Imports of the ``stage`` parser stay light: ``cli.add_args`` imports only ``config``.

@@ -181,8 +181,8 @@ def _requests(args: argparse.Namespace, mix: Mix) -> list:
 
 def _write(out: Path, results: list[tuple[dict, dict]], args: argparse.Namespace) -> None:
     from bench.serve import plots
-    from bench.serve.machine import machine_info
-    from bench.serve.report import write_json
+    from bench.common.machine import machine_info
+    from bench.common.output import write_json
 
     machine = machine_info()
     model = results[0][0]["model_id"]

@@ -6,22 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common.output import pyplot, save_figure
 from bench.serve.report import HEADERS
-
-
-def _pyplot():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def latency_cdfs(runs: list[tuple[str, dict[str, list[float]]]], path: Path, title: str) -> None:
     """One panel per latency (TTFT, TPOT, ITL, E2EL): the CDF of its samples (seconds, ``metrics.per_request``)
     for each ``(label, samples)`` run, in ms."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(HEADERS), figsize=(4.2 * len(HEADERS), 3.8))
     for ax, (name, (short, header)) in zip(axes, HEADERS.items()):
         for label, samples in runs:
@@ -35,13 +27,14 @@ def latency_cdfs(runs: list[tuple[str, dict[str, list[float]]]], path: Path, tit
     axes[0].set_ylabel("fraction of requests (ITL: of gaps)")
     if len(runs) > 1:
         axes[-1].legend(fontsize=7)
-    _save(plt, fig, path, title)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path, dpi=110)
 
 
 def latency_vs_rate(results: list[dict], path: Path, title: str) -> None:
     """A sweep: for each configured request rate (x, in sweep order), the p50 and p99 of TTFT, TPOT and
     E2EL, and the achieved request and output-token throughput."""
-    plt = _pyplot()
+    plt = pyplot()
     x = np.arange(len(results))
     labels = [str(r["request_rate"]) for r in results]
     fig, axes = plt.subplots(1, 4, figsize=(16.8, 3.8))
@@ -64,12 +57,5 @@ def latency_vs_rate(results: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     twin.legend(fontsize=7, loc="lower right")
-    _save(plt, fig, path, title)
-
-
-def _save(plt, fig, path: Path, title: str) -> None:  # type: ignore[no-untyped-def]
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

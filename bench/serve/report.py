@@ -1,10 +1,8 @@
 """The printed summary of a run (the layout of ``vllm bench serve``'s, plus failures grouped by message
-and how tokens were counted), and the JSON file. ``summary`` is pure."""
+and how tokens were counted). ``summary`` is pure."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
@@ -71,8 +69,3 @@ def notes(result: dict) -> list[str]:
         out.append(f"warning: the client used {share:.0%} of a core: it may have been the bottleneck")
     return out
 
-
-def write_json(path: Path, obj: dict) -> None:
-    """``obj`` indented, with a final newline; the folder is created."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n")

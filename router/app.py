@@ -1,11 +1,13 @@
 """The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions``,
-``GET /v1/models``, ``/health`` and ``/metrics``; the admin API (``/admin/*``, token required) is
-added from ``router.admin_app``.
+``GET /v1/models``, ``/health``, ``/metrics``, ``/server_info`` (``router.server_info``) and
+``/openapi.json`` (``router.openapi``); the admin API (``/admin/*``, token required) is added from
+``router.admin_app``. A 405 carries ``Allow``.
 
 A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``Retry-After``,
-before the body is read), the body within ``--max-body-mb`` (413, from Content-Length before
-reading and while reading), JSON, the model check, images resolved (epd: with their cache keys and
-sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
+before the body is read), the body within ``--max-body-mb`` or the stages' tighter limit (413, from
+Content-Length before reading and while reading), JSON, the model check, images counted against
+``--max-images-per-request`` or the stages' tighter limit and resolved (epd: with their cache keys
+and sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
 request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler
 (``handler_cancellation``), which aborts the request in every stage.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
@@ -24,7 +27,9 @@ from router.admin_app import add_admin_routes
 from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
                            stage_failed)
 from router.modes import Call
+from router.openapi import document
 from router.runtime import Router
+from router.server_info import server_info
 from router.upstream import StageError
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,8 @@ def create_app(router: Router) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/server_info", _server_info)
+    app.router.add_get("/openapi.json", _openapi)
     add_admin_routes(app, router)
 
     async def start(app: web.Application) -> None:
@@ -67,7 +74,8 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:  # type:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, None)
-        return web.json_response(error_body(exc.status, exc.reason, code), status=exc.status)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response(error_body(exc.status, exc.reason, code), status=exc.status, headers=allow)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:
@@ -106,14 +114,14 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _read_call(request: web.Request, router: Router, started: float) -> Call:
-    body = _parse(await _read_body(request, router.config.max_body_bytes))
+    body = _parse(await _read_body(request, *router.body_cap()))
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
-    parts = await router.images.resolve(body)
+    parts = await router.images.resolve(body, router.stage_limits().max_images_per_request)
     router.metrics.images.inc(len(parts))
     # epd: keys and sizes; large images are decoded and hashed off the event loop
     large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
@@ -121,16 +129,17 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     return Call(body, body.get("stream") is True, model, started, images)
 
 
-async def _read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The whole body, or 413 as soon as it is known to exceed ``max_bytes``."""
+async def _read_body(request: web.Request, max_bytes: int,
+                     refuse: Callable[[int | str, int], RouterError]) -> bytes:
+    """The whole body, or ``refuse``'s 413 as soon as it is known to exceed ``max_bytes``."""
     declared = request.content_length
     if declared is not None and declared > max_bytes:
-        raise body_too_large(declared, max_bytes)
+        raise refuse(declared, max_bytes)
     chunks, size = [], 0
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > max_bytes:
-            raise body_too_large(f"more than {max_bytes}", max_bytes)
+            raise refuse(f"more than {max_bytes}", max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -159,6 +168,14 @@ async def _health(request: web.Request) -> web.Response:
     if reason is not None:
         raise RouterError(503, f"The router cannot serve now: {reason}.", code="no_healthy_worker")
     return web.json_response({"status": "ok", "mode": router.config.mode})
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    return web.json_response(server_info(request.app[ROUTER_KEY]))
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return web.json_response(document(request.app[ROUTER_KEY].chat_schema))
 
 
 async def _metrics(request: web.Request) -> web.Response:

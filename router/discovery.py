@@ -1,5 +1,6 @@
-"""What the router learns from its workers, and keeps checking: their models, fingerprints and
-bootstrap addresses (``/v1/models``, ``/server_info``) and their health (``/health``).
+"""What the router learns from its workers, and keeps checking: their models, fingerprints, bootstrap
+addresses and request limits (``/v1/models``, ``/server_info``), the chat request's schema (their
+``/openapi.json``, read once by ``router.runtime``) and their health (``/health``).
 
 Contract: ``discover`` runs at startup for every worker (until each answers, or the startup
 deadline); ``health_loop`` runs for the router's whole life as a supervised task: every
@@ -19,6 +20,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from router.config import RouterConfig
+from router.limits import published
+from router.openapi import chat_part
 from router.workers import Worker
 
 log = logging.getLogger(__name__)
@@ -40,17 +43,17 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) 
 
 
 async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:
-    """Fill in ``worker``'s models (all roles), fingerprint, group and switchability (prefill, decode)
-    and bootstrap address (prefill), or its encoder id and vision fingerprint (encoder). A switchable
-    worker (``stage serve pd``) serving another role, or none yet, is told ``worker.role`` first,
-    with the router's admin ``token``. Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    """Fill in ``worker``'s models and request limits (all roles), fingerprint, group and switchability
+    (prefill, decode) and bootstrap address (prefill), or its encoder id and vision fingerprint
+    (encoder). A switchable worker (``stage serve pd``) serving another role, or none yet, is told
+    ``worker.role`` first, with the router's admin ``token``. Raises InfoError, aiohttp.ClientError or TimeoutError."""
     if worker.role == "encoder":
         return await _read_encoder(session, worker, timeout_s)
     models = await _get_json(session, worker.url + "/v1/models", timeout_s)
     cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
-    fingerprint, bootstrap, info = None, None, {}
+    fingerprint, bootstrap = None, None
+    info = await _get_json(session, worker.url + "/server_info", timeout_s)
     if worker.role in ("prefill", "decode"):
-        info = await _get_json(session, worker.url + "/server_info", timeout_s)
         if info.get("switchable") is True and info.get("role") != worker.role:
             await _assign_role(session, worker, timeout_s, token)
             info = await _get_json(session, worker.url + "/server_info", timeout_s)
@@ -64,6 +67,7 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
     worker.cards, worker.models = cards, tuple(card["id"] for card in cards)
     worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
     worker.switchable = info.get("switchable") is True
+    worker.limits = published(info)
     if worker.group is None and isinstance(info.get("group"), str):
         worker.group = info["group"]
     worker.known = True
@@ -80,7 +84,18 @@ async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_
         raise InfoError(f"{worker.url}/server_info lacks {lacking}")
     worker.models, worker.cards = (fields["model"],), ()
     worker.encoder_id, worker.vision_fingerprint = fields["encoder_id"], fields["vision_fingerprint"]
+    worker.limits = published(info)
     worker.known = True
+
+
+async def read_chat_schema(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> dict:
+    """The chat route's request and answer schemas in ``worker``'s ``/openapi.json``
+    (``router.openapi.chat_part``). Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    document = await _get_json(session, worker.url + "/openapi.json", timeout_s)
+    try:
+        return chat_part(document)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InfoError(f"{worker.url}/openapi.json has no chat route schema ({type(exc).__name__}: {exc})") from None
 
 
 async def _assign_role(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:

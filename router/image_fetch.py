@@ -14,7 +14,7 @@ import aiohttp
 
 from router.config import RouterConfig
 from router.errors import RouterError, bad_request
-from router.images import ImagePart, check_remote, image_parts, scheme
+from router.images import ImagePart, check_count, check_remote, image_parts, scheme
 
 
 class ImageFetcher:
@@ -34,14 +34,12 @@ class ImageFetcher:
         if self._session is not None:
             await self._session.close()
 
-    async def resolve(self, body: dict) -> list[ImagePart]:
-        """Check every image part, fetch the remote ones (concurrently) and rewrite them as data: URLs in
-        ``body``. Returns the parts, in conversation order."""
+    async def resolve(self, body: dict, stage_max_images: int | None = None) -> list[ImagePart]:
+        """Check the count (``--max-images-per-request``, or the stages' tighter ``stage_max_images``) and
+        every image part, fetch the remote ones (concurrently) and rewrite them as data: URLs in ``body``.
+        Returns the parts, in conversation order."""
         parts = image_parts(body)
-        if len(parts) > self.config.max_images_per_request:
-            raise bad_request(f"The request has {len(parts)} images; this router accepts at most "
-                              f"{self.config.max_images_per_request} (--max-images-per-request).", "messages",
-                              "too_many_images")
+        check_count(len(parts), self.config.max_images_per_request, stage_max_images)
         remote = []
         for part in parts:
             kind = scheme(part.url)

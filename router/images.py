@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from router.errors import RouterError, bad_request
+from router.limits import too_many_images
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -44,6 +45,16 @@ def image_parts(body: dict) -> list[ImagePart]:
             if isinstance(url, str):
                 found.append(ImagePart(part, url, f"messages[{i}].content[{j}].image_url"))
     return found
+
+
+def check_count(count: int, own: int, stages: int | None) -> None:
+    """400 if a request with ``count`` images is over the router's ``--max-images-per-request`` (``own``)
+    or the stages' tighter limit (``stages``; None: unknown), in the words of whose limit it is."""
+    if stages is not None and stages < own and count > stages:
+        raise too_many_images(count, stages)
+    if count > own:
+        raise bad_request(f"The request has {count} images; this router accepts at most {own} "
+                          "(--max-images-per-request).", "messages", "too_many_images")
 
 
 def scheme(url: str) -> str:

@@ -5,7 +5,8 @@ loop (``router.admin_ratio``), on the event loop.
 Contracts:
 - ``add`` admits a worker only after its ``/health``, ``/v1/models`` and ``/server_info`` answered
   as its role does and its fingerprint matches a worker of the role it pairs with; a misfit is a
-  4xx ``RouterError`` saying why, and nothing changes.
+  4xx ``RouterError`` saying why, and nothing changes. Its published limits count from then on, and
+  the router takes the chat schema from its ``/openapi.json`` if it has none yet.
 - A draining worker gets no new request; requests it holds finish. ``remove`` refuses a worker
   with requests in flight unless forced; requests in flight on a removed worker still finish.
 - ``switch`` drains a switchable (``stage serve pd``) worker, waits until the router has nothing
@@ -80,6 +81,7 @@ class Membership:
         router.pools[role].workers.append(worker)
         router.workers.append(worker)
         router.metrics.watch([worker])
+        await router.learn_chat_schema([worker])
         log.info("admin: added %s %s as %s (group %s)", role, url, worker.id, worker.group)
         return {"worker": worker_json(worker), "dial": await self.connect(worker)}
 

@@ -8,7 +8,9 @@ clients, discovers the workers and refuses to start (``StartupError``) when the 
 no worker answered, or, in pd and epd mode, no prefill and decode share a fingerprint (each
 incompatible pair is logged with the fields that differ), or, in epd mode, the encoders disagree
 on their vision fingerprint (their image keys would differ); with an admin token it asks every
-decode to allow every prefill (``Membership.connect``); then it starts the loops. ``close`` stops
+decode to allow every prefill (``Membership.connect``); it takes the chat request's schema from a
+stage's ``/openapi.json`` (``learn_chat_schema``, also when the admin API adds a worker); then it
+starts the loops. ``close`` stops
 the loops and closes the clients (and, in epd mode, the embedding cache's connections).
 """
 
@@ -16,22 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+
+import aiohttp
 
 from cache.config import MIB, CacheConfig
 from cache.store import EmbeddingCache
 from router.admin_ratio import auto_ratio_loop
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.discovery import InfoError, discover, health_loop
+from router.discovery import InfoError, discover, health_loop, read_chat_schema
 from router.dispatch import Dispatcher
 from router.epd import EPDPlanner
+from router.errors import RouterError, body_too_large
 from router.image_fetch import ImageFetcher
 from router.load import History
 from router.membership import Membership
 from router.metrics import Metrics
 from router.image_refs import RefImage, ref_images
 from router.images import ImagePart
+from router.limits import StageLimits, tightest
+from router.limits import body_too_large as stage_body_too_large
 from router.modes import ColocatedPlanner, PDPlanner, Planner
 from router.pairing import Pairing
 from router.policy import make_policy
@@ -78,6 +85,7 @@ class Router:
         self.in_flight = 0  # chat requests held now; the app's admission gate counts them
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self._loops: dict[str, asyncio.Task] = {}  # supervised: /health answers 503 if one dies
+        self.chat_schema: dict | None = None  # router.openapi.chat_part of a stage, and its "source" URL
 
     @property
     def answering(self) -> Pool:
@@ -93,6 +101,7 @@ class Router:
         self._check_servable()
         if self.epd is not None:
             self.epd.fingerprint = self._vision_fingerprint()
+        await self.learn_chat_schema([w for w in self.workers if w.known])
         session, config = self.upstream.session, self.config
         if config.admin_token is not None and config.mode != "colocated":
             for prefill in [w for w in self.pools["prefill"].workers if w.known]:
@@ -141,6 +150,37 @@ class Router:
         fingerprint = next(iter(found.values()))
         assert fingerprint is not None
         return fingerprint
+
+    async def learn_chat_schema(self, workers: list[Worker]) -> None:
+        """Until one is cached: the chat schema from the first of ``workers`` (an encoder has none)
+        whose ``/openapi.json`` gives it. A stage that does not is logged and skipped."""
+        for worker in workers:
+            if self.chat_schema is not None:
+                return
+            if worker.role == "encoder":
+                continue
+            try:
+                self.chat_schema = {**await read_chat_schema(self.upstream.session, worker,
+                                                             self.config.health_timeout_s), "source": worker.url}
+            except (InfoError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.warning("no chat schema from %s/openapi.json: %s: %s", worker.url, type(exc).__name__, exc)
+
+    def stage_limits(self) -> StageLimits:
+        """The tightest of the limits the known workers published (``router.limits``)."""
+        return tightest(w.limits for w in self.workers if w.known)
+
+    def body_cap(self) -> tuple[int, Callable[[int | str, int], RouterError]]:
+        """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit), and the 413 for one
+        over it (naming whose limit it is)."""
+        stage = self.stage_limits().max_body_bytes
+        if stage is not None and stage < self.config.max_body_bytes:
+            return stage, stage_body_too_large
+        return self.config.max_body_bytes, body_too_large
+
+    def max_images(self) -> int:
+        """The most images a chat request may have: ``--max-images-per-request``, or the stages' tighter limit."""
+        stage = self.stage_limits().max_images_per_request
+        return min(self.config.max_images_per_request, stage or self.config.max_images_per_request)
 
     def image_refs(self, parts: list[ImagePart]) -> tuple[RefImage, ...]:
         """epd: the request's image parts with their cache keys and sizes (400/413 for a bad image);

@@ -29,6 +29,7 @@ class Worker:
     bootstrap: tuple[str, int] | None = None  # prefill: where decodes dial it
     encoder_id: str | None = None  # encoder: /server_info "encoder_id", the owner of the claims taken for it
     vision_fingerprint: str | None = None  # encoder: /server_info "vision_fingerprint", the key of image keys
+    limits: dict[str, int] | None = None  # /server_info "limits" the router enforces (router.limits.published)
     known: bool = False  # discovery has read its info at least once
     id: str = ""  # the admin API's name for it (w1, w2, ...), stable across role switches
     group: str | None = None  # pairing label: given when added, else its stage's --group

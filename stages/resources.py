@@ -1,4 +1,5 @@
-"""What a stage process holds, for ``/server_info``: the parameters it loaded and its resident memory."""
+"""What a stage process holds, for ``/server_info``: the parameters it loaded, its resident memory and
+the limits it enforces on a request."""
 
 from __future__ import annotations
 
@@ -20,3 +21,11 @@ def model_info(adapter: Any, images: str) -> dict:
     process's start id (``router.instance``)."""
     return {"parts": list(adapter.parts), "num_parameters": adapter.num_parameters, "images": images,
             "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
+
+
+def limits_info(config: Any) -> dict:
+    """``/server_info`` ``limits`` of a stage (``config``: its ``ServerConfig``): what it refuses a request
+    for before any work. A router reads them and refuses such a request itself, before any fan-out."""
+    return {"max_body_bytes": config.max_body_bytes, "max_images_per_request": config.limits.max_images,
+            "max_image_bytes": config.limits.max_bytes, "max_image_pixels": config.limits.max_pixels,
+            "max_in_flight": config.max_in_flight}

@@ -20,7 +20,8 @@ REF = "#/components/schemas/{model}"
 PD = "Prefill and decode servers only: "
 
 
-def _error(description: str, headers: dict | None = None) -> dict:
+def error(description: str, headers: dict | None = None) -> dict:
+    """A documented error answer: an OpenAI error body (``ErrorBody``)."""
     return {"model": ErrorBody, "description": description, **({"headers": headers} if headers else {})}
 
 
@@ -47,27 +48,27 @@ CHAT_ROUTE: dict = {
         200: {"model": ChatCompletion, "description": "The completion; with `stream: true`, a server-sent event "
               "stream instead. A prefill server answers with its first token only (finish_reason length).",
               "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-        400: _error("The request is invalid: the error's param names the parameter, its code says why "
+        400: error("The request is invalid: the error's param names the parameter, its code says why "
                     "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, "
                     "image_url_not_supported / image_ref_not_supported: the other kind of image part than this "
                     "server takes, ...). EPD prefill: image_not_cached, an image_ref key neither cached nor being "
                     "encoded (at once)."),
-        403: _error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "
+        403: error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "
                     "(nothing is dialed)."),
-        404: _error("`model` is not the served model (code model_not_found)."),
-        409: _error(PD + "the bootstrap_room is already in flight, answered or aborted (code room_conflict)."),
-        413: _error("The body is over --max-body-mb (code request_too_large, answered before the body is read when "
+        404: error("`model` is not the served model (code model_not_found)."),
+        409: error(PD + "the bootstrap_room is already in flight, answered or aborted (code room_conflict)."),
+        413: error("The body is over --max-body-mb (code request_too_large, answered before the body is read when "
                     "Content-Length says so), or an image is over --max-image-bytes / --max-image-pixels."),
         499: {"description": "The client went away before the answer was ready; nobody reads this."},
-        500: _error(INTERNAL_ERROR),
-        502: _error(PD + "the other stage failed, refused the request or went away (code peer_failed or "
+        500: error(INTERNAL_ERROR),
+        502: error(PD + "the other stage failed, refused the request or went away (code peer_failed or "
                     "kv_transfer_failed). EPD prefill: the encoder failed or died (encode_failed), or the cached "
                     "embedding does not fit the image_ref or the model (embedding_mismatch; the entry is dropped)."),
-        503: _error("The server is at --max-num-seqs + --max-waiting requests (code server_overloaded, with "
+        503: error("The server is at --max-num-seqs + --max-waiting requests (code server_overloaded, with "
                     "Retry-After), its engine is not running (engine_unavailable), or a decode's KV pool is full "
                     "(kv_pool_full). EPD prefill: the embedding cache's Redis is down or slow (cache_unavailable, "
                     "naming Redis).", RETRY_AFTER),
-        504: _error(PD + "a room's deadline passed: the other half never arrived (--pair-timeout-s), or the KV "
+        504: error(PD + "a room's deadline passed: the other half never arrived (--pair-timeout-s), or the KV "
                     "did not (code room_timeout); EPD prefill: an image was still being encoded at "
                     "--embedding-timeout-s (embedding_timeout)."),
     },
@@ -75,7 +76,7 @@ CHAT_ROUTE: dict = {
 HEALTH_ROUTE: dict = {
     "summary": "Liveness: 200 while the engine thread and every supervised task run",
     "responses": {200: {"model": Health, "description": "Serving."},
-                  503: _error("A part of the server died (code unhealthy, the message names it): restart it.")},
+                  503: error("A part of the server died (code unhealthy, the message names it): restart it.")},
 }
 MODELS_ROUTE: dict = {"summary": "The one model this server serves",
                       "responses": {200: {"model": ModelList, "description": "The served model."}}}
@@ -87,16 +88,17 @@ METRICS_ROUTE: dict = {
 }
 
 
-def install(app: FastAPI) -> None:
-    """Make ``app.openapi()`` add the chat request's schemas (and the stream chunk's) to the
-    document's components, and a documented 500 to every operation that lacks one."""
+def install(app: FastAPI, models: tuple[type[BaseModel], ...] = (ChatCompletionRequest, ChatCompletionChunk)) -> None:
+    """Make ``app.openapi()`` add the schemas of ``models`` (those a route refers to by ``REF`` but
+    FastAPI cannot see: by default the chat request's and the stream chunk's) to the document's
+    components, and a documented 500 to every operation that lacks one."""
     build = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             document = build()  # FastAPI's; cached in app.openapi_schema, which we finish in place
             components = document.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, ChatCompletionChunk):
+            for model in models:
                 _add_schemas(components, model)
             for operation in _operations(document):
                 operation["responses"].setdefault("500", {

@@ -20,7 +20,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.faults import Faults, engine_hook
     from stages.loading import load_engine
     from stages.metrics import Metrics
-    from stages.resources import model_info
+    from stages.resources import limits_info, model_info
     from stages.supervisor import Supervisor
 
     metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
@@ -45,7 +45,7 @@ def build(config: ServerConfig) -> FastAPI:
     async def server_info() -> dict:
         stats = async_engine.stats()
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
-                **model_info(engine.adapter, images="pixels"),
+                **model_info(engine.adapter, images="pixels"), "limits": limits_info(config),
                 "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total}}
 
     return app

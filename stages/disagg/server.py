@@ -141,7 +141,7 @@ def build(config: ServerConfig) -> FastAPI:
 def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: PrefillCoordinator | DecodeCoordinator,
                mode: ImageMode) -> dict:
     """``GET /server_info`` of a prefill or decode (or a switchable worker in one of those roles)."""
-    from stages.resources import model_info
+    from stages.resources import limits_info, model_info
 
     disagg = config.disagg
     assert disagg is not None
@@ -156,6 +156,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "transfer": dataclasses.asdict(runtime.backend.stats),
         "group": disagg.group,
         **model_info(runtime.prompts.adapter, mode.value),
+        "limits": limits_info(config),
     }
     if disagg.cache is not None:
         info["redis_url"] = disagg.cache.safe_url

@@ -34,8 +34,10 @@ from stages.api.errors import (APIError, bad_request, install_error_handlers, ov
                                validation_error)
 from stages.api.faults import add_fault_routes
 from stages.api.images import decode_data_url
+from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.api.json_depth import check_json_depth
 from stages.config import ImageLimits, ServerConfig
+from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE
 from stages.encoder.service import EncodeService, ImageResult, Upload
 from stages.faults import Faults
 from stages.supervisor import Supervisor
@@ -91,6 +93,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.encoder.worker import EncoderWorker
     from stages.engine.config import VISION
     from stages.engine.models import load_adapter
+    from stages.resources import limits_info
 
     assert config.encoder is not None
     device = config.engine.torch_device  # the vision tower runs there; embeddings go to the cache as bytes
@@ -124,7 +127,8 @@ def build(config: ServerConfig) -> FastAPI:
 
     info = {"role": "encoder", "model": config.model_name, "encoder_id": flights.encoder_id,
             "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
-            "device": str(device), "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url}
+            "device": str(device), "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url,
+            "limits": limits_info(config)}
     return create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
 
 
@@ -137,23 +141,24 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     timeline = RoomTimeline()
     app = FastAPI(title="epd-stage encoder", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    install(app, (EncodeRequest, AbortRequest))
 
-    @app.get("/health")
+    @app.get("/health", **HEALTH_ROUTE)
     async def health() -> dict:
         failures = supervisor.failures()
         if failures:
             raise unhealthy(failures)
         return {"status": "ok"}
 
-    @app.get("/server_info")
+    @app.get("/server_info", **SERVER_INFO_ROUTE)
     async def server_info() -> dict:
         return {**info, "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
 
-    @app.get("/metrics")
+    @app.get("/metrics", **METRICS_ROUTE)
     async def prometheus() -> Response:
         return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/encode")
+    @app.post("/v1/encode", **ENCODE_ROUTE)
     async def encode(request: Request) -> dict:
         if not gate.enter():
             raise overloaded(gate.limit)
@@ -177,7 +182,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
 
     add_room_route(app, timeline, "encoder")
 
-    @app.post("/v1/abort")
+    @app.post("/v1/abort", **ABORT_ROUTE)
     async def abort(request: Request) -> dict:
         body = _parse(AbortRequest, await read_body(request, config.max_body_bytes))
         return {"room": body.room, "cancelled": service.abort(body.room)}

@@ -15,6 +15,12 @@ Library facts this file relies on (0.3.13):
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).
+- Listeners: ``initialize`` opens two, and binds both to every interface whatever ``host`` says (the
+  library hard-codes INADDR_ANY / in6addr_any and has no option for it): the P2P handshake port
+  (``rpc_port``, 0.0.0.0) and, with protocol "tcp", the TCP transport's data port ([::], dual-stack,
+  so every IPv4 address too). Both ports are drawn at random from ``MC_MIN_RPC_PORT``..``MC_MAX_RPC_PORT``
+  (default 15000-17000): the range to firewall (docs/architecture.md, "Listeners"). ``host`` is only
+  what peers are told to dial.
 - GPU memory: only a CUDA build (``mooncake-transfer-engine`` for CUDA 12, ``-cuda13`` for CUDA 13;
   extra ``mooncake-cuda``) can register and move it: its ``register_memory`` finds the GPU from the
   pointer (location "*"), and its TCP transport stages device memory through host buffers itself.

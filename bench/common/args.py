@@ -14,9 +14,9 @@ SUMMARIES = REPO / "bench" / "summaries"
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "epd-stage")
 
 
-def make_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser described by the first paragraph of the benchmark's docstring, showing defaults."""
-    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+def make_parser(doc: str, module: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``, described by the first paragraph of its docstring, showing defaults."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 

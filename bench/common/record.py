@@ -119,12 +119,15 @@ class Recorder:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
 
-    def finish(self, out: Path, report: dict, figures: Sequence[Figure]) -> Path:
+    def finish(self, out: Path, report: dict, figures: Sequence[Figure] | None) -> Path | None:
         """Write ``report`` (with ``machine``, ``load_1m`` and ``total_s`` added) to ``out`` and the
-        summary of ``figures``; returns the summary's path."""
+        summary of ``figures``; returns the summary's path. ``figures`` None (a run that failed its
+        own checks): the report only, no summary (None)."""
         load, duration = self.load.stop(), self.elapsed_s()
         write_json(out, {**report, "machine": {**self.machine, **report.get("machine", {})}, "load_1m": load,
                          "total_s": round(duration, 1)})
+        if figures is None:
+            return None
         summary = build_summary(benchmark=self.benchmark, config=self.config, command=self.command,
                                 started=self.started, machine=self.machine, load=load, duration_s=duration,
                                 full_results=_shown(out), figures=figures)

@@ -1,11 +1,13 @@
-"""The pure parts of bench/epd_cache.py: the subscriber's RESP parsing, the wake figures of a miss,
+"""The pure parts of bench/epd_cache/: the subscriber's RESP parsing, the wake figures of a miss,
 and the distinct images of a round (the benchmark itself is run by hand, bench/README.md)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.epd_cache import ImageSource, _wake, parse_pushes, plan_round
+from bench.epd_cache.analysis import wake
+from bench.epd_cache.landing import parse_pushes
+from bench.epd_cache.workload import ImageSource, plan_round
 
 CONFIRM = b"*3\r\n$9\r\nsubscribe\r\n$10\r\nepd:events\r\n:1\r\n"
 READY = b'{"kind":"ready","key":"ab","reason":""}'
@@ -38,21 +40,21 @@ def _miss(landed, created, misses=2.0, **events):
 
 def test_wake_of_a_miss_that_waited():
     reply, events = _miss(100.0, 99.998, queued=99.5, paired=99.6, embeddings_ready=100.0015)
-    assert _wake(reply, events) == {"waited": True, "wake_ms": 1.5, "wake_upper_ms": 3.5,
+    assert wake(reply, events) == {"waited": True, "wake_ms": 1.5, "wake_upper_ms": 3.5,
                                     "paired_before_landing_ms": 400.0}
 
 
 def test_wake_of_a_miss_paired_after_the_landing_or_without_a_cache_miss_did_not_wait():
     reply, events = _miss(100.0, 99.998, queued=99.5, paired=100.01, embeddings_ready=100.011)
-    assert _wake(reply, events)["waited"] is False
+    assert wake(reply, events)["waited"] is False
     reply, events = _miss(100.0, 99.998, misses=0.0, queued=99.5, paired=99.6, embeddings_ready=100.0015)
-    assert _wake(reply, events)["waited"] is False
+    assert wake(reply, events)["waited"] is False
 
 
 def test_wake_falls_back_to_created_at_and_skips_hits():
     reply, events = _miss(None, 99.998, queued=99.5, paired=99.6, embeddings_ready=100.0015)
-    assert _wake(reply, events) == {"waited": True, "wake_upper_ms": 3.5, "paired_before_landing_ms": 398.0}
-    assert _wake({**reply, "case": "hit"}, events) == {"waited": False}
+    assert wake(reply, events) == {"waited": True, "wake_upper_ms": 3.5, "paired_before_landing_ms": 398.0}
+    assert wake({**reply, "case": "hit"}, events) == {"waited": False}
 
 
 def test_a_round_never_repeats_an_image():

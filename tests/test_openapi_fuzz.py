@@ -1,10 +1,13 @@
-"""schemathesis against each role's own ``/openapi.json``, on real servers (tiny model, loopback).
+"""schemathesis against each role's own ``/openapi.json``, on real servers (tiny model, loopback):
+colocated, prefill, decode, encoder (on a real Redis) and a router in front of the colocated server.
 
 Every answer must be documented (status, media type, headers, body schema), invalid bodies must be
 refused, and no 5xx may come back except those the role documents for a request whose other half
 never comes: a prefill waits ``--pair-timeout-s`` for the decode's KV request (504), a decode's KV
 request reaches a prefill that never gets the HTTP half (502 or 504). Afterwards each server is
-healthy, with nothing running and every KV block free.
+healthy, with nothing running or queued and every KV block free. The router's admin routes are
+fuzzed without its token (each a documented 401); a token would let random bodies add workers that
+dial anywhere.
 
 Each operation gets ``FUZZ_EXAMPLES`` valid cases and, where it has a body, as many invalid ones,
 seeded (``derandomize``). The test drives ``operation.as_strategy()`` with hypothesis itself:
@@ -28,6 +31,7 @@ from schemathesis.specs.openapi import checks as openapi_checks
 
 from stages.api.schemas import MAX_HOST_CHARS, ChatCompletionRequest
 from stages.cli import free_port
+from tests.redis_fixtures import redis_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 FUZZ_EXAMPLES = 30
@@ -69,6 +73,16 @@ def decode(start_server, model, prefill):
     return start_server("decode", "--model", model, *SERVE, *PD, "--accept-timeout-s", "1")
 
 
+@pytest.fixture(scope="module")
+def router(start_server, colocated):
+    return start_server("router", "--colocated", colocated.url, "--admin-token", "fuzz-admin-token-0123456789")
+
+
+@pytest.fixture(scope="module")
+def encoder(start_server, model, redis_server):  # noqa: F811
+    return start_server("encoder", "--model", model, "--redis-url", redis_server.url)
+
+
 def call_and_check(case, server, allowed_5xx: frozenset[int]):
     response = case.call(base_url=server.url, timeout=30)
     assert response.status_code < 500 or response.status_code in allowed_5xx, (
@@ -99,19 +113,23 @@ def completed(case, mode: GenerationMode, bootstrap_port: int | None = None) -> 
         body["bootstrap_room"] = ROOMS.getrandbits(63)
 
 
+SETTLED_GAUGES = ("epd_running_requests ", "epd_kv_blocks_used ", "epd_queue_depth ", "epd_encoder_queue_depth ",
+                  "epd_router_in_flight_requests ")
+
+
 def assert_settled(server, within_s: float = 15.0) -> None:
-    """Healthy, and (once abandoned rooms expire) nothing running and no KV block held."""
+    """Healthy, and (once abandoned rooms expire) nothing running or queued and no KV block held."""
     deadline = time.monotonic() + within_s
     while True:
         health = httpx.get(f"{server.url}/health", timeout=10)
         text = httpx.get(f"{server.url}/metrics", timeout=10).text
         gauges = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                  if line.startswith(("epd_running_requests ", "epd_kv_blocks_used ", "epd_queue_depth "))}
-        if health.status_code == 200 and not any(gauges.values()):
+                  if line.startswith(SETTLED_GAUGES)}
+        if health.status_code == 200 and gauges and not any(gauges.values()):
             break
         assert time.monotonic() < deadline, f"{health.status_code} {health.text} {gauges}"
         time.sleep(0.2)
-    assert health.json() == {"status": "ok"}
+    assert health.json()["status"] == "ok"
 
 
 def operations(server) -> list:
@@ -154,6 +172,31 @@ def test_decode_answers_as_documented(decode, bootstrap_port):
     assert chat[502] + chat[504] > 0, seen  # valid rooms reached the prefill, which never got their other half
 
 
+def test_router_answers_as_documented(router):
+    seen = fuzz(router)
+    assert seen["POST /v1/chat/completions positive"][200] > 0, seen  # through to the stage and back
+    removals = seen["DELETE /admin/workers/{id} positive"]  # no token, no entry (404: an id that is no path)
+    assert removals[401] > 0 and set(removals) <= {401, 404}, seen
+
+
+def test_encoder_answers_as_documented(encoder):
+    seen = fuzz(encoder)
+    assert seen["POST /v1/encode positive"][200] > 0, seen  # e.g. no images: nothing to encode
+    assert seen["POST /v1/abort positive"][200] > 0, seen
+
+
+def test_a_405_names_the_allowed_methods_on_every_role(colocated, prefill, decode, encoder, router):
+    for server in (colocated, prefill, decode, encoder, router):
+        for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("POST", "/health", "GET"),
+                                      ("PUT", "/metrics", "GET")):
+            if server is encoder and path == "/v1/chat/completions":
+                path, allowed = "/v1/encode", "POST"
+            response = httpx.request(method, f"{server.url}{path}", timeout=10)
+            assert response.status_code == 405, (server.url, method, path)
+            assert allowed in response.headers["allow"].replace(" ", "").split(","), (server.url, path)
+            assert response.json()["error"]["code"] == "method_not_allowed"
+
+
 HI = [{"role": "user", "content": "hi"}]
 BOUNDARY_BODIES = {  # valid by the schema, each at an edge of it; max_tokens small to keep it quick
     "denormal temperature": {"temperature": 5e-324}, "hottest": {"temperature": 2},
@@ -183,8 +226,8 @@ def test_as_many_messages_as_allowed_reach_the_context_check(colocated):
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_every_server_is_settled_after_the_fuzzing(colocated, prefill, decode):
-    for server in (colocated, prefill, decode):
+def test_every_server_is_settled_after_the_fuzzing(colocated, prefill, decode, encoder, router):
+    for server in (colocated, prefill, decode, encoder, router):
         assert_settled(server)
 
 
@@ -205,3 +248,24 @@ def test_the_documents_describe_each_role(colocated, prefill, decode):
         assert list(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
         assert not any(path.startswith("/debug") for path in document["paths"]), name
     assert all("/server_info" in documents[role]["paths"] for role in ("colocated", "prefill", "decode"))
+
+
+def test_the_encoder_and_router_documents(encoder, router, colocated):
+    """The encoder's bodies are its request models; the router's chat body is the stage's; both serve
+    /metrics as text and document /server_info."""
+    from stages.encoder.server import AbortRequest, EncodeRequest
+
+    encoder_doc = httpx.get(f"{encoder.url}/openapi.json", timeout=10).json()
+    for path, model in (("/v1/encode", EncodeRequest), ("/v1/abort", AbortRequest)):
+        body = encoder_doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model.__name__}"}, path
+        expected = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        expected.pop("$defs", None)
+        assert encoder_doc["components"]["schemas"][model.__name__] == expected, path
+    router_doc = httpx.get(f"{router.url}/openapi.json", timeout=10).json()
+    stage_doc = httpx.get(f"{colocated.url}/openapi.json", timeout=10).json()
+    assert router_doc["paths"]["/v1/chat/completions"]["post"]["requestBody"] == \
+        stage_doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]
+    for document in (encoder_doc, router_doc):
+        assert list(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+        assert "/server_info" in document["paths"]

@@ -90,16 +90,21 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``stage serve router``: validate the flags and bind ``--port`` before importing the server, so a
+    bad flag or a port in use is one line on stderr and exit code 2, at once."""
+    from router.listen import bind
+
     try:
         config = router_config(args)
-    except ValueError as exc:
+        sock = bind(config.host, config.port)
+    except ValueError as exc:  # router.listen.PortError included
         print(f"stage serve router: error: {exc}", file=sys.stderr)
         return 2
     from router.runtime import StartupError
     from router.server import serve
 
     try:
-        serve(config)
+        serve(config, sock)
     except StartupError as exc:
         print(f"stage serve router: cannot start: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """Running the router process: bind, start (discovery; refuse to start if the mode cannot serve),
 serve until SIGINT/SIGTERM.
 
-The socket is bound first (so the port is ours) and listens only after startup has succeeded, so
+The socket is bound first, by ``router/cli.py`` before anything heavy is imported (so the port is ours,
+and a port in use is one line at once) and listens only after startup has succeeded, so
 the router answers ``/health`` only once it can route. aiohttp serves with its C HTTP parser, sets
 TCP_NODELAY on every accepted connection, and cancels a request's handler when its client leaves
 (``handler_cancellation``), which is how an abandoned request is aborted in the stages.
@@ -28,17 +29,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: any free port); aiohttp listens on it."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def serve(config: RouterConfig) -> None:
-    """Run the router until SIGINT/SIGTERM. Raises ``StartupError`` if it cannot serve."""
-    sock = bind(config.host, config.port)
+def serve(config: RouterConfig, sock: socket.socket) -> None:
+    """Run the router on ``sock`` (bound to ``--host``/``--port`` by ``router.listen.bind`` before this
+    module was imported) until SIGINT/SIGTERM. Raises ``StartupError`` if it cannot serve."""
     host, port = sock.getsockname()[:2]
     log.info("%s router starting on http://%s:%d", config.mode, host, port)
     try:

@@ -38,6 +38,7 @@ from router.cli import TOKEN_ENV
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, EncoderConfig,
                            ImageLimits, ServerConfig)
 from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
+from stages.model_dir import check_model_dir
 from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
 from transfer.base import TransferConfig
 
@@ -220,15 +221,19 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """``stage serve ROLE``: validate the flags, check the model directory and take the ports before
+    importing torch, so those mistakes are one line on stderr and exit code 2, at once."""
+    from stages.server import claim_ports, serve
+
     try:
         config = server_config(args, args.role)
+        check_model_dir(config.engine.model, tokenizer=args.role != "encoder")
+        sock = claim_ports(config)  # router.listen.PortError (a ValueError) names the port and its flag
         config.engine.torch_device  # noqa: B018 - resolves --device (imports torch): no GPU there is an error here
     except ValueError as exc:  # the message names the flag to change
         print(f"stage serve {args.role}: error: {exc}", file=sys.stderr)
         return 2
-    from stages.server import serve
-
-    serve(config)
+    serve(config, sock)
     return 0
 
 

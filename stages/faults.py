@@ -27,6 +27,8 @@ POINTS: dict[str, str] = {
     "decode.exit_before_request": "the decode process exits (code 17) after reserving blocks, before asking for KV",
     "engine.thread_crash": "the engine thread raises RuntimeError between steps and dies",
     "engine.stall": "the engine thread sleeps delay_s before its next step",
+    "http.crash": "the next chat or encode request raises RuntimeError once its body is parsed: an unexpected "
+                  "exception, answered 500 internal_error on a connection that stays open",
     "encoder.stall": "the encoder thread sleeps delay_s after taking a batch, before its vision-tower call "
                      "(work arriving meanwhile stays queued)",
     "encoder.crash": "the next vision-tower call raises RuntimeError (its images fail; the encoder stays up)",

@@ -18,6 +18,7 @@ builder's (detokenizers and end-of-sequence ids); ``stages.loading`` composes th
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from PIL import Image
 from stages.engine.detokenizer import IncrementalDetokenizer, TextDecoding
 from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageInput, Prompt
+from stages.text_bound import chars_per_token
 
 
 class PromptError(ValueError):
@@ -67,6 +69,12 @@ class PromptBuilder:
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
         return cls(tokenizer if tokenizer is not None else load_tokenizer(model_dir), adapter,
                    adapter.size_rule(image_processor), image_processor if pixels else None)
+
+    @functools.cached_property
+    def chars_per_token(self) -> int | None:
+        """The most characters of input one token stands for (``stages.text_bound``); None if unbounded."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        return None if backend is None else chars_per_token(json.loads(backend.to_str()))
 
     @property
     def placeholder(self) -> str:

@@ -8,6 +8,11 @@ clearer message answers the usual mistake), takes only scalars where the schema 
 and skips unknown fields without building them. What passes is re-encoded, without the unknown
 fields, and validated by pydantic, whose errors are the API's usual ones.
 
+Given the server's ``TextBound`` (its context and its tokenizer's most characters per token), the
+first pass also refuses messages whose text cannot fit the context (400 ``context_length_exceeded``)
+from their length alone, before pydantic copies them and long before the tokenizer sees them: a
+64 MiB text costs its own size once more, not the tokenizer's ~200 bytes per character.
+
 Runs on a worker thread (a 64 MiB body takes ~0.3 s); raises ``APIError`` 400.
 """
 
@@ -23,6 +28,7 @@ from pydantic import ValidationError
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
 from stages.api.schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, ChatCompletionRequest
+from stages.text_bound import TextBound, prompt_chars
 
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
 Scalar = str | int | float | bool | None
@@ -77,9 +83,10 @@ class _Request(Struct, gc=False):
     bootstrap_room: Scalar | UnsetType = UNSET
 
 
-def parse_request(raw: bytes) -> ChatCompletionRequest:
+def parse_request(raw: bytes, bound: TextBound | None = None) -> ChatCompletionRequest:
     """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema;
-    nested deeper than ``MAX_JSON_DEPTH`` anywhere: 400 before any parser recurses."""
+    nested deeper than ``MAX_JSON_DEPTH`` anywhere: 400 before any parser recurses. With ``bound``,
+    messages whose text cannot fit the context: 400 before pydantic builds them."""
     check_json_depth(raw)
     try:
         shape = msgspec.json.decode(raw, type=_Request)
@@ -87,6 +94,8 @@ def parse_request(raw: bytes) -> ChatCompletionRequest:
         raise _shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if bound is not None:
+        _check_text_fits(shape, bound)
     try:
         return ChatCompletionRequest.model_validate_json(msgspec.json.encode(shape))
     except ValidationError as exc:
@@ -99,3 +108,20 @@ def _shape_error(message: str) -> APIError:
     what, param = (match["what"], match["path"] or None) if match else (message, None)
     where = f"Invalid value for '{param}': " if param else "Invalid request body: "
     return bad_request(where + what, param=param, code="invalid_value")
+
+
+def _check_text_fits(shape: _Request, bound: TextBound) -> None:
+    """400 ``context_length_exceeded`` if the messages' text makes more tokens than the context holds."""
+    if not isinstance(shape.messages, list):
+        return
+    chars = prompt_chars((m.role, _texts(m)) for m in shape.messages if isinstance(m, _Message))
+    if chars > bound.max_chars:
+        raise bad_request(f"This model's maximum context length is {bound.max_model_len} tokens. However, your "
+                          f"messages hold {chars} characters of text, at least {bound.min_tokens(chars)} tokens "
+                          f"(a token covers at most {bound.chars_per_token} characters). Please reduce the length "
+                          "of the messages.", "messages", "context_length_exceeded")
+
+
+def _texts(message: _Message) -> list:
+    content = message.content
+    return [part.text for part in content if isinstance(part, _Part)] if isinstance(content, list) else [content]

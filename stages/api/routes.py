@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from stages.api import openapi
 from stages.api.admission import Admission
-from stages.api.body import read_body
+from stages.api.body import ReleaseMemory, read_body
 from stages.api.chat import Preparer
 from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, unhealthy
 from stages.api.faults import add_fault_routes
@@ -37,6 +37,7 @@ from stages.engine.sampling_params import SamplingParams
 from stages.faults import Faults
 from stages.metrics import Metrics, RequestTimer
 from stages.supervisor import Supervisor
+from stages.text_bound import TextBound
 
 # request id, prompt, sampling parameters, the request body -> the request's outputs
 Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], AsyncIterator[RequestOutput]]
@@ -46,7 +47,8 @@ LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thr
 def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
-               supervisor: Supervisor | None = None, faults: Faults | None = None) -> FastAPI:
+               supervisor: Supervisor | None = None, faults: Faults | None = None,
+               chars_per_token: int | None = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
     parameters (on a worker thread; ``stages.api.chat``). ``generate`` produces a request's outputs (default: the engine
@@ -54,16 +56,20 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
 
     Admission: at most ``max_in_flight`` chat requests are held at once (from arrival until their
     response ends); beyond that a request gets 503 with ``Retry-After`` before its body is read.
-    Bodies over ``max_body_bytes`` get 413. ``/health`` is 503 while the engine thread or any task
-    of ``supervisor`` is dead. With ``faults`` enabled, ``/debug/faults`` arms fault points."""
+    Bodies over ``max_body_bytes`` get 413; with ``chars_per_token`` (the prompt builder's), messages
+    whose text cannot fit the context get 400 before they are built (``stages.api.parse``).
+    ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. With ``faults``
+    enabled, ``/debug/faults`` arms fault points."""
     metrics = metrics or Metrics()
     supervisor = supervisor or Supervisor()
     supervisor.watch_thread("engine thread", lambda: engine.alive)
     gate = Admission(max_in_flight)
+    bound = TextBound(engine.max_model_len, chars_per_token) if chars_per_token else None
     created = int(time.time())
     generate = generate or (lambda request_id, prompt, params, body: engine.generate(request_id, prompt, params))
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(ReleaseMemory)
     openapi.install(app)
 
     @app.get("/health", **openapi.HEALTH_ROUTE)
@@ -99,7 +105,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
 
     async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
-        body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes))
+        body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes), bound)
+        if faults is not None and faults.take("http.crash"):
+            raise RuntimeError("fault point http.crash")
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code="model_not_found")

@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from cache.keys import check_key, image_key
 from stages.api.admission import Admission
-from stages.api.body import read_body
+from stages.api.body import ReleaseMemory, read_body
 from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, too_large, unhealthy,
                                validation_error)
 from stages.api.faults import add_fault_routes
@@ -141,6 +141,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     timeline = RoomTimeline()
     app = FastAPI(title="epd-stage encoder", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(ReleaseMemory)
     install(app, (EncodeRequest, AbortRequest))
 
     @app.get("/health", **HEALTH_ROUTE)
@@ -164,6 +165,8 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
             raise overloaded(gate.limit)
         try:
             body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
+            if faults.take("http.crash"):
+                raise RuntimeError("fault point http.crash")
             if len(body.images) > config.limits.max_images:
                 raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
                                   f"{config.limits.max_images} per request.", "images", "too_many_images")

@@ -43,8 +43,8 @@ def with_hi(fragment: str) -> str:
     ('"temperature": 1e400', "temperature", "invalid_value", "Number out of range"),
     ('"temperature": 2.0000001', "temperature", "invalid_value", "less than or equal to 2"),
     ('"temperature": [1]', "temperature", "invalid_value", "got `array`"),
-    ('"top_p": 0', "top_p", "invalid_value", "greater than 0"),
-    ('"top_p": 1e-400', "top_p", "invalid_value", "greater than 0"),  # parses as 0.0
+    ('"top_p": -0.5', "top_p", "invalid_value", "greater than or equal to 0"),
+    ('"top_p": 1.5', "top_p", "invalid_value", "less than or equal to 1"),
     ('"top_k": -2', "top_k", "invalid_value", "greater than or equal to -1"),
     ('"seed": 9223372036854775808', "seed", "invalid_value", "less than or equal to 9223372036854775807"),
     ('"seed": -9223372036854775809', "seed", "invalid_value", "greater than or equal to -9223372036854775808"),
@@ -103,6 +103,8 @@ def test_unknown_fields_that_would_change_the_logits_are_ignored():
     ('"temperature": 0', "temperature", 0.0),
     ('"temperature": -0.0', "temperature", 0.0),
     ('"top_p": 1e-320', "top_p", MIN_TOP_P),  # rounds to 0 in float32: every token would be dropped
+    ('"top_p": 0', "top_p", MIN_TOP_P),  # OpenAI takes 0: only the most likely token
+    ('"top_p": 1e-400', "top_p", MIN_TOP_P),  # parses as 0.0
     ('"top_p": 0.5', "top_p", 0.5),
     (f'"top_k": {10**30}', "top_k", 0),  # more than 64 bits: disabled, as any k >= the vocabulary
     (f'"top_k": {VOCAB}', "top_k", 0),
@@ -118,7 +120,7 @@ def test_documented_clamps_reach_the_engine(fragment, field, value):
 
 
 @pytest.mark.parametrize("fields", [
-    {"temperature": 5e-324}, {"temperature": 1e-300, "top_p": 1e-320}, {"top_p": 1e-320},
+    {"temperature": 5e-324}, {"temperature": 1e-300, "top_p": 1e-320}, {"top_p": 1e-320}, {"top_p": 0},
     {"temperature": MIN_TEMPERATURE, "top_k": 1}, {"top_k": 10**30, "seed": -(2**63)}, {"seed": 2**63 - 1},
 ])
 def test_what_the_api_lets_through_the_real_sampler_can_draw(fields):

@@ -150,6 +150,12 @@ def test_messages_convert_in_order_with_images_as_placeholders():
     assert [im.getpixel((0, 0)) for im in load_images(req, LIMITS)] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
 
 
+def test_developer_is_the_system_role():
+    """OpenAI's current name for the system role reaches the chat template as system."""
+    req = request(messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": "q"}])
+    assert hf_messages(req) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}]
+
+
 def test_assistant_message_without_content_becomes_empty_text():
     req = request(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": None}])
     assert hf_messages(req)[1] == {"role": "assistant", "content": ""}
@@ -310,7 +316,7 @@ def test_images_reach_the_prompt_builder_in_order():
     ({"n": 2}, "n", "invalid_value"),
     ({"temperature": "hot"}, "temperature", "invalid_value"),
     ({"temperature": 3.0}, "temperature", "invalid_value"),
-    ({"top_p": 0}, "top_p", "invalid_value"),
+    ({"top_p": -0.1}, "top_p", "invalid_value"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ({"stop": ""}, "stop", "invalid_value"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),

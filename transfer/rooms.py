@@ -147,10 +147,17 @@ class RoomTable(Generic[L, R]):
         """Why ``room`` was removed, if it was removed recently enough to be remembered."""
         return self._closed.get(room)
 
-    def add_local(self, room: int, item: L, now: float) -> Entry[L, R] | None:
-        entry = self._entry(room, now)
-        if entry.local_at is not None:
+    def check_local(self, room: int) -> None:
+        """Raise what ``add_local(room, ...)`` would raise now (``RoomClosed``, ``DuplicateRoom``); changes nothing."""
+        if room in self._closed:
+            raise RoomClosed(room, f"room {room} is closed: {self._closed[room]}")
+        entry = self._entries.get(room)
+        if entry is not None and entry.local_at is not None:
             raise DuplicateRoom(room, f"room {room}: prefill's own request arrived twice")
+
+    def add_local(self, room: int, item: L, now: float) -> Entry[L, R] | None:
+        self.check_local(room)
+        entry = self._entry(room, now)
         entry.local, entry.local_at = item, now
         return self._pair_if_complete(entry, now)
 

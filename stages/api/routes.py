@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -39,8 +39,8 @@ from stages.metrics import Metrics, RequestTimer
 from stages.supervisor import Supervisor
 from stages.text_bound import TextBound
 
-# request id, prompt, sampling parameters, the request body -> the request's outputs
-Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], AsyncIterator[RequestOutput]]
+# request id, prompt, sampling parameters, the request body -> (awaited) the request's outputs
+Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], Awaitable[AsyncIterator[RequestOutput]]]
 LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
 
 
@@ -51,8 +51,11 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
                chars_per_token: int | None = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
-    parameters (on a worker thread; ``stages.api.chat``). ``generate`` produces a request's outputs (default: the engine
-    runs it whole); prefill and decode servers pass their room coordinator's instead.
+    parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
+    starts: it makes every check that needs no progress of the engine (raising APIError, so that a
+    stream and a non-stream request get the same status and body) and returns the request's outputs,
+    which hold nothing until first iterated (they may be dropped unstarted). Default: the engine runs
+    the request whole; prefill and decode servers pass their room coordinator's instead.
 
     Admission: at most ``max_in_flight`` chat requests are held at once (from arrival until their
     response ends); beyond that a request gets 503 with ``Retry-After`` before its body is read.
@@ -66,7 +69,11 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
     gate = Admission(max_in_flight)
     bound = TextBound(engine.max_model_len, chars_per_token) if chars_per_token else None
     created = int(time.time())
-    generate = generate or (lambda request_id, prompt, params, body: engine.generate(request_id, prompt, params))
+
+    async def whole(request_id: str, prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest):
+        return engine.generate(request_id, prompt, params)  # checks the request and the engine thread first
+
+    generate = generate or whole
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(ReleaseMemory)
@@ -116,9 +123,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
         prompt, params = await run_in_threadpool(prepare, body)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer)
         try:
-            outputs = _guarded(engine, generate(call.id, prompt, params, body))
+            outputs = _guarded(engine, await generate(call.id, prompt, params, body))
         except ValueError as exc:  # already checked by prepare(); the engine checks again
-            raise bad_request(str(exc)) from None
+            raise bad_request(str(exc), None, "invalid_request") from None
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:

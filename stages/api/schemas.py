@@ -99,12 +99,18 @@ class ContentPart(_RequestModel):
 
 
 class ChatMessage(_RequestModel):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="developer (OpenAI's current name for the system role) is taken as system.")
     content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = Field(
         None, description=f"Text, or at most {MAX_CONTENT_PARTS} text and image parts. Images count against the "
         "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413). "
         "A server takes one kind of image part: image_url (colocated, PD mode) or image_ref (EPD mode); the "
         "other kind gets 400 image_url_not_supported / image_ref_not_supported.")
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, role: str) -> str:
+        return "system" if role == "developer" else role
 
 
 class StreamOptions(_RequestModel):
@@ -127,9 +133,9 @@ class ChatCompletionRequest(_RequestModel):
         description=f"In [0, 2]; 0 is greedy decoding. Default 1. A value between 0 and {MIN_TEMPERATURE} is raised "
         f"to {MIN_TEMPERATURE} (smaller ones would scale the logits out of float range). NaN and infinities get 400.")
     top_p: float | None = Field(
-        None, gt=0.0, le=1.0, allow_inf_nan=False,
-        description=f"Nucleus sampling, in (0, 1]. Default 1. A value below {MIN_TOP_P} is raised to {MIN_TOP_P}: "
-        "either keeps only the most likely token. NaN gets 400.")
+        None, ge=0.0, le=1.0, allow_inf_nan=False,
+        description=f"Nucleus sampling, in [0, 1]. Default 1. A value below {MIN_TOP_P} (0 included, as OpenAI "
+        f"takes it) is raised to {MIN_TOP_P}: either keeps only the most likely token. NaN gets 400.")
     top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
         None, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
         "does a k at or above the vocabulary size (it would keep every token).")

@@ -17,9 +17,10 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from stages.config import DisaggConfig
-from stages.disagg.errors import DisaggError, bad_gateway, not_allowed, timed_out, unavailable
+from stages.disagg.errors import DisaggError, bad_gateway, conflict, not_allowed, timed_out, unavailable
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -53,6 +54,7 @@ class DecodeCoordinator:
                                       link_idle_s=config.peer_link_idle_s)
         self.decode_id = f"decode-{os.getpid()}"
         self._cleanups: set[asyncio.Task] = set()
+        self._rooms: set[int] = set()  # rooms whose request is running here (``generate``)
 
     async def start(self) -> None:
         """Nothing long-lived to start or supervise: links to prefills are made on demand (the
@@ -62,13 +64,31 @@ class DecodeCoordinator:
         await asyncio.gather(*self._cleanups, return_exceptions=True)
         await self.client.close()
 
-    async def generate(self, room: int, host: str, port: int, prompt: Prompt,
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives, and
-        403 before reserving anything if ``host:port`` is not an allowed prefill."""
+    def check(self, room: int, host: str, port: int) -> None:
+        """Raise the DisaggError that ``generate`` would raise before reserving anything, now: 403 if
+        ``host:port`` is not an allowed prefill, 409 if ``room`` is in flight on this decode. Changes nothing."""
         if not self.client.allow.allows(host, port):
             raise not_allowed(f"prefill {host}:{port} is not allowed by --allowed-bootstrap "
                               f"(allowed: {self.client.allow})")
+        if room in self._rooms:
+            raise conflict(f"bootstrap room {room}: room {room} is already in flight on this decode")
+
+    async def generate(self, room: int, host: str, port: int, prompt: Prompt,
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives, and
+        (``check``) 403 or 409 before reserving anything. The room is this decode's from the first
+        step to the last output."""
+        self.check(room, host, port)
+        self._rooms.add(room)
+        try:
+            async with aclosing(self._generate(room, host, port, prompt, params)) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._rooms.discard(room)
+
+    async def _generate(self, room: int, host: str, port: int, prompt: Prompt,
+                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         mark = self.timeline.mark
         mark(room, "queued")
         blocks = await self._reserve(prompt, params)

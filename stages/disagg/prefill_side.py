@@ -114,6 +114,13 @@ class PrefillCoordinator:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
         await self.server.close()
 
+    def check(self, room: int) -> None:
+        """Raise the DisaggError (409) that ``prefill(room, ...)`` would raise at once now; changes nothing."""
+        try:
+            self.table.check_local(room)
+        except (DuplicateRoom, RoomClosed) as exc:
+            raise conflict(f"bootstrap room {room}: {exc}") from exc
+
     async def prefill(self, room: int, prompt: Prompt, params: SamplingParams,
                       inputs: Coroutine[Any, Any, None] | None = None) -> PrefillResult:
         """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError.

@@ -38,12 +38,16 @@ from stages.faults import Faults, engine_hook
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
 
 def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
-    if body.bootstrap_room is None or body.bootstrap_host is None or body.bootstrap_port is None:
-        raise bad_request("a prefill or decode server needs bootstrap_host, bootstrap_port and bootstrap_room",
-                          param="bootstrap_room")
-    return body.bootstrap_room, body.bootstrap_host, body.bootstrap_port
+    """The request's room and its prefill's bootstrap address; 400 naming the first field missing."""
+    for name in BOOTSTRAP_FIELDS:
+        if getattr(body, name) is None:
+            raise bad_request(f"Missing required parameter: '{name}' (a prefill or decode server needs "
+                              "bootstrap_host, bootstrap_port and bootstrap_room).", name, "missing_required_parameter")
+    return body.bootstrap_room, body.bootstrap_host, body.bootstrap_port  # type: ignore[return-value]
 
 
 def _api_error(exc: DisaggError) -> APIError:
@@ -51,32 +55,53 @@ def _api_error(exc: DisaggError) -> APIError:
                     type="server_error" if exc.status >= 500 else None)
 
 
+async def _as_api_errors(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """``outputs``, its DisaggError raised as the APIError the server answers (in-band once streaming)."""
+    try:
+        async for output in outputs:
+            yield output
+    except DisaggError as exc:
+        raise _api_error(exc) from exc
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
 def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None):
-    """``inputs``: EPD mode, where the prompt's embeddings come from the cache by reference."""
+    """``inputs``: EPD mode, where the prompt's embeddings come from the cache by reference. Before the
+    response starts: 400 without the bootstrap fields, 409 for a room this prefill holds or closed."""
 
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
                        body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
         room, _, _ = _room(body)
-        fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
         try:
-            result = await coordinator.prefill(room, prompt, params, fill)
+            coordinator.check(room)
         except DisaggError as exc:
             raise _api_error(exc) from exc
-        yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
-                            result.prompt_tokens, 1, rope_delta=result.rope_delta)
+        return _as_api_errors(_prefilled(coordinator, inputs, request_id, room, prompt, params, body))
 
     return generate
 
 
+async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None, request_id: str, room: int,
+                     prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
+    fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
+    result = await coordinator.prefill(room, prompt, params, fill)
+    yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
+                        result.prompt_tokens, 1, rope_delta=result.rope_delta)
+
+
 def decode_generate(coordinator: DecodeCoordinator):
+    """Before the response starts: 400 without the bootstrap fields, 403 for a prefill the decode may
+    not dial, 409 for a room in flight here."""
+
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
                        body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
         room, host, port = _room(body)
         try:
-            async for output in coordinator.generate(room, host, port, prompt, params):
-                yield output
+            coordinator.check(room, host, port)
         except DisaggError as exc:
             raise _api_error(exc) from exc
+        return _as_api_errors(coordinator.generate(room, host, port, prompt, params))
 
     return generate
 

@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
 
@@ -116,10 +116,15 @@ class RoleSlot:
                            code="no_role", headers={"Retry-After": "1"})
         generate = (prefill_generate(coordinator, None) if isinstance(coordinator, PrefillCoordinator)
                     else decode_generate(coordinator))
+        return self._counted(await generate(request_id, prompt, params, body))
+
+    async def _counted(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        """``outputs``, counted in flight (a role switch waits for none) from the first step to the end."""
         self._in_flight += 1
         try:
-            async for output in generate(request_id, prompt, params, body):
-                yield output
+            async with aclosing(outputs):
+                async for output in outputs:
+                    yield output
         finally:
             self._in_flight -= 1
 

@@ -12,7 +12,8 @@ import hmac
 
 from router.errors import RouterError
 
-DISABLED = "admin API disabled: start the router with --admin-token"
+DISABLED = ("admin API disabled: start the router with --admin-token or the EPD_ADMIN_TOKEN environment variable "
+            "(stage up takes the same flag and variable)")
 SCHEME = "Bearer "
 
 

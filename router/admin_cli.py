@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from router.cli import TOKEN_ENV
 
 Column = tuple[str, Callable[[dict], object]]
+FIXES = {401: f" (give the router's admin token with --token or the {TOKEN_ENV} environment variable)"}
 
 
 def add_admin_args(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if status >= 400:
         error = answer.get("error") if isinstance(answer, dict) else None
         message = error.get("message") if isinstance(error, dict) else answer
-        print(f"stage admin: HTTP {status}: {message}", file=sys.stderr)
+        print(f"stage admin: HTTP {status}: {message}{FIXES.get(status, '')}", file=sys.stderr)
         return 1
     print(json.dumps(answer, indent=2) if args.json else render(args, answer))
     return 0

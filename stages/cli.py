@@ -43,6 +43,13 @@ from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
 from transfer.base import TransferConfig
 
 HEALTH_POLL_S = 0.25
+ROLE_HELP = {  # one line each in `stage serve --help`
+    "colocated": "encode, prefill and decode in one process",
+    "prefill": "prefills and sends the KV to a decode",
+    "decode": "takes the KV from a prefill, streams the answer",
+    "encoder": "vision tower only: images into the embedding cache",
+    "pd": "a prefill or a decode, as the router says",
+}
 
 
 # --- serve -----------------------------------------------------------------------------------
@@ -302,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run one stage server")
     roles = serve.add_subparsers(dest="role", required=True)
     for role in ROLES:
-        role_parser = roles.add_parser(role, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        role_parser = roles.add_parser(role, help=ROLE_HELP[role],
+                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         _role_args(role)(role_parser)
         role_parser.set_defaults(run=_serve)
     from router.cli import add_router_args, run as run_router  # light: the router's server loads in run

@@ -11,6 +11,11 @@ prefill and the decode, with one room. pd: the router sends the body with one ro
 and the decode. colocated: one server. The per-stage times are the router's ``x-epd-room`` and
 ``x-epd-stage-times`` answer headers (``docs/router.md``).
 
+It prints the prompt, then the answer with what its ``finish_reason`` means, its usage and the stage
+times, all before the stack stops. The model is the one ``stage up`` makes by default (same family
+and size, kept in the same cache dir); the servers' logs go to a new run directory under
+``WORKDIR/logs``, of which the last 10 runs are kept (``stages.run_logs``).
+
 Everything the demo started (Redis included) is stopped when it ends, however it ends. Building the
 parser imports nothing heavy.
 """
@@ -19,24 +24,31 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import io
-import os
 import sys
 from pathlib import Path
 
 from stages.config import TRANSFERS
 from stages.modelgen import FAMILIES, SIZES
+from stages.up import DEFAULT_SIZE, cache_dir
 
 MODES = ("epd", "pd", "colocated")
 DEMO_IMAGE_SIZE = 224
 QUESTION = "What is in this picture?"
+IMAGE_DESCRIPTION = "a red disc and a blue square on a gradient"
+FINISH_REASONS = {
+    "length": "the answer was cut at --max-tokens ({max_tokens} tokens)",
+    "stop": "the model ended the answer itself (an end-of-sequence token or a stop string)",
+}
 
 
 def add_demo_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=FAMILIES, default="qwen2_vl", help="model family")
-    parser.add_argument("--size", choices=SIZES, default="tiny", help="model size")
-    parser.add_argument("--workdir", default=os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "epd-stage"),
-                        help="where the model is kept (made once) and the server logs written")
+    parser.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size (stage up's default too)")
+    parser.add_argument("--workdir", default=str(cache_dir()),
+                        help="where the model is kept (made once; shared with stage up) and the server logs written "
+                             "(WORKDIR/logs, the last 10 runs kept)")
     parser.add_argument("--mode", choices=MODES, default="epd",
                         help="epd: encoder + prefill + decode and a private Redis (the embedding cache); pd: prefill "
                              "+ decode with KV moved between them; colocated: one server (all behind the router)")
@@ -50,30 +62,43 @@ def run_demo(args: argparse.Namespace) -> int:
     import openai
 
     from stages.cli import ensure_model
+    from stages.run_logs import new_run_dir
     from stages.up import Stack, StackConfig, StackError
 
     workdir = Path(args.workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = ensure_model(workdir / f"{args.family}-{args.size}", args.family, args.size)
     try:
-        config = StackConfig(model=model, log_dir=(workdir / f"demo-{args.mode}-logs").resolve(), mode=args.mode,
+        config = StackConfig(model=workdir / f"{args.family}-{args.size}", log_dir=Path(), mode=args.mode,
                              transfer=args.transfer, redis_url=args.redis_url, startup_timeout_s=args.timeout)
     except ValueError as exc:
         print(f"stage demo: error: {exc}", file=sys.stderr)
         return 2
+    config = dataclasses.replace(config, model=ensure_model(config.model, args.family, args.size),
+                                 log_dir=new_run_dir(workdir / "logs", f"demo-{args.mode}").resolve())
     try:
         with Stack(config, say=lambda line: print(line, flush=True)) as stack:
+            print(f"prompt: [image: {DEMO_IMAGE_SIZE}x{DEMO_IMAGE_SIZE} PNG, {IMAGE_DESCRIPTION}] {QUESTION}",
+                  flush=True)
             reply, headers = _ask(stack.base_url, args)
+            print(describe_answer(reply, headers, args.max_tokens), flush=True)
     except (StackError, openai.APIError) as exc:
         print(f"stage demo: error: {type(exc).__name__}: {exc} (server logs in {config.log_dir})", file=sys.stderr)
         return 1
-    choice = reply.choices[0]
-    print(f"answer ({choice.finish_reason}): {choice.message.content!r}")
-    print(f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
-          "(a random-weight model: the words are noise, the plumbing is real)")
-    if "x-epd-room" in headers:
-        print(f"room {headers['x-epd-room']}: {stage_times(headers.get('x-epd-stage-times', ''))}")
     return 0
+
+
+def describe_answer(reply, headers: dict, max_tokens: int) -> str:  # type: ignore[no-untyped-def]
+    """The answer's lines: its text and finish_reason, what that reason means, the usage, and the
+    room's per-stage times when the router sent them."""
+    choice = reply.choices[0]
+    meaning = FINISH_REASONS.get(choice.finish_reason, "see the OpenAI chat completions reference")
+    lines = [f"answer ({choice.finish_reason}): {choice.message.content!r}",
+             f"finish_reason {choice.finish_reason!r}: {meaning.format(max_tokens=max_tokens)}",
+             f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
+             "(a random-weight model: the words are noise, the plumbing is real)"]
+    if "x-epd-room" in headers:
+        lines.append(f"room {headers['x-epd-room']}: {stage_times(headers.get('x-epd-stage-times', ''))}")
+    return "\n".join(lines)
 
 
 def _ask(base_url: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]

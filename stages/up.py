@@ -2,6 +2,7 @@
 
     stage up [--model DIR | --family F --size tiny|small] [--port N] [--mode epd|pd|colocated]
              [--transfer mooncake|nixl] [--redis-url URL] [--kv-cache-mib N] [--log-dir DIR]
+             [--admin-token T]
 
 epd (the default): the router computes each image's cache key, sends only missing images to the
 encoder and image references with one room to the prefill and the decode (``docs/router.md``).
@@ -9,7 +10,15 @@ encoder and image references with one room to the prefill and the decode (``docs
 A mode's stack, in start order: the embedded Redis (epd without ``--redis-url``), the stage servers
 (encoder + prefill + decode, prefill + decode, or one colocated server), then the router in front of
 them. Every child is ``python -m stages.cli serve ROLE`` on a free loopback port with ``--threads 1``,
-pinned to nothing, its output in ``LOG_DIR/ROLE.log``.
+pinned to nothing, its output in ``LOG_DIR/ROLE.log`` (by default a new run directory under the
+cache dir; only the last 10 runs are kept, ``stages.run_logs``).
+
+Its own children, nobody else: ``--port`` (when not 0) is probed before anything starts, so a port in
+use is one line and exit 2 at once; each child gets its own ``EPD_INSTANCE_ID`` (``router.instance``)
+and counts as healthy only when ``/health`` answers 200 and ``/server_info`` shows that id, so a
+server of another stack answering on a child's port is an error naming the port, never "ready".
+``--admin-token`` (or ``EPD_ADMIN_TOKEN``) reaches the router and the stage servers as
+``EPD_ADMIN_TOKEN`` in their environment (never on a command line).
 
 ``Stack`` is the reusable part (``stage demo`` and benchmarks start the same thing):
 
@@ -31,7 +40,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -43,13 +54,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from router.cli import TOKEN_ENV
+from router.config import MIN_TOKEN_CHARS
+from router.instance import INSTANCE_ENV
+from router.listen import probe
 from stages.config import CACHE_BUDGET_MIB, TRANSFERS
 from stages.engine.config import check_device
+from stages.model_dir import check_model_dir
 from stages.modelgen import FAMILIES, SIZES
+from stages.run_logs import new_run_dir
 
 MODES = ("epd", "pd", "colocated")
 STAGE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
 DEFAULT_MODE = "epd"
+DEFAULT_SIZE = "tiny"  # of the generated model, for stage up and stage demo alike
 HOST = "127.0.0.1"
 HEALTH_POLL_S = 0.25
 LOG_TAIL_CHARS = 3000
@@ -73,7 +91,9 @@ class StackConfig:
     ``kv_cache_mib``: the KV pool of each server that has one (prefill, decode, colocated; None: their
     default); ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
     ``devices``: ``--device`` of every stage server (one value), or of each in start order (one per
-    stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default."""
+    stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default.
+    ``admin_token``: the router's admin API token (and its stages'), given to every child as
+    ``EPD_ADMIN_TOKEN``; None: the admin API is off."""
 
     model: Path
     log_dir: Path
@@ -88,6 +108,7 @@ class StackConfig:
     stage_args: tuple[str, ...] = ()
     router: bool = True
     devices: tuple[str, ...] = ()
+    admin_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -110,6 +131,8 @@ class StackConfig:
         for name in ("startup_timeout_s", "stop_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"--admin-token (or {TOKEN_ENV}) must be at least {MIN_TOKEN_CHARS} characters")
 
     def device_of(self, index: int) -> str | None:
         """The ``--device`` of the stage started ``index``-th, or None for the server's default."""
@@ -169,11 +192,12 @@ def _serve(role: str, *flags: str) -> tuple[str, ...]:
 
 @dataclass
 class Child:
-    """A started child: its spec, process and log file."""
+    """A started child: its spec, process, log file and the ``instance_id`` its ``/server_info`` must show."""
 
     spec: ChildSpec
     proc: subprocess.Popen
     log_path: Path
+    instance_id: str
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if self.log_path.exists() else ""
@@ -278,25 +302,29 @@ class Stack:
         from cache.embedded import die_with_parent
 
         log_path = self.config.log_dir / f"{spec.role}.log"
+        instance_id = secrets.token_hex(8)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", INSTANCE_ENV: instance_id}
+        if self.config.admin_token is not None:
+            env[TOKEN_ENV] = self.config.admin_token
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0,
-                                    preexec_fn=functools.partial(die_with_parent, os.getpid())
+                                    env=env, process_group=0, preexec_fn=functools.partial(die_with_parent, os.getpid())
                                     if sys.platform == "linux" else None)
-        child = Child(spec, proc, log_path)
+        child = Child(spec, proc, log_path, instance_id)
         self.children.append(child)
         return child
 
 
 def _wait_healthy(children: list[Child], deadline: float) -> None:
-    """Until every child's /health answers 200; StackError as soon as one exits, or at ``deadline``."""
+    """Until every child is healthy (``_own_and_healthy``); StackError as soon as one exits or another
+    process answers on its port, or at ``deadline``."""
     pending = list(children)
     while pending:
         for child in list(pending):
             if child.proc.poll() is not None:
                 raise StackError(f"{child.describe()} exited with code {child.proc.returncode} before it was "
                                  f"healthy; the end of its log:\n{child.log_tail()}")
-            if _healthy(child.spec.url):
+            if _own_and_healthy(child):
                 pending.remove(child)
         if pending and time.monotonic() > deadline:
             child = pending[0]
@@ -306,12 +334,31 @@ def _wait_healthy(children: list[Child], deadline: float) -> None:
             time.sleep(HEALTH_POLL_S)
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+def _own_and_healthy(child: Child) -> bool:
+    """Whether ``child`` is healthy: its ``/health`` answers 200 and its ``/server_info`` shows the
+    ``instance_id`` it was given. StackError when a server answers there with another id (or none):
+    another process holds the child's port."""
+    if _get(f"{child.spec.url}/health") is None:
         return False
+    info = _get(f"{child.spec.url}/server_info")
+    if info is None:
+        return False
+    if info.get("instance_id") != child.instance_id:
+        raise StackError(f"port {child.spec.port} is answered by another process, not the {child.spec.role} "
+                         f"stage up started (pid {child.proc.pid}): its /server_info has instance_id "
+                         f"{info.get('instance_id')!r}, not {child.instance_id!r}; stop that process or give "
+                         f"another port")
+    return True
+
+
+def _get(url: str) -> dict | None:
+    """The JSON object ``url`` answers 200 with, or None (no answer yet, another status, not JSON)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            answer = json.loads(response.read()) if response.status == 200 else None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def _stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -358,7 +405,7 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint directory; default: the generated --family "
                         "model of --size, made on first run under the cache dir")
     parser.add_argument("--family", choices=FAMILIES, default="qwen2_vl", help="model family to generate")
-    parser.add_argument("--size", choices=SIZES, default="small", help="model size to generate")
+    parser.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size to generate")
     parser.add_argument("--port", type=int, default=8080, help="the router's port (0: any free port)")
     parser.add_argument("--mode", choices=MODES, default=d.mode,
                         help="epd: encoder + prefill + decode (+ Redis); pd: prefill + decode; colocated: one server")
@@ -378,6 +425,10 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help="KV pool of each prefill, decode or colocated server; default: theirs")
     parser.add_argument("--stage-arg", action="append", default=[], metavar="FLAG",
                         help="extra flag for every stage server, e.g. --stage-arg=--log-level=warning (repeatable)")
+    parser.add_argument("--admin-token", default=None,
+                        help=f"turns on the router's admin API (stage admin, docs/admin.md) with this bearer token "
+                             f"(or the {TOKEN_ENV} environment variable), given to the router and the stages; "
+                             f"at least {MIN_TOKEN_CHARS} characters")
 
 
 def cache_dir() -> Path:
@@ -385,34 +436,53 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "epd-stage"
 
 
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    """The validated config of a ``stage up`` command line, its ``log_dir`` still unset. ValueError
+    names the flag to change: a bad value, a ``--model`` directory without what the stages load
+    (``stages.model_dir``), a ``--port`` in use (``router.listen.PortError``)."""
+    config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
+                         transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
+                         startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
+                         kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
+                         devices=tuple(args.device.split(",")) if args.device else (),
+                         admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
+    if args.model is not None:
+        check_model_dir(config.model, tokenizer=True)  # every mode runs a stage with a tokenizer
+    if config.port:
+        probe(HOST, config.port, "--port")
+    return config
+
+
+def ready_line(url: str, admin: bool) -> str:
+    """What ``stage up`` prints once its stack serves at ``url`` (the router's), admin API on or off."""
+    admin_api = (f"admin API {url}/admin (stage admin --router {url}, with the --admin-token token)" if admin else
+                 f"admin API off (give stage up --admin-token or {TOKEN_ENV})")
+    return f"ready: {url}/v1 (OpenAI base URL); {admin_api}; Ctrl-C stops everything"
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``stage up`` command: start, print the URL, wait for a signal or a child's death, stop.
-    Exit codes: 0 stopped by a signal, 1 a child failed (at startup or later), 2 a bad flag."""
-    log_dir = Path(args.log_dir or cache_dir() / "logs" / time.strftime(f"up-%Y%m%d-%H%M%S-{os.getpid()}"))
+    Exit codes: 0 stopped by a signal, 1 a child failed (at startup or later), 2 a bad flag or a
+    ``--port`` in use (answered before anything starts)."""
     try:
-        config = StackConfig(model=Path(args.model or "."), log_dir=log_dir.resolve(), mode=args.mode,
-                             port=args.port, transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
-                             startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
-                             kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
-                             devices=tuple(args.device.split(",")) if args.device else ())
+        config = stack_config(args)
     except ValueError as exc:
         print(f"stage up: error: {exc}", file=sys.stderr)
         return 2
     if args.model is None:
         from stages.cli import ensure_model
 
-        model = ensure_model(cache_dir() / f"{args.family}-{args.size}", args.family, args.size)
-        config = dataclasses.replace(config, model=model)
-    elif not (config.model / "config.json").exists():
-        print(f"stage up: error: --model {args.model} is not a checkpoint directory (no config.json)", file=sys.stderr)
-        return 2
+        config = dataclasses.replace(config, model=ensure_model(cache_dir() / f"{args.family}-{args.size}",
+                                                                args.family, args.size))
+    log_dir = Path(args.log_dir) if args.log_dir else new_run_dir(cache_dir() / "logs", "up")
+    config = dataclasses.replace(config, log_dir=log_dir.resolve())
     say: Say = lambda line: print(f"stage up: {line}", flush=True)  # noqa: E731
     say(f"{config.mode} mode, model {config.model}, logs in {config.log_dir}")
     stack = Stack(config, say)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         stack.start()
-        say(f"ready: {stack.base_url} (OpenAI base URL; Ctrl-C stops everything)")
+        say(ready_line(stack.url, config.admin_token is not None))
         while (child := stack.exited()) is None:
             time.sleep(HEALTH_POLL_S)
         print(f"stage up: {child.describe()} exited with code {child.proc.returncode}; the end of its log:\n"

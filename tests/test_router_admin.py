@@ -123,7 +123,9 @@ def test_admin_needs_the_token(router, start_server, prefill, decode, switchable
     for headers in ({}, AUTH):
         response = httpx.get(f"{closed.url}/admin/workers", headers=headers, timeout=10)
         assert response.status_code == 403
-        assert response.json()["error"]["message"] == "admin API disabled: start the router with --admin-token"
+        assert response.json()["error"]["message"] == (
+            "admin API disabled: start the router with --admin-token or the EPD_ADMIN_TOKEN environment variable "
+            "(stage up takes the same flag and variable)")
     # the stages' admin routes follow the same rule
     response = httpx.post(f"{switchables[0].url}/role", json={"role": "decode"}, timeout=10,
                           headers={"Authorization": "Bearer nope"})

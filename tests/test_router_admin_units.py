@@ -212,7 +212,8 @@ def test_pairing_state_says_why_a_pair_is_never_built():
 def test_admin_auth():
     disabled = refusal(None, f"Bearer {TOKEN}")
     assert (disabled.status, disabled.message, disabled.code) == (403, DISABLED, "admin_disabled")
-    assert DISABLED == "admin API disabled: start the router with --admin-token"
+    assert DISABLED == ("admin API disabled: start the router with --admin-token or the EPD_ADMIN_TOKEN environment "
+                        "variable (stage up takes the same flag and variable)")
     for header, message in [(None, "missing admin token: send Authorization: Bearer <token>"),
                             ("Basic abc", "missing admin token: send Authorization: Bearer <token>"),
                             ("Bearer wrong", "wrong admin token"), (f"bearer {TOKEN}", "missing admin token: "

@@ -16,14 +16,17 @@ every address a prefill may ever have (docs/admin.md).
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 
 from stages.api.errors import APIError
+from stages.api.json_depth import check_json_depth
 from transfer.peer_policy import AllowList
 
-DISABLED = "admin API disabled: start the server with --admin-token"
+DISABLED = ("admin API disabled: start the server with --admin-token or the EPD_ADMIN_TOKEN environment variable "
+            "(the router's token)")
 SCHEME = "Bearer "
 
 
@@ -60,9 +63,11 @@ def add_bootstrap_route(app: FastAPI, token: str | None, allow: Callable[[], All
 
 
 async def read_json(request: Request) -> dict:
-    """The request's JSON object body, or 400 ``invalid_json``."""
+    """The request's JSON object body, or 400 ``invalid_json`` (nested too deep included)."""
+    raw = await request.body()
+    check_json_depth(raw)
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError:
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -1,10 +1,10 @@
 """Check ``stage bench serve`` against NVIDIA aiperf: the same requests, the same load, the same server;
 their TTFT and throughput should agree within 10%.
 
-    python bench/check_against_aiperf.py                 # ~2 minutes: 2 rounds, 64 requests per tool at 1.5/s
-    python bench/check_against_aiperf.py --quick         # ~1 minute: 1 round, 24 requests
-    python bench/check_against_aiperf.py --closed-loop --concurrency 8 --output-len 64 --images-per-request 1
-    python bench/check_against_aiperf.py --server paced --out bench/results/check_against_aiperf_paced.json
+    .venv/bin/python -m bench.check_against_aiperf                 # ~2 minutes: 2 rounds, 64 requests per tool at 1.5/s
+    .venv/bin/python -m bench.check_against_aiperf --quick         # ~1 minute: 1 round, 24 requests
+    .venv/bin/python -m bench.check_against_aiperf --closed-loop --concurrency 8 --output-len 64 --images-per-request 1
+    .venv/bin/python -m bench.check_against_aiperf --server paced --out bench/results/check_against_aiperf_paced.json
 
 aiperf is not a project dependency; it lives in its own venv (about 1.2 GB, no torch)::
 
@@ -55,27 +55,15 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from bench.common import (  # noqa: E402
-    Server,
-    cpu_seconds,
-    add_model_args,
-    add_output_args,
-    loadavg,
-    machine_info,
-    make_parser,
-    output_path,
-    parse_cores,
-    pin_this_process,
-    resolve_model,
-    write_json,
-)
-from bench.serve.config import Mix, parse_size, parse_weighted  # noqa: E402
-from stages.cli import free_port, stop_process, wait_healthy  # noqa: E402
-from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl  # noqa: E402
+from bench.common.args import REPO, add_model_args, add_output_args, add_server_args, make_parser, output_path, \
+    resolve_model
+from bench.common.children import Child, Server
+from bench.common.machine import loadavg
+from bench.common.pinning import parse_cores, pin_this_process
+from bench.common.record import Figure, Recorder
+from bench.serve.config import Mix, parse_size, parse_weighted
+from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl
+from stages.cli import free_port
 
 AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
 AIPERF_PROFILING_STARTED = "Phase profiling (profiling) started"  # aiperf 0.13's log line
@@ -111,27 +99,12 @@ def workload_files(args, folder: Path) -> tuple[Path, Path, dict]:
 
 
 # --- the server -------------------------------------------------------------------------------
-class PacedServer:
-    """``bench/paced_server.py`` on a free loopback port, pinned to ``cores``: known TTFT and ITL, no model.
-    The same calls as ``bench.common.Server``: ``url``, ``proc``, ``cores``, ``wait``, ``cpu``, ``stop``."""
-
-    def __init__(self, model_name: str, cores: list[int], ttft_ms: float, itl_ms: float, log_path: Path) -> None:
-        self.cores, self.url = list(cores), f"http://127.0.0.1:{free_port()}"
-        cmd = [sys.executable, str(REPO / "bench" / "paced_server.py"), "--port", self.url.rsplit(":", 1)[1],
-               "--model", model_name, "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        if self.cores:
-            os.sched_setaffinity(self.proc.pid, self.cores)
-
-    def wait(self, timeout_s: float) -> None:
-        wait_healthy(self.url, self.proc, timeout_s)
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.proc.pid)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
+def paced_server(model_name: str, cores: list[int], ttft_ms: float, itl_ms: float, log_path: Path) -> Child:
+    """``bench/paced_server.py`` on a free loopback port, pinned to ``cores``: known TTFT and ITL, no model."""
+    port = free_port()
+    return Child("paced server", [sys.executable, str(REPO / "bench" / "paced_server.py"), "--port", str(port),
+                                  "--model", model_name, "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)],
+                 cores, log_path, url=f"http://127.0.0.1:{port}")
 
 
 def expected(args, workload: dict) -> dict | None:  # type: ignore[no-untyped-def]
@@ -243,7 +216,7 @@ def parse_aiperf(folder: Path) -> dict:
             "duration_s": d["benchmark_duration"]["avg"]}
 
 
-def run_round(args, index: int, server: Server, model: Path, files: tuple[Path, Path],  # type: ignore[no-untyped-def]
+def run_round(args, index: int, server: Child, model: Path, files: tuple[Path, Path],  # type: ignore[no-untyped-def]
               folder: Path) -> dict:
     """One round. ``sequential``: one tool after the other, the order alternating by round. ``side-by-side``:
     aiperf starts; when its profiling phase starts, ours starts; both run at once on the same server, each
@@ -284,6 +257,18 @@ def compare(rounds: list[dict], truth: dict | None) -> dict:
     return out
 
 
+def figures(comparison: dict) -> list[Figure]:
+    """Ours / aiperf of each compared measure, and each tool's TTFT mean and requests/s (with the truth
+    against the paced server)."""
+    out = [Figure(f"{key}: ours / aiperf", comparison[key]["ratio"], "x") for key in COMPARED]
+    for key, unit in (("ttft_mean_ms", "ms"), ("request_throughput", "req/s")):
+        row = comparison[key]
+        out += [Figure(f"{key}, ours", row["ours"], unit), Figure(f"{key}, aiperf", row["aiperf"], unit)]
+        if "expected" in row:
+            out.append(Figure(f"{key}, expected (paced server)", row["expected"], unit))
+    return out
+
+
 def print_table(comparison: dict) -> None:
     print(f"\n{'metric':<22}{'stage bench':>13}{'aiperf':>13}{'expected':>10}{'ratio':>9}  within 10%")
     for key, row in comparison.items():
@@ -294,7 +279,7 @@ def print_table(comparison: dict) -> None:
 
 # --- main --------------------------------------------------------------------------------------
 def build_parser():  # type: ignore[no-untyped-def]
-    p = make_parser(__doc__)
+    p = make_parser(__doc__, "bench.check_against_aiperf")
     add_model_args(p)
     p.add_argument("--requests", type=int, default=64, help="timed requests per client run")
     p.add_argument("--warmup", type=int, default=4, help="untimed requests before each run")
@@ -316,23 +301,23 @@ def build_parser():  # type: ignore[no-untyped-def]
                    help="stage serve colocated on the model, or bench/paced_server.py (known TTFT and ITL, no model)")
     p.add_argument("--paced-ttft-ms", type=float, default=100.0, help="--server paced: first token after this")
     p.add_argument("--paced-itl-ms", type=float, default=20.0, help="--server paced: a token every this")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     p.add_argument("--server-cores", default="1", help="cores of the server ('' : no pinning)")
     p.add_argument("--client-cores", default="0", help="cores of this script and both clients ('' : no pinning)")
     p.add_argument("--aiperf", default=str(AIPERF), help="the aiperf executable")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (both tools)")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per client run")
-    p.add_argument("--startup-timeout", type=float, default=240.0, help="seconds to wait for the server")
+    add_server_args(p, startup_s=240.0, request_s=300.0)
     add_output_args(p, "check_against_aiperf", quick_help="1 round of 24 requests")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not Path(args.aiperf).exists():
         print(f"no aiperf at {args.aiperf}; install it in its own venv:\n"
               "    python -m venv bench/.venv-tools && bench/.venv-tools/bin/pip install aiperf==0.13.0", file=sys.stderr)
         return 2
+    record = Recorder.of_script("check_against_aiperf", parser, args, argv)
     if args.closed_loop:
         args.request_rate = None
     if args.quick:
@@ -344,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     model = resolve_model(args)
     ours_file, aiperf_file, workload = workload_files(args, folder)
     cores = parse_cores(args.server_cores)
-    server = (Server("colocated", model, cores, args.threads, folder / "server.log") if args.server == "colocated" else
-              PacedServer(model.name, cores, args.paced_ttft_ms, args.paced_itl_ms, folder / "server.log"))
+    server = (Server("colocated", model, cores, args.threads, folder / "server.log", args.server_arg)
+              if args.server == "colocated" else paced_server(model.name, cores, args.paced_ttft_ms, args.paced_itl_ms, folder / "server.log"))
     rounds = []
     try:
         server.wait(args.startup_timeout)
@@ -365,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     comparison = compare(rounds, expected(args, workload))
     report = {
-        "benchmark": "check_against_aiperf", "machine": machine_info(),
+        "benchmark": "check_against_aiperf",
         "pinning": {"server": server.cores or None, "clients": client_cores or None, "torch_threads": args.threads},
         "config": {"mode": args.mode, "server": args.server,
                    "paced": {"ttft_ms": args.paced_ttft_ms, "itl_ms": args.paced_itl_ms} if args.server == "paced" else None,
@@ -377,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "comparison": comparison,
         "agree_within_10pct": all(comparison[key]["within_10pct"] for key in COMPARED),
     }
-    write_json(out, report)
     print_table(comparison)
-    print(f"agree within 10%: {report['agree_within_10pct']}; wrote {out}")
+    summary = record.finish(out, report, figures(comparison))
+    print(f"agree within 10%: {report['agree_within_10pct']}; wrote {out} and {summary}")
     return 0 if report["agree_within_10pct"] else 1
 
 

@@ -19,6 +19,7 @@ from bench.compare import analysis, report
 from bench.compare.cli import exit_code
 from bench.compare.config import (DEFAULT_PINNING, PIN_ROLES, CompareConfig, Pinning, Sizing, select, workloads)
 from bench.common.proc import group_pids
+from bench.common.record import problems
 from bench.compare.pool import Measured, merge_probes, pooled
 from bench.compare.probe import delta, parse
 from bench.serve.client import Outcome
@@ -275,7 +276,7 @@ def test_compare_runs_every_deployment_and_workload_on_the_tiny_model(tmp_path):
          "--num-requests", "3", "--single-requests", "2", "--output-len", "4", "--image-size", "64x64",
          "--rates", "encode_heavy=8,text_only=8,repeated_images=8", "--slo", "ttft_ms=60000,tpot_ms=10000",
          "--request-timeout-s", "60", "--startup-timeout-s", "120", "--rounds", "1", "--out", str(out),
-         "--no-progress", *pins],
+         "--no-progress", "--summary-dir", str(tmp_path / "summaries"), *pins],
         cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -305,6 +306,13 @@ def test_compare_runs_every_deployment_and_workload_on_the_tiny_model(tmp_path):
     assert sorted(p.name for p in out.glob("compare_cdf_*.png")) == sorted(f"compare_cdf_{w}.png" for w in WORKLOADS)
     assert len([line for line in (out / "compare.md").read_text().splitlines() if line.startswith("| ")]) == 1 + 12
     assert (out / "logs" / "epd" / "encoder.log").exists()
+    written = list((tmp_path / "summaries").iterdir())
+    assert [p.name.split("--")[0] for p in written] == ["compare"]  # one summary, named by its flags
+    summary = json.loads(written[0].read_text())
+    assert problems(summary) == [] and summary["benchmark"] == "compare" and "rounds=1" in summary["configuration"]
+    assert [f["name"] for f in summary["figures"][:3]] == [
+        f"pd / colocated, {goal} (goal {target}x)"
+        for goal, target in (("tpot_p99_encode_heavy", "0.5"), ("goodput_encode_heavy", "2"), ("e2e_single_request", "1.1"))]
     assert "goals (ratio vs colocated):" in proc.stdout and "encode_heavy: ~25% of requests (drawn)" in proc.stdout
 
 

@@ -19,6 +19,7 @@ tested in tests/test_bench_summaries.py; ``Recorder`` does the I/O.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import sys
 import time
@@ -33,6 +34,7 @@ from bench.common.output import write_json
 NOT_CONFIGURATION = frozenset({"out", "summary_dir", "cache_dir", "py_spy", "peers_venv", "startup_timeout",
                                "request_timeout"})  # flags that do not change what is measured
 DEFAULT = "default"
+MAX_NAME = 64  # characters of a configuration in a summary's file name
 FIELDS = {"benchmark": str, "configuration": str, "command": str, "date": str, "commit": (str, type(None)),
           "dirty": (bool, type(None)), "machine": dict, "load_1m": dict, "duration_s": (int, float),
           "full_results": str, "figures": list}
@@ -68,10 +70,13 @@ def _flat(value) -> str:
 
 def summary_name(benchmark: str, config: str) -> str:
     """The summary's file name: ``<benchmark>.json`` for the defaults, else ``<benchmark>--<config>.json``
-    with every character but letters, digits and ``=.,-_`` made ``_``."""
+    with every character but letters, digits and ``=.,-_`` made ``_``; a configuration longer than
+    ``MAX_NAME`` characters is cut there and ended with 8 hex digits of its SHA-1 (the file holds it whole)."""
     if config == DEFAULT:
         return f"{benchmark}.json"
     safe = "".join(c if c.isalnum() or c in "=.,-_" else "_" for c in config)
+    if len(safe) > MAX_NAME:
+        safe = f"{safe[:MAX_NAME - 9]}-{hashlib.sha1(config.encode()).hexdigest()[:8]}"
     return f"{benchmark}--{safe}.json"
 
 
@@ -104,17 +109,22 @@ def problems(summary: dict) -> list[str]:
 class Recorder:
     """A run from when it is made: the machine (commit and dirty flag now, before the run changes
     nothing in git), the load average sampled every few seconds, the wall time. ``finish`` writes the
-    full report to ``out`` and the summary to ``--summary-dir``; make it right after parsing the flags,
-    before ``--quick`` changes them, so the configuration is the flags as given."""
+    full report to ``out`` and the summary to ``summary_dir``. A script makes it with ``of_script`` right
+    after parsing its flags, before ``--quick`` changes them, so the configuration is the flags as given."""
 
-    def __init__(self, benchmark: str, parser: argparse.ArgumentParser, args: argparse.Namespace,
-                 argv: Sequence[str] | None = None) -> None:
-        self.benchmark, self.args = benchmark, args
-        self.config = configuration(vars(parser.parse_args([])), vars(args))
-        self.command = shlex.join(["python", "-m", f"bench.{benchmark}", *(sys.argv[1:] if argv is None else argv)])
+    def __init__(self, benchmark: str, config: str, command: str, summary_dir: Path) -> None:
+        self.benchmark, self.config, self.command, self.summary_dir = benchmark, config, command, summary_dir
         self.started, self.t0 = time.time(), time.perf_counter()
         self.machine = machine_info()
         self.load = LoadSampler()
+
+    @classmethod
+    def of_script(cls, benchmark: str, parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  argv: Sequence[str] | None = None) -> Recorder:
+        """The recorder of ``python -m bench.<benchmark>`` run with ``argv`` (default: this process's),
+        its configuration from the flags that differ from ``parser``'s defaults, its summary in ``--summary-dir``."""
+        command = shlex.join(["python", "-m", f"bench.{benchmark}", *(sys.argv[1:] if argv is None else argv)])
+        return cls(benchmark, configuration(vars(parser.parse_args([])), vars(args)), command, Path(args.summary_dir))
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
@@ -131,7 +141,7 @@ class Recorder:
         summary = build_summary(benchmark=self.benchmark, config=self.config, command=self.command,
                                 started=self.started, machine=self.machine, load=load, duration_s=duration,
                                 full_results=_shown(out), figures=figures)
-        path = Path(self.args.summary_dir) / summary_name(self.benchmark, self.config)
+        path = self.summary_dir / summary_name(self.benchmark, self.config)
         write_json(path, summary)
         return path
 

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench.common.args import SUMMARIES
 from bench.compare.config import (DEPLOYMENTS, PIN_ROLES, WORKLOAD_NAMES, CompareConfig, Pinning, Sizing, select,
                                   workloads)
 from bench.serve.config import parse_size, parse_slo
@@ -59,6 +60,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--startup-timeout-s", type=float, default=config.startup_timeout_s,
                    help="every process of a deployment must be healthy within this")
     g.add_argument("--out", default=str(DEFAULT_OUT), help="folder for compare.json, compare.md, the plots, the logs")
+    g.add_argument("--summary-dir", default=str(SUMMARIES),
+                   help="folder of the run's summary JSON (bench/README.md's table is made from bench/summaries/)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -87,7 +90,22 @@ def run(args: argparse.Namespace) -> int:
         from stages.up import cache_dir
 
         config = replace(config, model=ensure_model(cache_dir() / f"{args.family}-{args.size}", args.family, args.size))
-    return measure(config, allowed)
+    return measure(config, allowed, _recorder(args))
+
+
+def _recorder(args: argparse.Namespace):  # -> bench.common.record.Recorder
+    """The run's recorder: its configuration is the flags that differ from their defaults (output,
+    progress and timeouts aside), its summary ``compare[--CONFIG].json`` in ``--summary-dir``."""
+    import shlex
+
+    from bench.common.record import NOT_CONFIGURATION, Recorder, configuration
+
+    parser = argparse.ArgumentParser()
+    add_args(parser)
+    defaults = vars(parser.parse_args([]))
+    ignore = NOT_CONFIGURATION | {"no_progress", "request_timeout_s", "startup_timeout_s"}
+    config = configuration(defaults, {name: getattr(args, name) for name in defaults}, ignore)
+    return Recorder("compare", config, shlex.join(["stage", *sys.argv[1:]]), Path(args.summary_dir))
 
 
 def build_config(args: argparse.Namespace, model: Path) -> CompareConfig:
@@ -109,11 +127,11 @@ def build_config(args: argparse.Namespace, model: Path) -> CompareConfig:
                          startup_timeout_s=args.startup_timeout_s, progress=not args.no_progress)
 
 
-def measure(config: CompareConfig, allowed: set[int]) -> int:
-    """Every round of every deployment, then the pooling, the analysis, the printed table and the files."""
+def measure(config: CompareConfig, allowed: set[int], record) -> int:  # type: ignore[no-untyped-def]
+    """Every round of every deployment, then the pooling, the analysis, the printed table and the files;
+    the summary (``record``) only when every request of every deployment completed."""
     from bench.compare import analysis, plots, report as text
     from bench.compare.session import run_deployment
-    from bench.common.output import write_json
     from bench.serve.workload import synthesize
     from stages.up import StackError
 
@@ -134,13 +152,15 @@ def measure(config: CompareConfig, allowed: set[int]) -> int:
     deployments, samples = pool_rounds(config, rounds, errors, requests)
     report = build_report(config, deployments, analysis)
     out = config.out
-    write_json(out / "compare.json", report)
+    code = exit_code(report)
+    summary = record.finish(out / "compare.json", report, text.figures(report) if code == EXIT_OK else None)
     (out / "compare.md").write_text(text.markdown(report))
     print("\n".join(["", text.table(report), "", text.work_text(report), "", text.goals_text(report)]), flush=True)
     plots.bars(report, out / "compare.png")
     plots.cdfs(report, samples, out)
-    say(f"wrote {out / 'compare.json'}, compare.md and the plots in {out}")
-    return exit_code(report)
+    say(f"wrote {out / 'compare.json'}, compare.md and the plots in {out}"
+        + (f"; the summary {summary}" if summary else "; no summary (a deployment or request failed)"))
+    return code
 
 
 def pool_rounds(config: CompareConfig, rounds: dict[str, list[dict]], errors: dict[str, list[str]],

@@ -1,7 +1,9 @@
 """The printed table of a compare run, the goals, the work per core, and the same table as Markdown
-(``compare.md``, for bench/README.md). Pure: strings from the report dict ``cli.py`` writes."""
+(``compare.md``), and the summary's figures. Pure: from the report dict ``cli.py`` writes."""
 
 from __future__ import annotations
+
+from bench.common.record import Figure
 
 COLUMNS = (("TTFT p50", "median_ttft_ms", ".0f"), ("TTFT p99", "p99_ttft_ms", ".0f"),
            ("TPOT p50", "median_tpot_ms", ".1f"), ("TPOT p99", "p99_tpot_ms", ".1f"),
@@ -87,3 +89,15 @@ def markdown(report: dict) -> str:
         lines.append(f"- {goal['mode']} `{goal['goal']}`: {value} (target {sign} {goal['target']}x): "
                      f"{'met' if goal['met'] else 'not met'}")
     return "\n".join(lines) + "\n"
+
+
+def figures(report: dict) -> list[Figure]:
+    """Each goal's ratio (the mode's value over colocated's), and per mode and workload TTFT p50 and E2E
+    p50 over colocated's."""
+    out = [Figure(f"{g['mode']} / colocated, {g['goal']} (goal {g['target']:g}x)", g["ratio"], "x")
+           for g in report["goals"]]
+    for mode, by_workload in report["ratios"].items():
+        for workload, ratios in by_workload.items():
+            out += [Figure(f"{mode} / colocated, {workload}: {metric}", ratios.get(metric), "x")
+                    for metric in ("ttft_p50", "e2e_p50")]
+    return out

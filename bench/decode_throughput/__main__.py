@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    record = Recorder("decode_throughput", parser, args, argv)
+    record = Recorder.of_script("decode_throughput", parser, args, argv)
     if args.quick:
         args.max_tokens = min(args.max_tokens, 16)
         args.max_requests = min(args.max_requests, 32)

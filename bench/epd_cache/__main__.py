@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    record = Recorder("epd_cache", parser, args, argv)
+    record = Recorder.of_script("epd_cache", parser, args, argv)
     if args.quick:
         args.requests, args.rounds, args.burst_requests = min(args.requests, 2), 1, min(args.burst_requests, 16)
     counts = [int(n) for n in args.images.split(",") if n.strip()]

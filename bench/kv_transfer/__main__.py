@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    record = Recorder("kv_transfer", parser, args, argv)
+    record = Recorder.of_script("kv_transfer", parser, args, argv)
     if args.quick:
         args.reps, args.warmup, args.micro_iters = min(args.reps, 8), 1, min(args.micro_iters, 50)
     args.tokens = [int(t) for t in args.tokens.split(",") if t.strip()]

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    record = Recorder("router_overhead", parser, args, argv)
+    record = Recorder.of_script("router_overhead", parser, args, argv)
     if args.quick:
         args.rounds = 1
         args.requests_c1, args.requests_stream, args.requests_c32 = (args.requests_c1 // 4, args.requests_stream // 4,

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    record = Recorder("ttft_pd", parser, args, argv)
+    record = Recorder.of_script("ttft_pd", parser, args, argv)
     if args.quick:
         args.requests, args.rounds = min(args.requests, 3), 1
     workloads = [w for w in args.workloads.split(",") if w.strip()]

@@ -24,7 +24,7 @@
 #   transfer    the transfer conformance suite on VRAM (NIXL; Mooncake when its CUDA build loads)
 #   pd-nixl     1P1D greedy parity with generate() over NIXL, VRAM -> VRAM (tests/test_pd_parity.py)
 #   pd-mooncake the same over Mooncake's CUDA build
-#   bench       bench/decode_throughput.py --quick on the GPU against HF generate() on the same GPU
+#   bench       python -m bench.decode_throughput --quick on the GPU against HF generate() on the same GPU
 # Exit status 0 when no check failed. Logs: $LOG_DIR (default /tmp/epd-gpu-check-<time>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -139,8 +139,8 @@ assert cuda_build(), f'not a CUDA build: {installed_builds()}'" 2>&1); then
 bench() {
   wanted bench || return
   local out="$LOG_DIR/decode_throughput.json" start=$SECONDS
-  local cmd=("$PY" bench/decode_throughput.py --device "$DEVICE" --quick --server-cores "" --client-cores ""
-             --out "$out" --startup-timeout 300)
+  local cmd=("$PY" -m bench.decode_throughput --device "$DEVICE" --quick --server-cores "" --client-cores ""
+             --out "$out" --summary-dir "$LOG_DIR/summaries" --startup-timeout 300)
   if [ "$DRY_RUN" = 1 ]; then echo "  [bench] timeout 420 ${cmd[*]}"; return; fi
   say "bench: ${cmd[*]}"
   if timeout 420 "${cmd[@]}" >"$LOG_DIR/bench.log" 2>&1; then

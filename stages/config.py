@@ -20,6 +20,7 @@ from cache.config import CacheConfig
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList
+from transfer.ucx_listen import ucx_params
 
 ROLES = ("colocated", "prefill", "decode", "encoder", "pd")
 DISAGG_ROLES = ("prefill", "decode", "pd")  # pd: a switchable worker, prefill or decode as the router says
@@ -72,6 +73,8 @@ class DisaggConfig:
     def __post_init__(self) -> None:
         if self.transfer not in TRANSFERS:
             raise ValueError(f"--transfer must be one of {TRANSFERS}, got {self.transfer!r}")
+        if self.transfer == "nixl":
+            ucx_params(self.transfer_config)  # UCX listens on --transfer-host's interface: ValueError if none holds it
         for name in ("pair_timeout_s", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s", "abort_grace_s",
                      "peer_link_idle_s", "embedding_timeout_s"):
             if not getattr(self, name) > 0:

@@ -24,8 +24,8 @@ import pytest
 
 from stages.cli import free_port
 from tests.redis_fixtures import redis_server  # noqa: F401
-from transfer.base import TransferConfig, TransferError
-from transfer.nixl import interface_of, ucx_params
+from transfer.base import TransferConfig
+from transfer.ucx_listen import interface_of, ucx_params
 
 pytestmark = pytest.mark.timeout(300)
 HOST = "127.0.0.1"
@@ -175,6 +175,14 @@ def test_ucx_is_pinned_to_the_interface_of_the_transfer_host():
         assert ucx_params(TransferConfig(host=host)) == {"engine_config": f"NET_DEVICES={loopback}"}
     assert ucx_params(TransferConfig(protocol="rdma")) == {}
     assert ucx_params(TransferConfig(device="mlx5_0")) == {"ucx_devices": "mlx5_0"}
-    with pytest.raises(TransferError, match=r"no network interface of this machine has the address '198\.51\.100\.7'"
-                                            r"; give --transfer-host"):
+    with pytest.raises(ValueError, match=r"--transfer-host '198\.51\.100\.7' is on no network interface"):
         interface_of("198.51.100.7")  # TEST-NET-2: on no interface here
+
+
+def test_a_nixl_server_refuses_a_transfer_host_on_no_interface_before_loading(tiny_model):
+    command = [sys.executable, "-m", "stages.cli", "serve", "decode", "--model", str(tiny_model("qwen2_vl")),
+               "--transfer", "nixl", "--transfer-host", "198.51.100.7", "--port", str(free_port())]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("stage serve decode: error: --transfer-host '198.51.100.7' is on no network interface of "
+                             "this machine; give one of its addresses (NIXL's UCX listens on that interface only)\n")

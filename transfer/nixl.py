@@ -19,12 +19,12 @@ Library facts this file relies on (1.5.1):
 - ``host`` is not advertised: the agent metadata in the descriptor carries UCX's own addresses. But
   UCX's TCP transport listens on every network interface's own address (not a wildcard, yet not only
   where it was told), and it cannot be given an address, only interfaces. So protocol "tcp" without
-  a ``device`` pins UCX to the interface that holds ``host`` (``UCX_NET_DEVICES``, passed as the
-  backend's ``engine_config``; a ``UCX_NET_DEVICES`` in the environment wins), and UCX then listens on
-  that interface's address: ``host`` itself, or, on an interface with several addresses, its first one
-  (127.0.0.1 for any 127.0.0.0/8 host). ``host`` on no interface of this machine is refused. The
-  bindings' ``ucx_devices`` is no substitute: it appends ":1" to each name, which matches InfiniBand
-  ports, never a TCP interface (it is then ignored). ``device`` becomes ``ucx_devices``.
+  a ``device`` pins UCX to the interface that holds ``host`` (``transfer/ucx_listen.py``:
+  ``UCX_NET_DEVICES``, passed as the backend's ``engine_config``; a ``UCX_NET_DEVICES`` in the
+  environment wins), and UCX then listens on that interface's address: ``host`` itself, or, on an
+  interface with several addresses, its first one (127.0.0.1 for any 127.0.0.0/8 host). The bindings'
+  ``ucx_devices`` is no substitute: it appends ":1" to each name, which matches InfiniBand ports,
+  never a TCP interface (it is then ignored). ``device`` becomes ``ucx_devices``.
 - GPU memory: the same wheels (``nixl-cu12`` / ``nixl-cu13``) register it as ``VRAM_SEG`` with the
   GPU's index as the descriptor's device id, on both sides of a transfer (each list names its own
   side's kind and device: the remote's come from its descriptor). UCX's CUDA transports take the
@@ -34,19 +34,17 @@ Library facts this file relies on (1.5.1):
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import socket
 import time
 import uuid
 
 import msgspec
-import psutil
 import nixl._bindings as nb  # nixl/__init__ picks the wheel flavour (nixl_cu12/cu13) and aliases it
 
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
+from transfer.ucx_listen import ucx_params
 
 log = logging.getLogger(__name__)
 PROGRESS_DELAY_US = 100  # progress-thread sleep between polls
@@ -76,7 +74,10 @@ class NixlBackend(TransferBackend):
         agent_config.pthrDelay = PROGRESS_DELAY_US
         agent_config.syncMode = nb.NIXL_THREAD_SYNC_RW  # concurrent transfers from several threads
         self.agent_name = f"epd-{uuid.uuid4().hex}"
-        params = ucx_params(config)
+        try:
+            params = ucx_params(config)
+        except ValueError as exc:
+            raise TransferError(f"nixl: {exc}") from exc
         try:
             self._agent: nb.nixlAgent | None = nb.nixlAgent(self.agent_name, agent_config)
             self._ucx = self._agent.createBackend("UCX", params)
@@ -185,43 +186,6 @@ class NixlBackend(TransferBackend):
         if self._agent is None:
             raise TransferError("nixl: backend already released")
         return self._agent
-
-
-def ucx_params(config: TransferConfig) -> dict[str, str]:
-    """The UCX backend's parameters: ``device`` as ``ucx_devices``; for protocol "tcp" without one,
-    UCX pinned to the interface of ``host`` (see the module docstring). TransferError if none holds it."""
-    if config.device:
-        return {"ucx_devices": config.device}
-    if config.protocol != "tcp":
-        return {}
-    return {"engine_config": f"NET_DEVICES={interface_of(config.host)}"}
-
-
-def interface_of(host: str) -> str:
-    """The name of this machine's network interface that holds ``host`` (an address, or a name
-    resolved to one). TransferError naming --transfer-host when no interface holds it."""
-    try:
-        wanted = {_address(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-    except OSError as exc:
-        raise TransferError(f"nixl: cannot resolve the transfer host {host!r} (--transfer-host): {exc}") from exc
-    for name, addresses in psutil.net_if_addrs().items():
-        held = [_address(a.address) for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)]
-        if any(_holds(address, host_address) for address in held for host_address in wanted):
-            return name
-    raise TransferError(f"nixl: no network interface of this machine has the address {host!r}; give "
-                        f"--transfer-host one of this machine's addresses (UCX listens on that interface only)")
-
-
-def _holds(address: ipaddress.IPv4Address | ipaddress.IPv6Address,
-           wanted: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Whether an interface with ``address`` answers on ``wanted``: the same address, or both loopback
-    (the loopback interface lists 127.0.0.1 but answers on all of 127.0.0.0/8)."""
-    return address == wanted or (address.version == wanted.version and address.is_loopback and wanted.is_loopback)
-
-
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An address without its IPv6 zone (``fe80::1%eth0``)."""
-    return ipaddress.ip_address(text.split("%", 1)[0])
 
 
 def _use_gpu(device_id: int) -> None:

@@ -1,8 +1,10 @@
 """``stage up`` as a real process: it starts a mode's stack on the tiny model, serves a chat request
 through the printed URL (official client), and on SIGTERM leaves no process and no listening port
 behind; a SIGKILLed ``stage up`` takes its children with it; a child that cannot start stops
-everything with a message naming it. Plus the pure parts: each mode's command lines and the config's
-refusals."""
+everything with a message naming it. The admin API: ``--admin-token`` reaches the router and the
+stages and the ready line prints the admin URL; without it ``stage admin`` is told which flag or
+variable turns it on, and with a wrong token which flag or variable gives it. Plus the pure parts:
+each mode's command lines and the config's refusals."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
+from router.cli import TOKEN_ENV
 from stages.up import StackConfig, router_spec, stage_specs
 from tests.conftest import REPO
 from tests.router_helpers import data_url, png
@@ -29,6 +33,7 @@ STARTUP_S = 240.0
 STOP_S = 60.0
 STARTED = re.compile(r"^stage up: started (\w+) at http://127\.0\.0\.1:(\d+) \(pid (\d+), log (.+)\)$")
 REDIS = re.compile(r"^stage up: started redis at redis://127\.0\.0\.1:(\d+)")
+TOKEN = "a-token-of-twenty-chars"
 
 
 # --- pure: command lines and config ----------------------------------------------------------
@@ -79,6 +84,7 @@ def test_epd_and_colocated_command_lines():
     (dict(mode="pd", port=70000), "--port must be in [0, 65535], got 70000"),
     (dict(mode="pd", threads=0), "--threads must be >= 1, got 0"),
     (dict(mode="pd", startup_timeout_s=0), "--startup-timeout-s must be > 0, got 0"),
+    (dict(mode="pd", admin_token="short"), "--admin-token (or EPD_ADMIN_TOKEN) must be at least 16 characters"),
 ])
 def test_config_refusals_name_the_flag(kw, message):
     with pytest.raises(ValueError) as err:
@@ -92,9 +98,10 @@ class Up:
 
     def __init__(self, *flags: str, log_dir: Path) -> None:
         self.log_dir = log_dir
+        env = {key: value for key, value in os.environ.items() if key != TOKEN_ENV}  # the token: --admin-token only
         self.proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "up", *flags, "--log-dir", str(log_dir)],
                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**env, "PYTHONUNBUFFERED": "1"})
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -180,23 +187,56 @@ def assert_all_gone(up: Up, pids: list[int], ports: list[int], within_s: float) 
     assert [p for p in ports if not refused(p)] == []
 
 
+def admin(router: str, *flags: str) -> tuple[int, str, str]:
+    """``stage admin workers --router ROUTER FLAGS`` (no token in its environment): code, stdout, stderr."""
+    env = {key: value for key, value in os.environ.items() if key != TOKEN_ENV}
+    done = subprocess.run([sys.executable, "-m", "stages.cli", "admin", "workers", "--router", router, *flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def check_admin_api(router: str, children: dict[str, tuple[int, int]], token: str | None) -> None:
+    """With ``token`` (stage up --admin-token): the router's admin API takes it and nothing else, and a
+    decode has it too (a wrong token is 401 there, not 403 "disabled"). Without: 403 naming the flag
+    and the variable."""
+    if token is None:
+        assert admin(router) == (1, "", "stage admin: HTTP 403: admin API disabled: start the router with "
+                                        "--admin-token or the EPD_ADMIN_TOKEN environment variable (stage up takes "
+                                        "the same flag and variable)\n")
+        return
+    code, table, _ = admin(router, "--token", token)
+    assert code == 0 and [line.split()[1] for line in table.splitlines()[1:]] == [
+        role for role in children if role != "router"]
+    assert admin(router, "--token", token + "x") == (1, "", "stage admin: HTTP 401: wrong admin token (give the "
+                                                            "router's admin token with --token or the EPD_ADMIN_TOKEN "
+                                                            "environment variable)\n")
+    if "decode" in children:
+        response = httpx.post(f"http://127.0.0.1:{children['decode'][0]}/admin/allowed_bootstrap", timeout=10,
+                              json={"host": "127.0.0.1", "port": 1}, headers={"Authorization": "Bearer wrong"})
+        assert (response.status_code, response.json()["error"]["code"]) == (401, "unauthorized")
+
+
 @pytest.fixture
 def model(tiny_model) -> str:
     return str(tiny_model("qwen2_vl"))
 
 
-@pytest.mark.parametrize("mode, roles", [("epd", ["encoder", "prefill", "decode", "router"]),
-                                         ("pd", ["prefill", "decode", "router"]),
-                                         ("colocated", ["colocated", "router"])])
-def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path, mode, roles):
+@pytest.mark.parametrize("mode, roles, token", [("epd", ["encoder", "prefill", "decode", "router"], None),
+                                                ("pd", ["prefill", "decode", "router"], TOKEN),
+                                                ("colocated", ["colocated", "router"], None)])
+def test_up_serves_through_the_router_and_sigterm_leaves_nothing(model, tmp_path, mode, roles, token):
     flags = () if mode == "epd" else ("--mode", mode)  # epd is the default
+    flags += ("--admin-token", token) if token else ()
     up = Up(*flags, "--model", model, "--port", "0", "--kv-cache-mib", "16", log_dir=tmp_path / "logs")
     try:
         ready = up.wait_line("stage up: ready: ", STARTUP_S)
         children = up.children()
         assert list(children) == roles
-        assert ready == (f"stage up: ready: http://127.0.0.1:{children['router'][0]}/v1 "
-                         "(OpenAI base URL; Ctrl-C stops everything)")
+        router = f"http://127.0.0.1:{children['router'][0]}"
+        admin_api = (f"admin API {router}/admin (stage admin --router {router}, with the --admin-token token)" if token
+                     else "admin API off (give stage up --admin-token or EPD_ADMIN_TOKEN)")
+        assert ready == f"stage up: ready: {router}/v1 (OpenAI base URL); {admin_api}; Ctrl-C stops everything"
+        check_admin_api(router, children, token)
         assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(f"{r}.log" for r in roles)
         client = openai.OpenAI(base_url=ready.split()[3], api_key="x", max_retries=0, timeout=60)
         image = {"type": "image_url", "image_url": {"url": data_url(png(48, 32, 1))}}
@@ -243,24 +283,21 @@ def test_killed_up_takes_its_children_with_it(model, tmp_path):
 
 
 def test_a_child_that_cannot_start_stops_everything_and_names_itself(model, tmp_path):
-    with socket.socket() as taken:  # the router's port is held: the router exits at bind
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        up = Up("--mode", "colocated", "--model", model, "--port", str(port), "--kv-cache-mib", "16",
-                log_dir=tmp_path / "logs")
-        try:
-            code, stderr = up.finish(STARTUP_S)
-            children = up.children()
-            assert code == 1
-            assert list(children) == ["colocated", "router"]
-            router_log = tmp_path / "logs" / "router.log"
-            assert stderr.startswith(f"stage up: error: router at http://127.0.0.1:{port} "
-                                     f"(pid {children['router'][1]}, log {router_log}) exited with code 1 before "
-                                     "it was healthy; the end of its log:\n"), stderr
-            assert "Address already in use" in stderr
-            assert up.lines[-2:] == [f"stage up: stopping colocated (pid {children['colocated'][1]})",
-                                     "stage up: stopped"]
-            assert_all_gone(up, [pid for _, pid in children.values()], [children["colocated"][0]], within_s=5)
-        finally:
-            up.kill()
+    """The decode is given a GPU no machine has: it exits at startup, and the prefill, already started,
+    is stopped; the error names the decode, its log and the log's end."""
+    up = Up("--mode", "pd", "--model", model, "--port", "0", "--kv-cache-mib", "16", "--device", "cpu,cuda:99",
+            log_dir=tmp_path / "logs")
+    try:
+        code, stderr = up.finish(STARTUP_S)
+        children = up.children()
+        assert code == 1
+        assert list(children) == ["prefill", "decode"]
+        decode_log = tmp_path / "logs" / "decode.log"
+        assert stderr.startswith(f"stage up: error: decode at http://127.0.0.1:{children['decode'][0]} "
+                                 f"(pid {children['decode'][1]}, log {decode_log}) exited with code 2 before "
+                                 "it was healthy; the end of its log:\n"), stderr
+        assert "stage serve decode: error: --device cuda:99: torch sees " in stderr
+        assert up.lines[-2:] == [f"stage up: stopping prefill (pid {children['prefill'][1]})", "stage up: stopped"]
+        assert_all_gone(up, [pid for _, pid in children.values()], [children["prefill"][0]], within_s=5)
+    finally:
+        up.kill()

@@ -1,6 +1,8 @@
 """``stage demo --mode epd`` as a real process: it starts a private Redis, an encoder, a prefill, a
-decode (and the router in front), prints the answer (the same as ``--mode colocated``'s) and the
-room's per-stage times, and leaves no process behind."""
+decode (and the router in front), prints the prompt, then the answer (the same as ``--mode
+colocated``'s), what its finish_reason means and the room's per-stage times, all before the stop
+lines, and leaves no process behind; its log directory is a new run under WORKDIR/logs, of which the
+last 10 are kept."""
 
 from __future__ import annotations
 
@@ -45,12 +47,22 @@ def listening(port: int) -> bool:
 
 def test_epd_demo_answers_like_colocated_and_leaves_nothing_running(tmp_path):
     (tmp_path / "qwen2_vl-tiny").symlink_to(model_dir("qwen2_vl"))  # the demo's model, made already
+    earlier = [tmp_path / "logs" / f"demo-epd-20260101-0000{i:02d}-{100 + i}" for i in range(11)]
+    for path in earlier:
+        path.mkdir(parents=True)
     epd = demo("epd", tmp_path)
     redis_port = int(re.search(r"started redis at redis://127\.0\.0\.1:(\d+)/0", epd).group(1))
-    assert re.search(r"^room \d+: encoder [\d.]+ ms", epd, re.M), epd  # the image went through the encoder
-    for role in ("encoder", "prefill", "decode"):
-        assert re.search(rf"^stopping {role} \(pid \d+\)$", epd, re.M), epd
-    answer = re.search(r"^answer \(length\): .*$", epd, re.M).group(0)
+    lines = epd.splitlines()
+    answer = next(line for line in lines if line.startswith("answer (length): "))
+    said = [lines.index(line) for line in (
+        "prompt: [image: 224x224 PNG, a red disc and a blue square on a gradient] What is in this picture?", answer,
+        "finish_reason 'length': the answer was cut at --max-tokens (6 tokens)")]
+    room = next(i for i, line in enumerate(lines) if re.match(r"^room \d+: encoder [\d.]+ ms", line))  # encoded
+    stops = [i for i, line in enumerate(lines) if re.match(r"^stopping (encoder|prefill|decode) \(pid \d+\)$", line)]
+    assert said == sorted(said) and len(stops) == 3 and said[-1] < room < min(stops), epd
+    logs = sorted((tmp_path / "logs").iterdir())
+    assert logs[:-1] == earlier[2:] and logs[-1].name.startswith("demo-epd-2")  # the last 10 runs, this one too
+    assert sorted(p.name for p in logs[-1].iterdir()) == ["decode.log", "encoder.log", "prefill.log", "router.log"]
     assert processes_mentioning(str(tmp_path)) == []
     assert processes_mentioning(f"--port {redis_port} ") == [] and not listening(redis_port)
     assert re.search(r"^answer \(length\): .*$", demo("colocated", tmp_path), re.M).group(0) == answer

@@ -73,7 +73,8 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:  # type:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, None)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status, "invalid_request" if exc.status < 500 else "server_error")
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return web.json_response(error_body(exc.status, exc.reason, code), status=exc.status, headers=allow)
     except (asyncio.CancelledError, ConnectionResetError):

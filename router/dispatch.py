@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from router.attempt import Head, open_answer, side_call
+from router.client_params import as_client_sees
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.metrics import Metrics
@@ -119,7 +120,7 @@ class Dispatcher:
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
-            failure = blame_encoder(exc.failure, plan.images)
+            failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.images, plan.sides)
             self._charge(failure, plan, leases)
             outcome = f"failed: the {failure.stage} stage: {failure.message}"
             unreachable = frozenset({failure.url} if failure.unreachable else ())

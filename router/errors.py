@@ -11,7 +11,7 @@ from __future__ import annotations
 class RouterError(Exception):
     """Raised anywhere under a route; the app turns it into the JSON error response."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -24,7 +24,8 @@ class RouterError(Exception):
         return error_body(self.status, self.message, self.code, self.param)
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
+    """Every error body has a ``code`` (``tests/test_error_params.py`` checks each construction)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

@@ -36,6 +36,7 @@ class RefImage:
     key: str
     width: int
     height: int
+    param: str  # the client's path of the part, messages[i].content[j].image_url (``router.client_params``)
 
     def ref(self) -> dict:
         return {"type": "image_ref", "image_ref": {"key": self.key, "width": self.width, "height": self.height}}
@@ -50,7 +51,7 @@ def ref_images(parts: Sequence[ImagePart], fingerprint: str, max_bytes: int) -> 
 def _ref_image(part: ImagePart, fingerprint: str, max_bytes: int) -> RefImage:
     data = decode_data_url(part.url, part.param, max_bytes)
     width, height = header_size(data, part.param)
-    return RefImage(part.part, part.url, image_key(data, fingerprint), width, height)
+    return RefImage(part.part, part.url, image_key(data, fingerprint), width, height, part.param)
 
 
 def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:

@@ -203,6 +203,11 @@ class FakeEngine:
         self.built.append((messages, images))
         return Prompt(token_ids=[1] * (4 + 10 * len(images)))
 
+    def num_image_tokens(self, width: int, height: int) -> int:
+        if max(width, height) > 200 * min(width, height):
+            raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(width, height) / min(width, height)}")
+        return 10
+
     def check_request(self, prompt: Prompt, params) -> None:
         total = len(prompt.token_ids) + params.max_tokens
         if total > self.max_model_len:

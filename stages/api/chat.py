@@ -130,13 +130,14 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
             ignore_eos=bool(request.ignore_eos),
         )
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise bad_request(str(exc), None, "invalid_value") from None
 
 
 @dataclass(frozen=True)
 class Preparer:
     """A server's way from a request body to (prompt, sampling parameters): its prompt builder
-    (``stages.prompt.PromptBuilder``: ``build`` for PIXELS, ``build_from_sizes`` otherwise), its
+    (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then ``build``
+    for PIXELS, ``build_from_sizes`` otherwise), its
     engine's limits, its image limits and how it takes images."""
 
     prompts: Any
@@ -148,18 +149,31 @@ class Preparer:
         """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
         tokenization); run it off the event loop. Raises APIError for anything the client got wrong."""
         engine, messages = self.engine, hf_messages(request)
+        images = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
+        sizes = [image.size for image in images] if images is not None else \
+            image_sizes(request, self.limits, self.mode)
+        self._check_sizes(request, sizes)
         try:
-            if self.mode is ImageMode.PIXELS:
-                prompt = self.prompts.build(messages, load_images(request, self.limits))
-            else:
-                prompt = self.prompts.build_from_sizes(messages, image_sizes(request, self.limits, self.mode))
+            prompt = self.prompts.build(messages, images) if images is not None else \
+                self.prompts.build_from_sizes(messages, sizes)
         except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
-            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages") from None
+            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
+                              "invalid_prompt") from None
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
         try:
             engine.check_request(prompt, params)
         except ValueError as exc:
             too_long = len(prompt.token_ids) + params.max_tokens > engine.max_model_len
             raise bad_request(str(exc), "messages" if too_long else "max_tokens",
-                              "context_length_exceeded" if too_long else None) from None
+                              "context_length_exceeded" if too_long else "invalid_value") from None
         return prompt, params
+
+    def _check_sizes(self, request: ChatCompletionRequest, sizes: list[tuple[int, int]]) -> None:
+        """400 ``invalid_image`` naming the first image whose size the model's image processor refuses
+        (an aspect ratio over 200 for Qwen-VL), before any is preprocessed."""
+        for (width, height), (part, param) in zip(sizes, image_parts(request)):
+            try:
+                self.prompts.num_image_tokens(width, height)
+            except ValueError as exc:
+                raise bad_request(f"The image's size ({width}x{height}) is refused by this model's image "
+                                  f"processor: {exc}", f"{param}.{part.type}", "invalid_image") from None

@@ -27,13 +27,14 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "inva
           413: "invalid_request_error", 500: "server_error", 503: "server_error"}
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's union member tags
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}  # the framework's own
 _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another type: the least useful error
 
 
 class APIError(Exception):
     """Raised anywhere under a route; becomes an OpenAI-style error response."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str,
                  type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -88,7 +89,7 @@ def validation_error(errors: list[dict]) -> APIError:
     """The most specific of pydantic's errors: a union reports one per member, and the useful one is the
     deepest, and at equal depth the one from the member whose type matched."""
     if not errors:
-        return bad_request("Invalid request body.")
+        return bad_request("Invalid request body.", None, "invalid_value")
     first = errors[0]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
@@ -113,7 +114,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "server_error")
         error = APIError(exc.status_code, str(exc.detail), code=code)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 

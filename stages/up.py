@@ -338,27 +338,27 @@ def _own_and_healthy(child: Child) -> bool:
     """Whether ``child`` is healthy: its ``/health`` answers 200 and its ``/server_info`` shows the
     ``instance_id`` it was given. StackError when a server answers there with another id (or none):
     another process holds the child's port."""
-    if _get(f"{child.spec.url}/health") is None:
+    if _get(f"{child.spec.url}/health") is None or (raw := _get(f"{child.spec.url}/server_info")) is None:
         return False
-    info = _get(f"{child.spec.url}/server_info")
-    if info is None:
-        return False
-    if info.get("instance_id") != child.instance_id:
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        info = None
+    found = info.get("instance_id") if isinstance(info, dict) else None
+    if found != child.instance_id:
         raise StackError(f"port {child.spec.port} is answered by another process, not the {child.spec.role} "
-                         f"stage up started (pid {child.proc.pid}): its /server_info has instance_id "
-                         f"{info.get('instance_id')!r}, not {child.instance_id!r}; stop that process or give "
-                         f"another port")
+                         f"stage up started (pid {child.proc.pid}): its /server_info has instance_id {found!r}, "
+                         f"not {child.instance_id!r}; stop that process or give another port")
     return True
 
 
-def _get(url: str) -> dict | None:
-    """The JSON object ``url`` answers 200 with, or None (no answer yet, another status, not JSON)."""
+def _get(url: str) -> bytes | None:
+    """The body of ``url``'s answer when it is a 200, else None (no answer yet, or another status)."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            answer = json.loads(response.read()) if response.status == 200 else None
-    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return response.read() if response.status == 200 else None
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
-    return answer if isinstance(answer, dict) else None
 
 
 def _stop_group(proc: subprocess.Popen, timeout_s: float) -> None:

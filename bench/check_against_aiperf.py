@@ -55,8 +55,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common.args import REPO, add_model_args, add_output_args, add_server_args, make_parser, output_path, \
-    resolve_model
+from bench.common.args import (REPO, add_cores_args, add_model_args, add_output_args, add_server_args, make_parser,
+                               output_path, resolve_model)
 from bench.common.children import Child, Server
 from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
@@ -301,8 +301,7 @@ def build_parser():  # type: ignore[no-untyped-def]
                    help="stage serve colocated on the model, or bench/paced_server.py (known TTFT and ITL, no model)")
     p.add_argument("--paced-ttft-ms", type=float, default=100.0, help="--server paced: first token after this")
     p.add_argument("--paced-itl-ms", type=float, default=20.0, help="--server paced: a token every this")
-    p.add_argument("--server-cores", default="1", help="cores of the server ('' : no pinning)")
-    p.add_argument("--client-cores", default="0", help="cores of this script and both clients ('' : no pinning)")
+    add_cores_args(p, {"server": ("1", "the server"), "client": ("0", "this script and both clients")})
     p.add_argument("--aiperf", default=str(AIPERF), help="the aiperf executable")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per client run")
     add_server_args(p, startup_s=240.0, request_s=300.0)

@@ -37,6 +37,13 @@ def add_output_args(p: argparse.ArgumentParser, name: str, quick_help: str) -> N
                    help="folder of the run's summary JSON (bench/README.md's table is made from bench/summaries/)")
 
 
+def add_cores_args(p: argparse.ArgumentParser, roles: dict[str, tuple[str, str]]) -> None:
+    """``--<role>-cores`` for each ``role: (default, what runs there)``: a core list (``0``, ``0,2``,
+    ``0-3``; ``''``: not pinned), read with ``bench.common.pinning.parse_cores``."""
+    for role, (default, what) in roles.items():
+        p.add_argument(f"--{role}-cores", default=default, help=f"cores of {what} ('' : not pinned)")
+
+
 def add_server_args(p: argparse.ArgumentParser, startup_s: float, request_s: float, server_env: bool = False) -> None:
     """--threads (torch threads of every server), --startup-timeout, --request-timeout, --server-arg
     (repeatable extra flag for every server) and, with ``server_env``, --server-env KEY=VALUE."""

@@ -13,6 +13,13 @@ def write_json(path: Path, report: dict) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def print_header(header: str) -> None:
+    """A table's header line after a blank line, underlined with dashes."""
+    print()
+    print(header)
+    print("-" * len(header))
+
+
 def pyplot():  # -> the matplotlib.pyplot module
     """``matplotlib.pyplot`` on the non-interactive Agg backend."""
     import matplotlib

@@ -119,6 +119,13 @@ class Recorder:
         self.load = LoadSampler()
 
     @classmethod
+    def start(cls, benchmark: str, parser: argparse.ArgumentParser,
+              argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Recorder]:
+        """Parse ``argv`` with the script's ``parser`` and start its recorder (``of_script``)."""
+        args = parser.parse_args(argv)
+        return args, cls.of_script(benchmark, parser, args, argv)
+
+    @classmethod
     def of_script(cls, benchmark: str, parser: argparse.ArgumentParser, args: argparse.Namespace,
                   argv: Sequence[str] | None = None) -> Recorder:
         """The recorder of ``python -m bench.<benchmark>`` run with ``argv`` (default: this process's),

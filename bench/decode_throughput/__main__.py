@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common.args import add_model_args, add_output_args, add_server_args, make_parser, output_path, resolve_model
+from bench.common.args import (add_cores_args, add_model_args, add_output_args, add_server_args, make_parser,
+                               output_path, resolve_model)
 from bench.common.children import Server
 from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
@@ -38,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, default=64, help="upper bound on requests per concurrency level")
     p.add_argument("--hf-requests", type=int, default=6, help="requests timed for the HF baseline")
     p.add_argument("--device", default="cpu", help="the server's --device, and where HF generate() runs")
-    p.add_argument("--server-cores", default="1", help="CPU cores the server process is pinned to ('' : no pinning)")
-    p.add_argument("--client-cores", default="0", help="CPU cores of this process: client and HF ('' : no pinning)")
+    add_cores_args(p, {"server": ("1", "the server process"), "client": ("0", "this process: the client and HF")})
     add_server_args(p, startup_s=180.0, request_s=300.0, server_env=True)
     p.add_argument("--repeat", type=int, default=2,
                    help="timed runs per level and for HF; the best (highest tokens/s) of each is reported, all are kept")
@@ -49,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    record = Recorder.of_script("decode_throughput", parser, args, argv)
+    args, record = Recorder.start("decode_throughput", build_parser(), argv)
     if args.quick:
         args.max_tokens = min(args.max_tokens, 16)
         args.max_requests = min(args.max_requests, 32)

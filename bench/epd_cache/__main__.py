@@ -9,7 +9,8 @@ import os
 import random
 import sys
 
-from bench.common.args import add_model_args, add_output_args, add_server_args, make_parser, output_path, resolve_model
+from bench.common.args import (add_cores_args, add_model_args, add_output_args, add_server_args, make_parser,
+                               output_path, resolve_model)
 from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Recorder
@@ -38,22 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst-concurrency", type=int, default=8, help="requests in flight in the burst")
     p.add_argument("--burst-unique", type=int, default=12, help="distinct images the burst's requests draw from")
     p.add_argument("--seed", type=int, default=0, help="the burst's image choice")
-    p.add_argument("--encoder-cores", default="0", help="cores of the encoder ('' : not pinned)")
-    p.add_argument("--prefill-cores", default="1", help="cores of the prefill")
-    p.add_argument("--decode-cores", default="0", help="cores of the decode")
-    p.add_argument("--colocated-cores", default="1", help="cores of the colocated server")
-    p.add_argument("--router-cores", default="", help="cores of the router ('' : not pinned)")
-    p.add_argument("--redis-cores", default="", help="cores of the embedded Redis ('' : not pinned)")
-    p.add_argument("--client-cores", default="", help="cores of this process, the client ('' : not pinned)")
+    add_cores_args(p, {"encoder": ("0", "the encoder"), "prefill": ("1", "the prefill"), "decode": ("0", "the decode"),
+                       "colocated": ("1", "the colocated server"), "router": ("", "the router"),
+                       "redis": ("", "the embedded Redis"), "client": ("", "this process, the client")})
     add_server_args(p, startup_s=300.0, request_s=120.0)
     add_output_args(p, "epd_cache", quick_help="smoke run: 2 pairs per image count, 1 round, a 16-request burst")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    record = Recorder.of_script("epd_cache", parser, args, argv)
+    args, record = Recorder.start("epd_cache", build_parser(), argv)
     if args.quick:
         args.requests, args.rounds, args.burst_requests = min(args.requests, 2), 1, min(args.burst_requests, 16)
     counts = [int(n) for n in args.images.split(",") if n.strip()]

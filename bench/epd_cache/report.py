@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bench.common.output import pyplot, save_figure
+from bench.common.output import print_header, pyplot, save_figure
 from bench.common.record import Figure
 from bench.epd_cache.analysis import WAKE_GOAL_MS
 
@@ -30,12 +30,10 @@ def print_phase(run: dict, counts: list[int]) -> None:
 
 
 def print_table(summary: dict, counts: list[int]) -> None:
+    """Per N, system and case: TTFT median, p90, min, hit / miss, paired, epd / colocated, stage CPU."""
     ttft, ratios = summary["ttft_ms"], summary.get("ratio_hit_vs_miss", {})
-    print()
-    header = (f"{'images':>6}{'prompt':>8}  {'system':<10}{'case':<6}{'TTFT p50':>9}{'p90':>9}{'min':>9}{'n':>4}"
-              f"{'hit/miss':>10}{'paired':>8}{'/coloc':>8}{'CPU ms':>8}{'hit/miss':>10}")
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'images':>6}{'prompt':>8}  {'system':<10}{'case':<6}{'TTFT p50':>9}{'p90':>9}{'min':>9}{'n':>4}"
+                 f"{'hit/miss':>10}{'paired':>8}{'/coloc':>8}{'CPU ms':>8}{'hit/miss':>10}")
     for n in counts:
         first = True
         for mode in ttft:

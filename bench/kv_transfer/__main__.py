@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from bench.common.args import add_model_args, add_output_args, make_parser, output_path, resolve_model
+from bench.common.args import add_cores_args, add_model_args, add_output_args, make_parser, output_path, resolve_model
 from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Recorder
@@ -30,8 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed repetitions per cell and path (4x up to 4 MiB, 2/3 of it from 32 MiB)")
     p.add_argument("--warmup", type=int, default=3, help="untimed moves per cell and path first")
     p.add_argument("--micro-iters", type=int, default=200, help="iterations of each breakdown part")
-    p.add_argument("--initiator-cores", default="0", help="cores of this process (initiator, memcpy); '' = no pinning")
-    p.add_argument("--target-cores", default="1", help="cores of the target process; '' = no pinning")
+    add_cores_args(p, {"initiator": ("0", "this process (initiator, memcpy)"), "target": ("1", "the target process")})
     p.add_argument("--timeout", type=float, default=30.0, help="TransferConfig.timeout_s")
     p.add_argument("--seed", type=int, default=0, help="seed of the fragmented block lists and the path order")
     add_output_args(p, "kv_transfer", quick_help="smoke run: 8 repetitions, 1 warm-up")
@@ -39,9 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    record = Recorder.of_script("kv_transfer", parser, args, argv)
+    args, record = Recorder.start("kv_transfer", build_parser(), argv)
     if args.quick:
         args.reps, args.warmup, args.micro_iters = min(args.reps, 8), 1, min(args.micro_iters, 50)
     args.tokens = [int(t) for t in args.tokens.split(",") if t.strip()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.output import pyplot, save_figure
+from bench.common.output import print_header, pyplot, save_figure
 from bench.common.record import Figure
 
 FIGURE_TOKENS = (2048, 8192)  # the cells whose ratios the summary keeps (16 and 64 MiB on the small model)
@@ -23,11 +23,9 @@ def figures(results: list[dict]) -> list[Figure]:
 
 
 def print_table(results: list[dict]) -> None:
-    print()
-    header = (f"{'backend':<9}{'tokens':>7} {'layout':<11}{'ops':>5}{'MiB':>7}  {'path':<15}{'p50 ms':>9}{'p90 ms':>9}"
-              f"{'min ms':>9}{'GB/s':>8}{'/raw':>7}{'/memcpy':>9}")
-    print(header)
-    print("-" * len(header))
+    """Per backend, cell and path: median, p90, min, GB/s, / raw, / memcpy; then the breakdown of our layer."""
+    print_header(f"{'backend':<9}{'tokens':>7} {'layout':<11}{'ops':>5}{'MiB':>7}  {'path':<15}{'p50 ms':>9}{'p90 ms':>9}"
+                 f"{'min ms':>9}{'GB/s':>8}{'/raw':>7}{'/memcpy':>9}")
     for result in results:
         for cell in result["cells"]:
             for i, (p, r) in enumerate(cell["paths"].items()):

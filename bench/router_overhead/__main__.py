@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.common.args import CACHE, add_output_args, make_parser, output_path
+from bench.common.args import CACHE, add_cores_args, add_output_args, make_parser, output_path
 from bench.common.children import REPO, Child
 from bench.common.machine import loadavg
 from bench.common.meter import CpuMeter
@@ -38,18 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=100, help="untimed requests per target and round")
     p.add_argument("--rounds", type=int, default=3, help="the sequence of targets runs this many times (pooled)")
     p.add_argument("--itl-ms", type=float, default=2.0, help="the fake decode's gap before each streamed token")
-    p.add_argument("--router-cores", default="1", help="cores of every router ('' : no pinning)")
-    p.add_argument("--client-cores", default="0", help="cores of this process (the client)")
-    p.add_argument("--backend-cores", default="0", help="cores of the fake backend pair")
+    add_cores_args(p, {"router": ("1", "every router"), "client": ("0", "this process (the client)"),
+                       "backend": ("0", "the fake backend pair")})
     p.add_argument("--py-spy", action="store_true", help="record our router with py-spy during an extra c=32 run")
     add_output_args(p, "router_overhead", quick_help="smoke run: 1 round, a quarter of the requests")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    record = Recorder.of_script("router_overhead", parser, args, argv)
+    args, record = Recorder.start("router_overhead", build_parser(), argv)
     if args.quick:
         args.rounds = 1
         args.requests_c1, args.requests_stream, args.requests_c32 = (args.requests_c1 // 4, args.requests_stream // 4,

@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-from bench.common.args import add_model_args, add_output_args, add_server_args, make_parser, output_path, resolve_model
+from bench.common.args import (add_cores_args, add_model_args, add_output_args, add_server_args, make_parser,
+                               output_path, resolve_model)
 from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Recorder
@@ -32,19 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
     p.add_argument("--gap-s", type=float, default=0.25, help="idle time before each request (low load: the servers "
                    "have finished the previous one)")
-    p.add_argument("--colocated-cores", default="1", help="cores of the colocated server ('' : no pinning)")
-    p.add_argument("--prefill-cores", default="0", help="cores of the prefill server")
-    p.add_argument("--decode-cores", default="1", help="cores of the decode server")
-    p.add_argument("--client-cores", default="", help="cores of this process (the client); '' = not pinned")
+    add_cores_args(p, {"colocated": ("1", "the colocated server"), "prefill": ("0", "the prefill server"),
+                       "decode": ("1", "the decode server"), "client": ("", "this process (the client)")})
     add_server_args(p, startup_s=240.0, request_s=120.0)
     add_output_args(p, "ttft_pd", quick_help="smoke run: 3 requests per workload")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    record = Recorder.of_script("ttft_pd", parser, args, argv)
+    args, record = Recorder.start("ttft_pd", build_parser(), argv)
     if args.quick:
         args.requests, args.rounds = min(args.requests, 3), 1
     workloads = [w for w in args.workloads.split(",") if w.strip()]

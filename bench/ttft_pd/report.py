@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.output import pyplot, save_figure
+from bench.common.output import print_header, pyplot, save_figure
 from bench.common.record import Figure
 
 
@@ -20,11 +20,8 @@ def figures(phases: list[dict], ratios: dict[str, dict[str, float]], workloads: 
 def print_table(phases: list[dict], workloads: list[str]) -> None:
     """Per workload and system: TTFT median, p90, min, PD / colocated, the KV write, the same-text check."""
     base = next((p for p in phases if p["phase"] == "colocated"), None)
-    print()
-    header = (f"{'workload':<12}{'prompt':>7}  {'system':<14}{'TTFT p50':>9}{'p90':>9}{'min':>9}{'PD/coloc':>10}"
-              f"{'KV write':>10}{'KV MiB':>8}{'KV GB/s':>9}{'same text':>10}")
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'workload':<12}{'prompt':>7}  {'system':<14}{'TTFT p50':>9}{'p90':>9}{'min':>9}{'PD/coloc':>10}"
+                 f"{'KV write':>10}{'KV MiB':>8}{'KV GB/s':>9}{'same text':>10}")
     for w in workloads:
         for i, phase in enumerate(phases):
             s = phase["workloads"][w]

@@ -10,6 +10,7 @@ a 200 with an in-band error event; through the router too, which forwards the st
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
@@ -45,6 +46,12 @@ def prefill(start_server, model):
 @pytest.fixture(scope="module")
 def decode(start_server, model):
     return start_server("decode", "--model", model, *HOLD, "--kv-timeout-s", "60", "--abort-grace-s", "1")
+
+
+@pytest.fixture(scope="module")
+def switchable(start_server, model):
+    """A pd worker no router has given a role yet."""
+    return start_server("pd", "--model", model, *HOLD, "--bootstrap-port", str(free_port()))
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +164,12 @@ async def test_a_room_in_flight_on_the_decode_is_409(prefill, decode):
     wait_blocks_free(prefill, decode)
 
 
+def test_a_pd_worker_without_a_role_is_503(prefill, switchable):
+    for body in (chat(), with_room(prefill, chat())):
+        error = refused(switchable.url, body, 503)
+        assert (error["code"], error["type"]) == ("no_role", "server_error")
+
+
 @pytest.mark.parametrize("role", ["colocated", "prefill", "decode"])
 def test_bad_parameters_model_and_length_are_the_same_status_stream_or_not(request, prefill, role):
     server = request.getfixturevalue(role)
@@ -183,3 +196,22 @@ def test_the_router_forwards_a_stage_refusal_of_a_stream_as_its_status(router):
     for fields, status, param, code in cases:
         error = refused(router.url, chat(**fields), status)
         assert (error["param"], error["code"]) == (param, code), fields
+
+
+def test_openai_spellings_through_the_pd_router(router, colocated):
+    """Role developer and top_p 0 answer, stream or not, as role system and top_p 1e-6 do."""
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    developer = [{**system[0], "role": "developer"}, system[1]]
+    texts = []
+    for url in (router.url, colocated.url):
+        for messages, top_p in ((system, 1e-6), (developer, 0)):
+            for stream in (False, True):
+                body = {**chat(messages=messages, top_p=top_p, seed=5, max_tokens=6), "ignore_eos": True}
+                with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": stream},
+                                  timeout=60) as r:
+                    r.read()
+                    assert r.status_code == 200, r.text
+                    texts.append(r.json()["choices"][0]["message"]["content"] if not stream else "".join(
+                        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                        for line in r.text.split("\n\n") if line.startswith("data: {") and '"choices":[{' in line))
+    assert len(set(texts)) == 1 and texts[0], texts

@@ -10,6 +10,7 @@ to the same model; run log directories are pruned to the last 10."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -22,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stages.cli import build_parser
+from stages.cli import build_parser, free_port, stop_process, wait_healthy
 from stages.run_logs import KEEP_RUNS, new_run_dir
 from stages.up import Child, ChildSpec, StackError, _wait_healthy
 from tests.conftest import REPO, launch
@@ -121,6 +122,28 @@ def test_a_file_is_not_a_model_directory_and_stage_up_checks_too(model, tmp_path
 def test_a_port_in_use_is_one_line_before_the_model_loads(role, flags, flag, model, taken):
     assert_one_line(("serve", role, "--model", str(model), *(f.format(port=taken) for f in flags)),
                     f"stage serve {role}: error: " + IN_USE.format(flag=flag, port=taken))
+
+
+def test_a_starting_server_holds_its_port_while_the_model_loads(model, tmp_path):
+    """The HTTP socket is bound before the model loads (the "loading" line comes after it), so no other
+    process can take the port in between; the server then serves on it."""
+    port = free_port()
+    log = tmp_path / "colocated.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "colocated", "--model", str(model),
+                                 "--port", str(port), "--kv-cache-mib", "16", "--device", "cpu"], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while "INFO stages.server: loading " not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        with socket.socket() as intruder, pytest.raises(OSError) as refused:
+            intruder.bind(("127.0.0.1", port))
+        assert refused.value.errno == errno.EADDRINUSE
+        wait_healthy(f"http://127.0.0.1:{port}", proc, 180)
+    finally:
+        stop_process(proc)
 
 
 def test_the_routers_port_in_use_is_one_line(taken):

@@ -24,7 +24,8 @@ import openai
 import pytest
 
 from router.cli import TOKEN_ENV
-from stages.up import StackConfig, router_spec, stage_specs
+from stages.cli import build_parser
+from stages.up import StackConfig, router_spec, stack_config, stage_specs
 from tests.conftest import REPO
 from tests.router_helpers import data_url, png
 
@@ -90,6 +91,15 @@ def test_config_refusals_name_the_flag(kw, message):
     with pytest.raises(ValueError) as err:
         config(**kw)
     assert str(err.value) == message
+
+
+def test_the_admin_token_comes_from_the_flag_or_the_environment(monkeypatch):
+    parser = build_parser()
+    monkeypatch.setenv(TOKEN_ENV, "from-the-environment-x")
+    assert stack_config(parser.parse_args(["up", "--port", "0"])).admin_token == "from-the-environment-x"
+    assert stack_config(parser.parse_args(["up", "--port", "0", "--admin-token", TOKEN])).admin_token == TOKEN
+    monkeypatch.delenv(TOKEN_ENV)
+    assert stack_config(parser.parse_args(["up", "--port", "0"])).admin_token is None
 
 
 # --- the real command ------------------------------------------------------------------------

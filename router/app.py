@@ -35,8 +35,10 @@ from router.upstream import StageError
 log = logging.getLogger(__name__)
 ROUTER_KEY = web.AppKey("router", Router)
 _decode = msgspec.json.Decoder()
-# the router's limits, not the client's fault
-REJECTIONS = ("request_too_large", "server_overloaded", "no_healthy_worker", "no_allowed_pair")
+# the router's 5xx refusals for capacity (its limits, no worker now): outcome "rejected"; any 4xx
+# the router answers is the client's ("client_error")
+REJECTIONS = ("server_overloaded", "no_healthy_worker", "no_allowed_pair")
+MAX_JSON_DEPTH = 64  # arrays and objects nested deeper are refused (400 invalid_json), as every stage does
 INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: URLs) are read on the event loop
 
 
@@ -100,15 +102,21 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         router.metrics.e2e.observe(time.perf_counter() - started)
         return answered.response
     except RouterError as exc:
-        outcome = "rejected" if exc.code in REJECTIONS else "client_error" if exc.status < 500 else "upstream_error"
+        outcome = "client_error" if exc.status < 500 else "rejected" if exc.code in REJECTIONS else "upstream_error"
         raise
     except StageError as exc:
         failure = exc.failure
         if failure.client_fault:
             outcome = "client_error"
             return web.Response(body=failure.raw, status=failure.status, content_type="application/json")
-        outcome = "upstream_error"
-        raise stage_failed(failure.stage, failure.status, failure.message, failure.code) from None
+        outcome = "rejected" if failure.busy else "upstream_error"
+        raise stage_failed(failure.stage, failure.status, failure.message, failure.code,
+                           failure.retry_after) from None
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client left: "aborted"
+    except Exception:
+        outcome = "internal_error"
+        raise
     finally:
         router.in_flight -= 1
         router.metrics.requests.labels(outcome=outcome).inc()
@@ -123,7 +131,8 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     if model is not None and model not in served:
         raise model_not_found(model, served)
     parts = await router.images.resolve(body, router.stage_limits().max_images_per_request)
-    router.metrics.images.inc(len(parts))
+    if router.epd is None:  # no cache: every image is a miss (epd: counted by the dispatcher, by the cache's answer)
+        router.metrics.images.labels(cache="miss").inc(len(parts))
     # epd: keys and sizes; large images are decoded and hashed off the event loop
     large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
     images = await asyncio.to_thread(router.image_refs, parts) if large else router.image_refs(parts)
@@ -146,13 +155,36 @@ async def _read_body(request: web.Request, max_bytes: int,
 
 
 def _parse(raw: bytes) -> dict:
+    """The body as a JSON object, nested at most ``MAX_JSON_DEPTH`` deep (400 ``invalid_json``).
+    msgspec stops at the interpreter's recursion limit (RecursionError, about 1000 levels); the
+    walk that follows bounds the rest, at a cost in proportion to the values decoded."""
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    if not _within_depth(body, MAX_JSON_DEPTH):
+        raise _too_deep()
     return body
+
+
+def _within_depth(value: dict | list, limit: int) -> bool:
+    """Whether arrays and objects nest at most ``limit`` levels in ``value`` (itself level 1)."""
+    level: list = [value]
+    for _ in range(limit):
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return True
+    return False
+
+
+def _too_deep() -> RouterError:
+    return bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects.",
+                       code="invalid_json")
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -41,7 +41,8 @@ async def open_answer(upstream: Upstream, target: Target, stream: bool, tally: T
         if response.status != 200 or not stream:
             raw = await upstream.read(target.stage, target.worker, response)
             if response.status != 200:
-                raise StageError(from_answer(target.stage, target.worker.url, response.status, raw))
+                raise StageError(from_answer(target.stage, target.worker.url, response.status, raw,
+                                              response.headers.get("Retry-After")))
             return Head(target, sent_at, raw)
         return await _open_stream(upstream, target, response, sent_at, tally)
     except BaseException:
@@ -75,5 +76,6 @@ async def side_call(upstream: Upstream, target: Target) -> float:
     response = await upstream.post(target.stage, target.worker, target.body, target.path)
     raw = await upstream.read(target.stage, target.worker, response)
     if response.status != 200:
-        raise StageError(from_answer(target.stage, target.worker.url, response.status, raw))
+        raise StageError(from_answer(target.stage, target.worker.url, response.status, raw,
+                                              response.headers.get("Retry-After")))
     return time.perf_counter() - sent_at

@@ -6,9 +6,11 @@
               its failure opens it again for another cool-down
 
 Contract: the dispatcher asks ``allows()`` (free, any number of times) while picking, then calls
-``begin()`` once for the request it sends and exactly one of ``success()``, ``failure()`` or
-``cancel()`` when that request's outcome for this worker is known (``cancel``: no verdict, e.g. the
-client left, or another stage was to blame).
+``begin()`` once for the request it sends: True, and exactly one of ``success()``, ``failure()`` or
+``cancel()`` follows when that request's outcome for this worker is known (``cancel``: no verdict,
+e.g. the client left, another stage was to blame, or the stage was busy); False (the circuit
+refuses now: it opened, or a half-open trial was taken, since the pick), and nothing changed: the
+request goes elsewhere.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ class CircuitBreaker:
         state = self.state
         return state is State.CLOSED or (state is State.HALF_OPEN and not self._trial)
 
-    def begin(self) -> None:
+    def begin(self) -> bool:
+        """Take one request through the circuit if it allows one now (see the module's contract)."""
         if not self.allows():
-            raise RuntimeError("CircuitBreaker.begin while the circuit refuses requests")
+            return False
         if self.state is State.HALF_OPEN:
             self._trial = True
+        return True
 
     def success(self) -> None:
         self._failures = 0

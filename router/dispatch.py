@@ -19,9 +19,15 @@ failed, timed out, or the cache entry went away) is charged to that image's enco
 (``verdict.blame_encoder``); a decode reporting its prefill's failure waits up to
 ``PEER_GRACE_S`` for the prefill's own answer, which names the cause.
 
-The answer carries ``x-epd-room`` (the attempt's room) and ``x-epd-stage-times`` (seconds of each
-side call that had answered when the answer started, and of the decode for a JSON answer:
-``encoder=0.0123;prefill=0.0456;decode=0.0789``).
+The answer carries ``x-epd-room`` (the attempt's room), ``x-epd-stage-times`` (seconds of each
+call, sent to its last byte: a JSON answer every stage's, as it is sent once every side call has
+ended; a stream those of the side calls that had answered when it started:
+``encoder=0.0123;prefill=0.0456;decode=0.0789``) and, in epd mode, ``x-epd-cache: hit=N miss=M``
+(the request's image parts whose keys the cache held, or not, when the attempt was planned).
+
+Metrics: an attempt's stage times (every stage), TTFT and TPOT are recorded when it is settled,
+before the client's last byte (``_attempt``); the request's outcome and end-to-end time after it,
+by the app, before the handler returns.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -38,6 +44,7 @@ from router.attempt import Head, open_answer, side_call
 from router.client_params import as_client_sees
 from router.config import RouterConfig
 from router.errors import RouterError
+from router.image_refs import RefImage
 from router.metrics import Metrics
 from router.modes import Call, Plan, Planner
 from router.relay import relay_stream, send_json
@@ -45,7 +52,7 @@ from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.upstream import StageError, Upstream
 from router.verdict import PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
-from router.workers import Lease
+from router.workers import Lease, lease_all
 
 log = logging.getLogger(__name__)
 PEER_GRACE_S = 1.0  # a decode reports its prefill's failure: the prefill's own answer is this close behind
@@ -69,65 +76,83 @@ class Dispatcher:
 
     async def handle(self, request: web.Request, call: Call) -> Answered:
         """The client's answer, sent. Raises RouterError (no worker) or StageError (every attempt
-        failed, or a stage refused the request) while nothing has been sent."""
+        failed, or a stage refused the request) while nothing has been sent.
+
+        A plan's workers are leased in one step (``workers.lease_all``); if a breaker opened since
+        the pick (an epd plan awaits the cache in between), the plan is dropped and made again
+        without that worker: not an attempt, and bounded, as each pass excludes one more worker."""
         exclude: set[str] = set()
         last: StageError | None = None
-        for _ in range(self.config.retries + 1):
-            try:
-                plan = await self.planner.plan(call, exclude)
-            except RouterError:
-                if last is None:
-                    raise
-                break  # nobody left to retry on: the client gets the stage's failure
-            if last is not None:
-                self.metrics.retries.labels(stage=last.failure.stage).inc()
-            try:
-                return await self._attempt(request, call, plan)
-            except StageError as exc:
-                if exc.failure.client_fault or exc.failure.code in SHARED_CODES:
-                    raise
-                last = exc
-                log.warning("%s stage %s failed before the answer started: %s", exc.failure.stage, exc.failure.url,
-                            exc.failure.message)
-                if exc.failure.code != "room_conflict":
-                    exclude.add(exc.failure.url)
+        attempts, cached = 0, None
+        try:
+            while attempts <= self.config.retries:
+                try:
+                    plan = await self.planner.plan(call, exclude)
+                except RouterError:
+                    if last is None:
+                        raise
+                    break  # nobody left to retry on: the client gets the stage's failure
+                cached = plan.cached if cached is None else cached
+                leases = lease_all([target.worker for target in (plan.answer, *plan.sides)])
+                if leases is None:
+                    exclude.update(t.worker.url for t in (plan.answer, *plan.sides) if not t.worker.breaker.allows())
+                    self._drop(plan)
+                    continue
+                attempts += 1
+                if last is not None:
+                    self.metrics.retries.labels(stage=last.failure.stage).inc()
+                try:
+                    return await self._attempt(request, call, plan, leases)
+                except StageError as exc:
+                    if exc.failure.client_fault or exc.failure.code in SHARED_CODES:
+                        raise
+                    last = exc
+                    log.warning("%s stage %s failed before the answer started: %s", exc.failure.stage,
+                                exc.failure.url, exc.failure.message)
+                    if exc.failure.code != "room_conflict":
+                        exclude.add(exc.failure.url)
+        finally:
+            self._count_images(call, cached or frozenset())
         assert last is not None
         raise last
 
-    async def _attempt(self, request: web.Request, call: Call, plan: Plan) -> Answered:
-        leases = [target.worker.lease() for target in (plan.answer, *plan.sides)]
+    async def _attempt(self, request: web.Request, call: Call, plan: Plan, leases: list[Lease]) -> Answered:
+        """One attempt on ``plan``'s leased workers. Settled (``_settle``: every verdict and stage
+        time recorded) before the client's last byte: a JSON answer after every side call has
+        ended, before its body is sent; a stream once the stage's stream has ended, before the
+        final chunk."""
         record = self._record(call, plan)
         tally = Tally(call.started)
         answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
         sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
         head: Head | None = None
-        outcome, unreachable = "aborted", frozenset[str]()
+        cache = cache_counts(call.images, plan.cached) if self.config.mode == "epd" else None
+        outcome, untouched = "aborted", frozenset[str]()
         try:
             head = await self._head(plan, answer, sides)
-            record.first_byte = time.time()
-            headers = _headers(plan, sides, None if call.stream else time.perf_counter() - head.sent_at)
+            answer_s = time.perf_counter() - head.sent_at
             if call.stream:
-                response, failure = await relay_stream(request, self.upstream, head, headers)
+                record.first_byte = time.time()
+                response, failure = await relay_stream(request, self.upstream, head, _headers(plan, sides, None, cache))
+                await self._settle(plan, sides, leases, time.perf_counter() - head.sent_at, failure)
+                self._observe_stream(tally)
+                await response.write_eof()
             else:
-                response, failure = await send_json(request, head, headers), None
-            self.metrics.stage_seconds.labels(stage=plan.answer.stage).observe(time.perf_counter() - head.sent_at)
-            self._observe_stream(tally)
-            await self._settle(plan, sides, leases[1:])
-            if failure is not None:
-                self._charge(failure, plan, leases)
-            else:
-                leases[0].success()
+                failure = None
+                await self._settle(plan, sides, leases, answer_s, failure)
+                record.first_byte = time.time()
+                response = await send_json(request, head, _headers(plan, sides, answer_s, cache))
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
             failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.images, plan.sides)
             self._charge(failure, plan, leases)
             outcome = f"failed: the {failure.stage} stage: {failure.message}"
-            unreachable = frozenset({failure.url} if failure.unreachable else ())
+            untouched = frozenset({failure.url} if failure.unreachable or failure.busy else ())
             raise exc if failure is exc.failure else StageError(failure) from None
         finally:
             if outcome != "success" and plan.on_abort is not None:
-                self._spawn(plan.on_abort(unreachable))
+                self._spawn(plan.on_abort(untouched))
             record.done, record.outcome = time.time(), outcome
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
@@ -171,18 +196,43 @@ class Dispatcher:
                 waiting = partner is not None and task is not None and not task.done()
                 raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if waiting else None))
 
-    async def _settle(self, plan: Plan, sides: list[asyncio.Future], leases: list[Lease]) -> None:
-        """After the answer: each side call's verdict and time (they have normally answered already)."""
-        for side, task, lease in zip(plan.sides, sides, leases):
-            try:
-                seconds = await task
-            except StageError as exc:
+    async def _settle(self, plan: Plan, sides: list[asyncio.Future], leases: list[Lease], answer_s: float,
+                      failure: Failure | None) -> None:
+        """The answer is complete (``failure``: the answering stage's, after it started): every
+        lease's verdict and every stage's time. Waits for the side calls still open (normally none:
+        the prefill answers once its KV is written; each is bounded by ``--upstream-timeout-s``)."""
+        if sides:
+            await asyncio.wait(sides)
+        for side, task, lease in zip(plan.sides, sides, leases[1:]):
+            error = task.exception()
+            if error is None:
+                lease.success()
+                self.metrics.stage_seconds.labels(stage=side.stage).observe(task.result())
+            elif isinstance(error, StageError):
                 log.warning("%s stage %s failed after the answer started: %s", side.stage, side.worker.url,
-                            exc.failure.message)
+                            error.failure.message)
                 lease.failure()
             else:
-                lease.success()
-                self.metrics.stage_seconds.labels(stage=side.stage).observe(seconds)
+                raise error
+        self.metrics.stage_seconds.labels(stage=plan.answer.stage).observe(answer_s)
+        if failure is not None:
+            self._charge(failure, plan, leases)
+        else:
+            leases[0].success()
+
+    def _drop(self, plan: Plan) -> None:
+        """A plan that was never sent: the claims its encoders' images were taken with are released."""
+        if plan.on_abort is not None:
+            self._spawn(plan.on_abort(frozenset(t.worker.url for t in plan.sides if t.stage == "encoder")))
+
+    def _count_images(self, call: Call, cached: frozenset[str]) -> None:
+        """epd: the request's images in ``epd_router_images_total``, by the cache's answer to its first
+        plan (no plan made: misses). Other modes count them as they arrive (``app.py``)."""
+        hit, miss = cache_counts(call.images, cached)
+        if hit:
+            self.metrics.images.labels(cache="hit").inc(hit)
+        if miss:
+            self.metrics.images.labels(cache="miss").inc(miss)
 
     def _charge(self, failure: Failure, plan: Plan, leases: list[Lease]) -> None:
         for target, lease in zip((plan.answer, *plan.sides), leases):
@@ -190,8 +240,8 @@ class Dispatcher:
                 continue
             if failure.client_fault:
                 lease.success()  # it answered, correctly refusing a bad request
-            elif failure.code in ROUTER_CODES or failure.code in SHARED_CODES:
-                lease.cancel()
+            elif failure.busy or failure.code in ROUTER_CODES or failure.code in SHARED_CODES:
+                lease.cancel()  # back-pressure, or not its fault
             else:
                 lease.failure()
             if failure.unreachable and target.worker.healthy:
@@ -211,9 +261,16 @@ class Dispatcher:
             self.metrics.tpot.observe(tally.tpot)
 
 
-def _headers(plan: Plan, sides: list[asyncio.Future], answer_s: float | None) -> dict[str, str]:
-    """``x-epd-room`` and ``x-epd-stage-times`` of an answer about to start (see the module doc);
-    several encoders of one stage: the longest."""
+def cache_counts(images: Sequence[RefImage], cached: Collection[str]) -> tuple[int, int]:
+    """(hits, misses) among a request's image parts (each part counts, a repeated image too)."""
+    hit = sum(1 for image in images if image.key in cached)
+    return hit, len(images) - hit
+
+
+def _headers(plan: Plan, sides: list[asyncio.Future], answer_s: float | None,
+             cache: tuple[int, int] | None = None) -> dict[str, str]:
+    """``x-epd-room``, ``x-epd-stage-times`` and (epd, ``cache``: hits and misses) ``x-epd-cache`` of
+    an answer about to start (see the module doc); several encoders of one stage: the longest."""
     if plan.room is None:
         return {}
     times: dict[str, float] = {}
@@ -222,5 +279,8 @@ def _headers(plan: Plan, sides: list[asyncio.Future], answer_s: float | None) ->
             times[side.stage] = max(times.get(side.stage, 0.0), task.result())
     if answer_s is not None:
         times[plan.answer.stage] = answer_s
-    return {"x-epd-room": str(plan.room),
-            "x-epd-stage-times": ";".join(f"{stage}={seconds:.4f}" for stage, seconds in times.items())}
+    headers = {"x-epd-room": str(plan.room),
+               "x-epd-stage-times": ";".join(f"{stage}={seconds:.4f}" for stage, seconds in times.items())}
+    if cache is not None:
+        headers["x-epd-cache"] = f"hit={cache[0]} miss={cache[1]}"
+    return headers

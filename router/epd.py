@@ -72,7 +72,7 @@ class EPDPlanner:
         targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
                         for worker, mine in sent)
         images = {key: "" for key in keys} | {key: worker.url for worker, mine in sent for key in mine}
-        return dataclasses.replace(pd, sides=(*targets, *pd.sides), images=images,
+        return dataclasses.replace(pd, sides=(*targets, *pd.sides), images=images, cached=frozenset(cached),
                                    on_abort=lambda unreachable: self._abort(room, sent, unreachable))
 
     async def _cached(self, keys: Sequence[str]) -> tuple[set[str], bool]:

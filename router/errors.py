@@ -63,8 +63,10 @@ def model_not_found(model: str, served: list[str]) -> RouterError:
                        code="model_not_found")
 
 
-def stage_failed(stage: str, status: int, message: str, code: str | None) -> RouterError:
-    """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code."""
+def stage_failed(stage: str, status: int, message: str, code: str | None,
+                 retry_after: str | None = None) -> RouterError:
+    """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code;
+    a 503 with ``Retry-After`` (the stage's, else 1 s)."""
     status = status if status >= 500 else 502
     return RouterError(status, f"The {stage} stage failed: {message}", code=code or "upstream_error",
-                       headers={"Retry-After": "1"} if status == 503 else None)
+                       headers={"Retry-After": retry_after or "1"} if status == 503 else None)

@@ -1,8 +1,11 @@
 """Prometheus metrics of the router, on its own ``CollectorRegistry``; names carry the ``epd_router_``
 prefix (the stages' are ``epd_``), so one Prometheus can scrape the router and every stage.
 
-Requests are counted once, by outcome, when they end (``Metrics.finish``). Worker gauges (health,
-circuit state, outstanding requests) are read from the workers at scrape time.
+When a request's metrics are recorded (``docs/router.md``, "Metrics"): its stage times, TTFT and
+TPOT when the router has settled it, before the client's last byte; its outcome and end-to-end
+latency after the last byte, before the handler returns. Every labelled series exists from the
+start (at 0). Worker gauges (health, circuit state, outstanding requests) are read from the
+workers at scrape time.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from router.workers import Worker
 
-OUTCOMES = ("success", "client_error", "upstream_error", "rejected", "aborted")
+OUTCOMES = ("success", "client_error", "upstream_error", "rejected", "aborted", "internal_error")
+CACHE = ("hit", "miss")
 STAGES = ("encoder", "prefill", "decode", "colocated")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -22,8 +26,9 @@ _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15,
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("epd_router_requests", "Requests by how they ended: success, client_error (4xx), "
-                                "upstream_error (a stage failed), rejected (router limits), aborted (client left).",
+        self.requests = Counter("epd_router_requests", "Requests by how they ended: success, client_error (any 4xx), "
+                                "upstream_error (a stage failed), rejected (503: the router's limits, no worker, "
+                                "or every stage busy), aborted (client left), internal_error (a router bug).",
                                 ["outcome"], registry=r)
         self.ttft = Histogram("epd_router_time_to_first_token_seconds",
                               "Streamed requests: arrival at the router to the first text chunk sent to the client.",
@@ -39,8 +44,9 @@ class Metrics:
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("epd_router_retries", "Requests retried on fresh workers, by the stage that failed.",
                                ["stage"], registry=r)
-        self.images = Counter("epd_router_images", "Images in the chat requests received (the encode demand).",
-                              registry=r)
+        self.images = Counter("epd_router_images", "Images in the chat requests received (the encode demand), by "
+                              "cache: hit if the embedding cache held the image when the request was planned (epd), "
+                              "else miss.", ["cache"], registry=r)
         self.in_flight = Gauge("epd_router_in_flight_requests", "Requests the router holds now.", registry=r)
         self._health = Gauge("epd_router_worker_healthy", "1 if the worker's last health check passed.",
                              ["role", "worker"], registry=r)
@@ -52,6 +58,9 @@ class Metrics:
             self.requests.labels(outcome=outcome)
         for stage in STAGES:
             self.retries.labels(stage=stage)
+            self.stage_seconds.labels(stage=stage)
+        for cache in CACHE:
+            self.images.labels(cache=cache)
 
     def watch(self, workers: Iterable[Worker]) -> None:
         """Export each worker's health, circuit state and load (read when scraped)."""

@@ -59,6 +59,7 @@ class Plan:
     room: int | None = None
     # epd: each image key -> the URL of the encoder it was sent to, "" if not sent (``verdict.blame_encoder``)
     images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cached: frozenset[str] = frozenset()  # epd: the image keys the cache held when the plan was made
     # epd: called once if the attempt ends without success, with the URLs it could not reach; it
     # tells the plan's encoders to drop the room's work (closing a connection does not)
     on_abort: Callable[[frozenset[str]], Awaitable[None]] | None = None

@@ -38,8 +38,9 @@ async def send_json(request: web.Request, head: Head, headers: dict[str, str] | 
 async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
                        headers: dict[str, str] | None = None) -> tuple[web.StreamResponse, Failure | None]:
     """Send the held events, then every event the stage sends, until its stream ends. Returns the
-    client response (ended) and the stage's failure after the stream started, if any (an in-band
-    error counts as one)."""
+    client response, not yet ended (the caller settles the request, then sends the final chunk with
+    ``write_eof``), and the stage's failure after the stream started, if any (an in-band error
+    counts as one)."""
     assert head.response is not None and head.splitter is not None and head.tally is not None
     stage, worker = head.target.stage, head.target.worker
     response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
@@ -64,5 +65,4 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
         await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code).body()))
     elif head.tally.error is not None:
         failure = from_event(stage, worker.url, head.tally.error)
-    await response.write_eof()
     return response, failure

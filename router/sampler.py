@@ -64,8 +64,9 @@ async def sample_loop(session: aiohttp.ClientSession, workers: list[Worker], met
 
 
 def router_counters(metrics: Metrics) -> dict[str, float]:
-    """The router's cumulative counters the ratio report takes differences of: images received, and
-    the sums and counts of its TTFT and TPOT histograms."""
+    """The router's cumulative counters the ratio report takes differences of: images received (cache
+    hits and misses: the encode demand counts both), and the sums and counts of its TTFT and TPOT
+    histograms."""
     counters = {"images": _read(metrics.images, "_total")}
     for name, histogram in (("ttft", metrics.ttft), ("tpot", metrics.tpot)):
         counters[f"{name}_sum"], counters[f"{name}_count"] = _read(histogram, "_sum"), _read(histogram, "_count")
@@ -73,5 +74,6 @@ def router_counters(metrics: Metrics) -> dict[str, float]:
 
 
 def _read(metric: Counter | Histogram, suffix: str) -> float:
-    """The value of an unlabelled metric's sample named with ``suffix``."""
-    return next((s.value for family in metric.collect() for s in family.samples if s.name.endswith(suffix)), 0.0)
+    """The sum over its labels (``epd_router_images_total``'s cache hit and miss) of a metric's
+    samples named with ``suffix``."""
+    return sum(s.value for family in metric.collect() for s in family.samples if s.name.endswith(suffix))

@@ -39,6 +39,14 @@ class Failure:
     code: str | None = None
     raw: bytes | None = None  # the stage's own error body, forwarded as-is for a client error
     unreachable: bool = False  # no connection, or it was lost: mark the worker unhealthy at once
+    retry_after: str | None = None  # the stage's Retry-After header
+
+    @property
+    def busy(self) -> bool:
+        """A 503 with ``Retry-After``: the stage is at its limits and refused the request before
+        taking any of it (back-pressure, not a fault): no breaker charge, the worker stays healthy,
+        another worker may take it; when none can, the client gets the 503 with ``Retry-After``."""
+        return self.status == 503 and self.retry_after is not None
 
     @property
     def client_fault(self) -> bool:
@@ -48,12 +56,13 @@ class Failure:
         return 400 <= self.status < 500 and self.code not in ROUTER_CODES
 
 
-def from_answer(stage: str, url: str, status: int, raw: bytes) -> Failure:
-    """A non-2xx answer; its OpenAI error body, if any, gives the message and code."""
+def from_answer(stage: str, url: str, status: int, raw: bytes, retry_after: str | None = None) -> Failure:
+    """A non-2xx answer (``retry_after``: its Retry-After header); its OpenAI error body, if any,
+    gives the message and code."""
     error = _error_of(raw)
     message = error.get("message") if isinstance(error.get("message"), str) else raw[:200].decode(errors="replace")
     code = error.get("code") if isinstance(error.get("code"), str) else None
-    return Failure(stage, url, status, message or f"HTTP {status}", code, raw)
+    return Failure(stage, url, status, message or f"HTTP {status}", code, raw, retry_after=retry_after)
 
 
 def from_event(stage: str, url: str, body: dict) -> Failure:

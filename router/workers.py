@@ -46,9 +46,11 @@ class Worker:
     def serves(self, model: str | None) -> bool:
         return model is None or model in self.models
 
-    def lease(self) -> Lease:
-        """Count one request against this worker until the lease ends (see ``Lease``)."""
-        self.breaker.begin()
+    def lease(self) -> Lease | None:
+        """Count one request against this worker until the lease ends (see ``Lease``); None, and
+        nothing counted, if its breaker refuses a request now."""
+        if not self.breaker.begin():
+            return None
         self.outstanding += 1
         return Lease(self)
 
@@ -76,6 +78,22 @@ class Lease:
             self._open = False
             self.worker.outstanding -= 1
             verdict()
+
+
+def lease_all(workers: Sequence[Worker]) -> list[Lease] | None:
+    """A lease on each of ``workers`` (a plan's targets), all in one step: nothing awaits between
+    the breakers' answers and the leases. None, and nothing held, if any breaker refuses now (it
+    opened, or a half-open trial was taken, since the plan picked it): the caller plans again
+    without the workers that refuse (``not w.breaker.allows()``)."""
+    leases: list[Lease] = []
+    for worker in workers:
+        lease = worker.lease()
+        if lease is None:
+            for held in leases:
+                held.cancel()
+            return None
+        leases.append(lease)
+    return leases
 
 
 @dataclass

@@ -22,7 +22,7 @@ def clock() -> Clock:
 
 def fail(breaker: CircuitBreaker, times: int) -> None:
     for _ in range(times):
-        breaker.begin()
+        assert breaker.begin()
         breaker.failure()
 
 
@@ -32,8 +32,9 @@ def test_opens_after_n_consecutive_failures(clock):
     assert breaker.state is State.CLOSED and breaker.allows()
     fail(breaker, 1)
     assert breaker.state is State.OPEN and not breaker.allows()
-    with pytest.raises(RuntimeError, match="refuses requests"):
-        breaker.begin()
+    assert breaker.begin() is False  # refused, and nothing changed
+    clock.now += 10.0
+    assert breaker.state is State.HALF_OPEN and breaker.begin()
 
 
 def test_a_success_resets_the_count(clock):
@@ -52,8 +53,8 @@ def test_half_open_after_the_cooldown_lets_one_trial_through(clock):
     assert breaker.state is State.OPEN
     clock.now += 0.01
     assert breaker.state is State.HALF_OPEN and breaker.allows()
-    breaker.begin()
-    assert not breaker.allows()  # one trial at a time
+    assert breaker.begin()
+    assert not breaker.allows() and breaker.begin() is False  # one trial at a time
     breaker.success()
     assert breaker.state is State.CLOSED and breaker.allows()
 

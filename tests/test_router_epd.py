@@ -161,21 +161,45 @@ def test_same_answer_as_colocated(router, colocated, stream, n_images):
     assert via_router[1]["completion_tokens"] == 12
 
 
-def test_stage_times_and_room_in_the_answer_headers(router, epd):
-    """A new image: the answer names its room, and the encoder's, prefill's and decode's times, which
-    the router's epd_router_stage_seconds also counts."""
-    stage_counts = {stage: metric(router.url, f'epd_router_stage_seconds_count{{stage="{stage}"}}')
-                    for stage in ("encoder", "prefill", "decode")}
-    client = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60)
-    raw = client.chat.completions.with_raw_response.create(
-        model=client.models.list().data[0].id, max_tokens=4, temperature=0,
-        messages=messages("headers", [data_url(png(56, 40, 4242))]))
-    assert raw.parse().usage.completion_tokens == 4
-    assert 0 <= int(raw.headers["x-epd-room"]) < 2**63
-    times = dict(entry.split("=") for entry in raw.headers["x-epd-stage-times"].split(";"))
+def test_stage_times_cache_and_room_in_the_answer_headers(router):
+    """A new image (JSON), then the same image (stream): each answer names its room and its cache hits
+    and misses; the JSON answer is sent once every stage has answered, so it names all three stages'
+    times. Every stage's time and the images' cache counts are recorded before the client's last
+    byte (docs/router.md, "Metrics"): read at once, no polling."""
+    stages = ("encoder", "prefill", "decode")
+    names = [*(f'epd_router_stage_seconds_count{{stage="{s}"}}' for s in stages),
+             *(f'epd_router_images_total{{cache="{c}"}}' for c in ("hit", "miss"))]
+
+    def counted(ask_once) -> list[float]:  # type: ignore[no-untyped-def]
+        before = [metric(router.url, name) for name in names]
+        ask_once()
+        return [metric(router.url, name) - seen for name, seen in zip(names, before)]
+
+    model = httpx.get(f"{router.url}/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "max_tokens": 4, "temperature": 0,
+            "messages": messages("headers", [data_url(png(56, 40, 4242))])}
+    answers: list[httpx.Response] = []
+    assert counted(lambda: answers.append(httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60))) \
+        == [1, 1, 1, 0, 1]
+    assert counted(lambda: answers.append(_streamed(f"{router.url}/v1/chat/completions", {**body, "stream": True}))) \
+        == [0, 1, 1, 1, 0]
+    (json_answer, stream_answer) = answers
+    assert json_answer.status_code == stream_answer.status_code == 200
+    assert json_answer.json()["usage"]["completion_tokens"] == 4 and stream_answer.text.endswith("data: [DONE]\n\n")
+    times = dict(entry.split("=") for entry in json_answer.headers["x-epd-stage-times"].split(";"))
     assert sorted(times) == ["decode", "encoder", "prefill"] and all(float(t) > 0 for t in times.values())
-    for stage, count in stage_counts.items():  # the router's per-stage time metric counts the encoder too
-        wait_metric(router.url, f'epd_router_stage_seconds_count{{stage="{stage}"}}', count + 1)
+    assert "encoder" not in stream_answer.headers["x-epd-stage-times"]  # a hit: nothing to encode
+    assert (json_answer.headers["x-epd-cache"], stream_answer.headers["x-epd-cache"]) == ("hit=0 miss=1",
+                                                                                          "hit=1 miss=0")
+    rooms = {int(json_answer.headers["x-epd-room"]), int(stream_answer.headers["x-epd-room"])}
+    assert len(rooms) == 2 and all(0 <= room < 2**63 for room in rooms)
+
+
+def _streamed(url: str, body: dict) -> httpx.Response:
+    """A stream read to its final chunk."""
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        response.read()
+    return response
 
 
 def chat_body(i: int) -> tuple[list[dict], int, bool]:

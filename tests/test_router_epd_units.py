@@ -15,7 +15,7 @@ from cache.keys import image_key
 from cache.store import EmbeddingCache
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.dispatch import _headers
+from router.dispatch import _headers, cache_counts
 from router.epd import EPDPlanner
 from router.errors import RouterError
 from router.image_refs import encode_body, ref_images, with_refs
@@ -128,7 +128,16 @@ async def test_answer_headers_name_the_room_and_the_finished_calls():
     done[1].set_result(0.5)
     assert _headers(plan, done, 0.125) == {"x-epd-room": "42",
                                            "x-epd-stage-times": "encoder=0.5000;decode=0.1250"}
+    assert _headers(plan, done, None, (2, 1)) == {"x-epd-room": "42", "x-epd-stage-times": "encoder=0.5000",
+                                                 "x-epd-cache": "hit=2 miss=1"}
     assert _headers(Plan(Target("colocated", w, b"")), [], 0.1) == {}
+
+
+def test_cache_counts_each_image_part():
+    images = refs_of(body_with(png(32, 32, 1), png(32, 32, 2), png(32, 32, 1)))
+    assert cache_counts(images, {images[0].key}) == (2, 1)  # the repeated image counts twice
+    assert cache_counts(images, {images[1].key}) == (1, 2)
+    assert cache_counts(images, set()) == (0, 3) and cache_counts((), {images[0].key}) == (0, 0)
 
 
 # --- the planner against a real Redis ---------------------------------------------------------
@@ -192,6 +201,7 @@ async def test_missing_images_go_to_their_encoders_claimed_for_them(planned):
         expected.setdefault(planned.owner(data).url, []).append(keys[data])
     assert sent(plan) == expected
     assert plan.images == {keys[d]: planned.owner(d).url for d in (a, b, c)}
+    assert plan.cached == frozenset()
     assert [t.stage for t in plan.sides][-1] == "prefill" and plan.answer.stage == "decode"
     for target in plan.sides[:-1]:
         assert target.path == "/v1/encode" and msgspec.json.decode(target.body)["room"] == plan.room
@@ -211,6 +221,7 @@ async def test_cached_and_pending_images_are_not_sent(planned):
     plan = await planned.plan(body_with(a, b))
     assert sent(plan) == {} and [t.stage for t in plan.sides] == ["prefill"]
     assert plan.images == {ka: "", kb: ""}
+    assert plan.cached == {ka}  # a hit; kb, pending elsewhere, is a miss
 
 
 async def test_an_encoder_excluded_or_of_another_fingerprint_gets_nothing(planned):

@@ -7,14 +7,15 @@ import pytest
 
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.errors import RouterError
+from router.app import _parse
+from router.errors import RouterError, stage_failed
 from router.images import check_remote, image_parts
 from router.modes import Call, PDPlanner
 from router.policy import RoundRobin
 from router.sse import Kind, SSESplitter, classify, error_event
 from router.tally import Tally
 from router.verdict import blame, from_answer, from_event, timed_out, unreachable
-from router.workers import Pool, Worker, fingerprint_diff, pairing_report, pick_pair
+from router.workers import Pool, Worker, fingerprint_diff, lease_all, pairing_report, pick_pair
 
 P, D = "http://127.0.0.1:8100", "http://127.0.0.1:8200"
 
@@ -121,6 +122,37 @@ def test_failures_from_answers_and_events():
         f"{D} did not answer within 5 s (--upstream-timeout-s)"
 
 
+def test_a_busy_stage_is_back_pressure_not_a_fault():
+    """A 503 with Retry-After is the stage at its limits: busy (no breaker charge, tried elsewhere,
+    the client's 503 keeps the Retry-After); a 503 without it, or another status with it, is not."""
+    raw = b'{"error":{"message":"at its limit","code":"server_overloaded"}}'
+    busy = from_answer("prefill", P, 503, raw, "2")
+    assert (busy.busy, busy.retry_after, busy.client_fault, busy.unreachable) == (True, "2", False, False)
+    assert not from_answer("prefill", P, 503, b'{"error":{"message":"redis","code":"cache_unavailable"}}').busy
+    assert not from_answer("prefill", P, 500, raw, "2").busy
+    error = stage_failed("prefill", 503, busy.message, busy.code, busy.retry_after)
+    assert (error.status, error.headers, error.code) == (503, {"Retry-After": "2"}, "server_overloaded")
+    assert stage_failed("prefill", 503, "m", "engine_unavailable").headers == {"Retry-After": "1"}
+
+
+def test_json_nested_deeper_than_64_levels_is_refused():
+    message = "The request body is nested deeper than 64 levels of JSON arrays and objects."
+
+    def nested(depth: int, field: str = "messages") -> bytes:  # the body itself is level 1
+        return ('{"%s":' % field + "[" * (depth - 1) + "]" * (depth - 1) + "}").encode()
+
+    inner = _parse(nested(64))["messages"]  # 64 levels pass whole
+    for _ in range(62):
+        inner = inner[0]
+    assert inner == []
+    for raw in (nested(65), nested(65, "metadata"), nested(1000), nested(100_000),
+                b'{"a": {"b": [1, ' + b"{}, " * 3 + b'{"c": ' + b"[" * 70 + b"]" * 70 + b"}]}}"):
+        with pytest.raises(RouterError) as error:
+            _parse(raw)
+        assert (error.value.status, error.value.body()) == (400, {"error": {
+            "message": message, "type": "invalid_request_error", "param": None, "code": "invalid_json"}})
+
+
 def test_blame_goes_to_the_unfinished_partner_only_for_peer_errors():
     peer = from_event("decode", D, {"error": {"message": "partner never arrived within 3 s", "code": "peer_failed"}})
     blamed = blame(peer, ("prefill", P))
@@ -216,10 +248,25 @@ def test_pick_pair_skips_unhealthy_open_excluded_and_other_models():
 def test_leases_count_outstanding_and_end_once():
     w = worker("http://d:1", "decode")
     lease = w.lease()
-    assert w.outstanding == 1
+    assert lease is not None and w.outstanding == 1
     lease.failure()
     lease.cancel()  # already ended: nothing more
     assert w.outstanding == 0 and not w.breaker.allows()
+    assert w.lease() is None and w.outstanding == 0  # the open circuit refuses: nothing counted
+
+
+def test_a_plan_is_leased_whole_or_not_at_all():
+    """A breaker that opened after the pick refuses at lease time: nothing is held, so the dispatcher
+    plans again without that worker (no RuntimeError, no half-taken trial)."""
+    p, d = worker("http://p:1", "prefill"), worker("http://d:1", "decode")
+    leases = lease_all([d, p])
+    assert leases is not None and (d.outstanding, p.outstanding) == (1, 1)
+    for lease in leases:
+        lease.success()
+    p.breaker.begin()
+    p.breaker.failure()  # open (threshold 1)
+    assert lease_all([d, p]) is None
+    assert (d.outstanding, p.outstanding) == (0, 0) and d.breaker.allows()
 
 
 async def test_pd_plan_puts_one_fresh_room_in_both_bodies():

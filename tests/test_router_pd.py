@@ -127,13 +127,19 @@ async def test_32_concurrent_mixed_requests(router, colocated, prefills, decodes
     assert metric(odd_decode.url, 'epd_requests_total{finish_reason="length"}') == 0
 
 
-def test_metrics_of_one_streamed_request(router):
-    names = ["epd_router_time_to_first_token_seconds_count", "epd_router_time_per_output_token_seconds_count",
-             "epd_router_e2e_request_latency_seconds_count", 'epd_router_stage_seconds_count{stage="prefill"}',
-             'epd_router_stage_seconds_count{stage="decode"}', 'epd_router_requests_total{outcome="success"}']
-    before = {name: metric(router.url, name) for name in names}
-    ask(router.base_url, messages("count me", []), stream=True)
-    for name in names:
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_metrics_of_one_request(router, stream):
+    """docs/router.md, "Metrics": every stage's time (and a stream's TTFT and TPOT) is recorded before
+    the client's last byte, so it is there when the answer is; the outcome and the end-to-end time
+    just after it (polled)."""
+    settled = ['epd_router_stage_seconds_count{stage="prefill"}', 'epd_router_stage_seconds_count{stage="decode"}']
+    if stream:
+        settled += ["epd_router_time_to_first_token_seconds_count", "epd_router_time_per_output_token_seconds_count"]
+    after = ["epd_router_e2e_request_latency_seconds_count", 'epd_router_requests_total{outcome="success"}']
+    before = {name: metric(router.url, name) for name in (*settled, *after)}
+    ask(router.base_url, messages("count me", []), stream=stream)
+    assert {name: metric(router.url, name) - before[name] for name in settled} == {name: 1 for name in settled}
+    for name in after:
         wait_metric(router.url, name, before[name] + 1)
     assert metric(router.url, 'epd_router_retries_total{stage="decode"}') == 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.record import problems
 from bench.serve import arrivals, metrics, tokens
 from bench.serve.client import Outcome
 from bench.serve.config import Load, Mix, Slo, Target, parse_rates, parse_size, parse_slo, parse_weighted
@@ -229,12 +230,19 @@ def test_run_against_a_colocated_server_writes_every_key_and_the_plots(colocated
 
     # the recorded workload replayed over a sweep of two rates
     sweep = stage_bench("--url", colocated.url, "--workload", str(workload), "--sweep", "50,inf", "--warmup", "0",
-                        "--out", str(tmp_path / "sweep"), "--request-timeout-s", "60")
+                        "--out", str(tmp_path / "sweep"), "--request-timeout-s", "60", "--label", "tiny colocated",
+                        "--summary-dir", str(tmp_path / "summaries"))
     assert sweep.returncode == 0, sweep.stderr + sweep.stdout
     runs = json.loads((tmp_path / "sweep" / "result.json").read_text())["runs"]
     assert [(r["request_rate"], r["completed"], r["num_prompts"]) for r in runs] == [(50.0, 6, 6), ("inf", 6, 6)]
     assert runs[0]["workload"] == result["workload"]
     assert (tmp_path / "sweep" / "latency_vs_rate.png").stat().st_size > 10_000
+    summary = json.loads((tmp_path / "summaries" / "serve--tiny_colocated.json").read_text())
+    assert problems(summary) == [] and summary["configuration"] == "tiny colocated"
+    assert [f["name"] for f in summary["figures"][:2]] == ["rate 50.0: TTFT p50", "rate 50.0: TTFT p99"]
+    assert summary["figures"][5] == {"name": "rate 50.0: requests", "value": runs[0]["request_throughput"],
+                                     "unit": "req/s"}
+    assert json.loads((tmp_path / "sweep" / "result.json").read_text())["load_1m"]["samples"] >= 2
 
 
 @pytest.mark.timeout(60)
@@ -255,6 +263,9 @@ def test_unreachable_url_is_a_counted_failure_without_traceback():
 
 
 def test_bad_flags_exit_2_naming_the_flag(capsys):
+    assert stage_main(["bench", "serve", "--url", "http://127.0.0.1:1", "--summary-dir", "s", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("stage bench serve: error: --summary-dir needs --out (the full results) and "
+                                       "--label (what the server is)\n")
     assert stage_main(["bench", "serve", "--url", "http://127.0.0.1:1", "--slo", "p99=5", "--no-progress"]) == 2
     assert capsys.readouterr().err == ("stage bench serve: error: --slo: cannot read 'p99=5' (expected KEY=MS with KEY "
                                        "one of ttft_ms, tpot_ms, e2el_ms)\n")

@@ -63,6 +63,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo", default=None, help="goodput objectives in ms: ttft_ms=..,tpot_ms=..,e2el_ms=..")
     g.add_argument("--out", default=None, help="write DIR/result.json and the PNG plots here")
     g.add_argument("--label", default=None, help="a name for this run, kept in the JSON")
+    g.add_argument("--summary-dir", default=None,
+                   help="with --out: also write the run's summary (bench/README.md, Latest figures) to "
+                   "DIR/serve--LABEL.json, LABEL the --label (say there what the server is), when every request "
+                   "completed; e.g. bench/summaries")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -72,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         return _fail(EXIT_USAGE, f"missing {', '.join(missing)}: pip install 'epd-stage[bench]'")
     try:
+        if args.summary_dir and not (args.out and args.label):
+            raise ValueError("--summary-dir needs --out (the full results) and --label (what the server is)")
         mix, load, slo, rates = _configs(args)
         requests = _requests(args, mix)
     except ValueError as exc:
@@ -95,16 +101,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
     tokenizer = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
+    record = _recorder(args) if args.summary_dir else None
     try:
         results = [run_once(requests, target, replace(load, request_rate=rate), slo, args, tokenizer)
                    for rate in rates]
     except ValueError as exc:  # a --tokenizer that cannot be loaded
         return _fail(EXIT_USAGE, str(exc))
+    code = (EXIT_NOTHING_MEASURED if any(r["completed"] == 0 for r, _ in results) else
+            EXIT_SOME_FAILED if any(r["failed"] for r, _ in results) else EXIT_OK)
     if args.out:
-        _write(Path(args.out), results, args)
-    if any(r["completed"] == 0 for r, _ in results):
-        return EXIT_NOTHING_MEASURED
-    return EXIT_SOME_FAILED if any(r["failed"] for r, _ in results) else EXIT_OK
+        _write(Path(args.out), results, args, record if code == EXIT_OK else None)
+    return code
 
 
 def run_once(requests: list, target: Target, load: Load, slo: Slo, args: argparse.Namespace,
@@ -179,18 +186,34 @@ def _requests(args: argparse.Namespace, mix: Mix) -> list:
     return requests
 
 
-def _write(out: Path, results: list[tuple[dict, dict]], args: argparse.Namespace) -> None:
+def _recorder(args: argparse.Namespace):  # -> bench.common.record.Recorder
+    """The run's recorder: its configuration is ``--label``, its summary ``serve--<label>.json``."""
+    import shlex
+
+    from bench.common.record import Recorder
+
+    return Recorder("serve", args.label, shlex.join(["stage", *sys.argv[1:]]), Path(args.summary_dir))
+
+
+def _write(out: Path, results: list[tuple[dict, dict]], args: argparse.Namespace, record) -> None:  # type: ignore[no-untyped-def]
+    """result.json (one run's dict, or a sweep's runs) with the machine, the plots, and with ``record``
+    the summary too."""
     from bench.serve import plots
+    from bench.serve.report import figures
     from bench.common.machine import machine_info
     from bench.common.output import write_json
 
     machine = machine_info()
     model = results[0][0]["model_id"]
-    if len(results) == 1:
-        write_json(out / "result.json", {**results[0][0], "machine": machine})
+    runs = [r for r, _ in results]
+    report = {**runs[0], "machine": machine} if len(results) == 1 else {"label": args.label, "machine": machine,
+                                                                          "runs": runs}
+    if record is None:
+        write_json(out / "result.json", report)
     else:
-        write_json(out / "result.json", {"label": args.label, "machine": machine, "runs": [r for r, _ in results]})
-        plots.latency_vs_rate([r for r, _ in results], out / "latency_vs_rate.png", f"{model}: latency vs request rate")
+        print(f"wrote the summary {record.finish(out / 'result.json', report, figures(runs))}")
+    if len(results) > 1:
+        plots.latency_vs_rate(runs, out / "latency_vs_rate.png", f"{model}: latency vs request rate")
     plots.latency_cdfs([(f"rate {r['request_rate']}", samples) for r, samples in results], out / "latency_cdf.png",
                        f"{model}: latency CDFs ({results[0][0]['num_prompts']} requests per run)")
     print(f"wrote {out / 'result.json'} and the plots in {out}")

@@ -1,7 +1,9 @@
 """The printed summary of a run (the layout of ``vllm bench serve``'s, plus failures grouped by message
-and how tokens were counted). ``summary`` is pure."""
+and how tokens were counted), and the figures of a run's summary. Pure."""
 
 from __future__ import annotations
+
+from bench.common.record import Figure
 
 
 HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
@@ -69,3 +71,19 @@ def notes(result: dict) -> list[str]:
         out.append(f"warning: the client used {share:.0%} of a core: it may have been the bottleneck")
     return out
 
+
+FIGURES = (("median_ttft_ms", "TTFT p50", "ms"), ("p99_ttft_ms", "TTFT p99", "ms"), ("median_tpot_ms", "TPOT p50", "ms"),
+           ("p99_tpot_ms", "TPOT p99", "ms"), ("median_e2el_ms", "E2E p50", "ms"),
+           ("request_throughput", "requests", "req/s"), ("output_throughput", "output tokens", "tok/s"),
+           ("request_goodput", "goodput", "req/s"))
+
+
+def figures(runs: list[dict]) -> list[Figure]:
+    """Per run (its request rate named when there are several): TTFT, TPOT and E2E percentiles,
+    throughput and, with --slo, goodput."""
+    out = []
+    for run in runs:
+        where = f"rate {run['request_rate']}: " if len(runs) > 1 else ""
+        out += [Figure(f"{where}{name}", run[key], unit) for key, name, unit in FIGURES
+                if key != "request_goodput" or run.get("slo")]
+    return out

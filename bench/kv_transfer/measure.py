@@ -9,6 +9,7 @@ import time
 from argparse import Namespace
 
 from bench.common.meter import CpuMeter
+from bench.common.proc import cpu_seconds
 from bench.kv_transfer.analysis import cell_ratios, summarize
 from bench.kv_transfer.breakdown import breakdown
 from bench.kv_transfer.layout import fragmented_ids, make_layout, reps_for
@@ -35,7 +36,7 @@ def run_backend(name: str, args: Namespace, shape: dict, pool_blocks: int, src, 
         print(f"[{name}] target pid {target.proc.pid} on cores {target_cores or 'any'}, up in {startup_s:.1f} s",
               flush=True)
         meter = CpuMeter({os.getpid(), target.proc.pid}, cpu_key="initiator_cpu_s")
-        target_cpu0 = target.ask("cpu")
+        target_cpu0 = cpu_seconds(target.proc.pid)
         for tokens in args.tokens:
             n = -(-tokens // shape["block_size"])
             local_ids = list(range(n))
@@ -71,7 +72,7 @@ def run_backend(name: str, args: Namespace, shape: dict, pool_blocks: int, src, 
                       + "".join(f"  {p} {res[p]['median_ms']:.2f} ms {res[p]['gbps']:.2f} GB/s" for p in names)
                       + f"  ours/raw {cell['ratio_ours_vs_raw']:.2f}", flush=True)
         phase = meter.done()
-        phase["target_cpu_s"] = round(target.ask("cpu") - target_cpu0, 2)
+        phase["target_cpu_s"] = round(cpu_seconds(target.proc.pid) - target_cpu0, 2)
         stats = backend.stats
         return {"backend": name, "startup_s": round(startup_s, 1), "target_pid": target.proc.pid,
                 "cells": cells, "phase": phase,

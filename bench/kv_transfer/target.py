@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import resource
 
 from bench.kv_transfer.layout import make_layout
 
@@ -17,7 +16,7 @@ ANSWER_S = 120.0
 
 def _target_main(backend_name: str, shape: dict, num_blocks: int, cores: list[int], timeout_s: float, conn) -> None:
     """The target: a zeroed pool registered with ``backend_name``; sends its descriptor, then answers
-    ("digest", ids) with a hash of those blocks in that order, ("zero", ids), "cpu" and "exit"."""
+    ("digest", ids) with a hash of those blocks in that order, ("zero", ids) and "exit"."""
     if cores:
         os.sched_setaffinity(0, cores)  # before the library starts its threads: they inherit it
     import torch
@@ -39,9 +38,6 @@ def _target_main(backend_name: str, shape: dict, num_blocks: int, cores: list[in
         elif cmd == "zero":
             pool.tensor[list(arg)] = 0
             conn.send("ok")
-        elif cmd == "cpu":
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            conn.send(usage.ru_utime + usage.ru_stime)
         elif cmd == "exit":
             backend.release()
             conn.send("ok")

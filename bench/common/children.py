@@ -37,7 +37,7 @@ class Child:
             wait_healthy(self.url, self.proc, timeout_s)
         except (RuntimeError, TimeoutError) as exc:
             tail = self.log_path.read_text(errors="replace")[-LOG_TAIL:]
-            raise RuntimeError(f"{self.name}: {exc or 'not healthy'} (within {timeout_s:g} s); log:\n{tail}") from None
+            raise RuntimeError(f"{self.name}: {str(exc) or 'not healthy'} (within {timeout_s:g} s); log:\n{tail}") from None
 
     def cpu(self) -> float:
         """CPU seconds of the child and its live descendants so far."""

@@ -107,10 +107,10 @@ def problems(summary: dict) -> list[str]:
 
 
 class Recorder:
-    """A run from when it is made: the machine (commit and dirty flag now, before the run changes
-    nothing in git), the load average sampled every few seconds, the wall time. ``finish`` writes the
-    full report to ``out`` and the summary to ``summary_dir``. A script makes it with ``of_script`` right
-    after parsing its flags, before ``--quick`` changes them, so the configuration is the flags as given."""
+    """A run from when it is made: the machine (the commit and dirty flag as the run starts), the load
+    average sampled every few seconds, the wall time. ``finish`` writes the full report to ``out`` and
+    the summary to ``summary_dir``. A script makes it with ``start`` (or ``of_script``) right after
+    parsing its flags, before ``--quick`` changes them, so the configuration is the flags as given."""
 
     def __init__(self, benchmark: str, config: str, command: str, summary_dir: Path) -> None:
         self.benchmark, self.config, self.command, self.summary_dir = benchmark, config, command, summary_dir
@@ -138,12 +138,12 @@ class Recorder:
 
     def finish(self, out: Path, report: dict, figures: Sequence[Figure] | None) -> Path | None:
         """Write ``report`` (with ``machine``, ``load_1m`` and ``total_s`` added) to ``out`` and the
-        summary of ``figures``; returns the summary's path. ``figures`` None (a run that failed its
-        own checks): the report only, no summary (None)."""
+        summary of ``figures``; returns the summary's path. No figures (None: a run that failed its
+        own checks; or none measured): the report only, no summary (None)."""
         load, duration = self.load.stop(), self.elapsed_s()
         write_json(out, {**report, "machine": {**self.machine, **report.get("machine", {})}, "load_1m": load,
                          "total_s": round(duration, 1)})
-        if figures is None:
+        if not figures:
             return None
         summary = build_summary(benchmark=self.benchmark, config=self.config, command=self.command,
                                 started=self.started, machine=self.machine, load=load, duration_s=duration,

@@ -138,9 +138,12 @@ def test_a_recorder_writes_the_full_report_and_a_valid_summary(tmp_path):
     assert report["machine"]["git_dirty"] == written["dirty"] and "total_s" in report
 
 
-def test_a_run_that_failed_its_checks_writes_no_summary(tmp_path):
+def test_a_run_that_failed_its_checks_or_measured_nothing_writes_no_summary(tmp_path):
     parser = argparse.ArgumentParser()
     parser.add_argument("--summary-dir", default=str(tmp_path / "summaries"))
     record = Recorder.of_script("router_overhead", parser, parser.parse_args([]), [])
     assert record.finish(tmp_path / "r.json", {"results": {}}, None) is None
     assert (tmp_path / "r.json").exists() and not (tmp_path / "summaries").exists()
+    nothing = Recorder.of_script("epd_cache", parser, parser.parse_args([]), [])
+    assert nothing.finish(tmp_path / "e.json", {"summary": {}}, []) is None  # no figures measured
+    assert not (tmp_path / "summaries").exists()

@@ -2,8 +2,10 @@
 
 Each role runs as a real process on 127.0.0.1 (the default ``--host``, ``--transfer-host`` and
 ``--bootstrap-host``): colocated, encoder, prefill and decode over Mooncake and over NIXL, a switchable
-pd worker, the router, and the embedded Redis. After a request through each PD pair, every listening
-TCP socket of each process (``psutil``) must be on 127.0.0.1. The one documented exception is
+pd worker, the router, and the embedded Redis; the router's ``--host`` and the Mooncake prefill's
+``--bootstrap-host`` are another loopback address, 127.0.0.2, so a listener that ignored its flag
+shows. After a request through each PD pair, every listening TCP socket of each process (``psutil``)
+must be on the address its flag gave. The one documented exception is
 Mooncake's: its P2P handshake port (0.0.0.0) and TCP data port ([::]) bind every interface, in the port
 range ``MC_MIN_RPC_PORT``..``MC_MAX_RPC_PORT``; a process that uses Mooncake has exactly those two and
 no other. A negative control shows that a wildcard listener is caught.
@@ -22,13 +24,15 @@ import httpx
 import psutil
 import pytest
 
-from stages.cli import free_port
+from stages.cli import free_port, wait_healthy
+from tests.conftest import REPO, ServerProcess
 from tests.redis_fixtures import redis_server  # noqa: F401
 from transfer.base import TransferConfig
 from transfer.ucx_listen import interface_of, ucx_params
 
 pytestmark = pytest.mark.timeout(300)
 HOST = "127.0.0.1"
+OTHER_HOST = "127.0.0.2"  # the router's --host and the Mooncake prefill's --bootstrap-host
 WILDCARDS = ("0.0.0.0", "::")
 MOONCAKE_PORTS = (21000, 21999)  # MC_MIN_RPC_PORT..MC_MAX_RPC_PORT for this module's servers (default 15000-17000)
 MOONCAKE_ENV = {"MC_MIN_RPC_PORT": str(MOONCAKE_PORTS[0]), "MC_MAX_RPC_PORT": str(MOONCAKE_PORTS[1])}
@@ -52,17 +56,19 @@ def mooncake_exception(listener: Listener) -> bool:
     return address in WILDCARDS and MOONCAKE_PORTS[0] <= port <= MOONCAKE_PORTS[1]
 
 
-def strays(found: Iterable[Listener], host: str, mooncake: bool) -> list[Listener]:
-    """Listeners not on ``host`` and not excused (Mooncake's, only in a process that uses Mooncake)."""
-    return sorted(item for item in found if item[0] != host and not (mooncake and mooncake_exception(item)))
+def strays(found: Iterable[Listener], hosts: Iterable[str], mooncake: bool) -> list[Listener]:
+    """Listeners on none of ``hosts`` and not excused (Mooncake's, only in a process that uses Mooncake)."""
+    return sorted(item for item in found if item[0] not in hosts and not (mooncake and mooncake_exception(item)))
 
 
 def assert_bound_as_told(pid: int, must_include: set[Listener], mooncake: bool) -> None:
+    """``must_include`` listen; every listener is on one of their addresses, except Mooncake's two exactly."""
     found = listeners(pid)
+    hosts = {address for address, _ in must_include}
     assert must_include <= found, f"expected {must_include} among {found}"
-    assert strays(found, HOST, mooncake) == [], f"listeners off {HOST}: {found}"
-    excused = sorted(address for address, _ in found if address != HOST)
-    assert excused == (["0.0.0.0", "::"] if mooncake else []), f"Mooncake's two exactly: {found}"
+    assert strays(found, hosts, mooncake) == [], f"listeners off {hosts}: {found}"
+    wildcards = sorted(address for address, _ in found if address in WILDCARDS)
+    assert wildcards == (["0.0.0.0", "::"] if mooncake else []), f"Mooncake's two exactly: {found}"
 
 
 def chat(bootstrap_port: int | None = None) -> dict:
@@ -70,6 +76,21 @@ def chat(bootstrap_port: int | None = None) -> dict:
     if bootstrap_port is not None:
         body |= {"bootstrap_host": HOST, "bootstrap_port": bootstrap_port, "bootstrap_room": random.getrandbits(63)}
     return body
+
+
+def launch_router(flags: list[str], log_path) -> ServerProcess:
+    """``stage serve router`` on OTHER_HOST (tests/conftest.py's launcher assumes 127.0.0.1)."""
+    port = free_port(OTHER_HOST)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "router", "--host", OTHER_HOST,
+                                 "--port", str(port), *flags], cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
+    server = ServerProcess(f"http://{OTHER_HOST}:{port}", proc, log_path)
+    try:
+        wait_healthy(server.url, proc, 60)
+    except (RuntimeError, TimeoutError) as exc:
+        server.stop()
+        raise RuntimeError(f"{exc}; router log:\n{server.log()[-4000:]}") from None
+    return server
 
 
 async def pair_answers(prefill, decode, bootstrap_port: int) -> None:
@@ -81,7 +102,7 @@ async def pair_answers(prefill, decode, bootstrap_port: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(start_server, tiny_model, redis_server):  # noqa: F811
+def stack(start_server, tiny_model, redis_server, tmp_path_factory):  # noqa: F811
     """One server per role (prefill and decode per backend), started in parallel, each having served."""
     model = str(tiny_model("qwen2_vl"))
     ports = {transfer: free_port() for transfer in ("mooncake", "nixl")}
@@ -93,18 +114,21 @@ def stack(start_server, tiny_model, redis_server):  # noqa: F811
         common = ("--model", model, "--transfer", transfer, *FAST)
         jobs[f"prefill-{transfer}"] = ("prefill", *common, "--bootstrap-port", str(port))
         jobs[f"decode-{transfer}"] = ("decode", *common)
+    jobs["prefill-mooncake"] += ("--bootstrap-host", OTHER_HOST)
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {name: pool.submit(start_server, *args, env=MOONCAKE_ENV) for name, args in jobs.items()}
         servers = {name: future.result() for name, future in futures.items()}
-    servers["router"] = start_server("router", "--prefill", servers["prefill-mooncake"].url,
-                                     "--decode", servers["decode-mooncake"].url)
+    router = launch_router(["--prefill", servers["prefill-mooncake"].url, "--decode", servers["decode-mooncake"].url],
+                           tmp_path_factory.mktemp("router") / "router.log")
+    servers["router"] = router
     role = httpx.post(f"{servers['pd'].url}/role", json={"role": "prefill"}, timeout=10,
                       headers={"Authorization": f"Bearer {TOKEN}"})
     assert role.status_code == 200, role.text
     answer = httpx.post(f"{servers['router'].url}/v1/chat/completions", json=chat(), timeout=60)
     assert answer.status_code == 200, answer.text
     asyncio.run(pair_answers(servers["prefill-nixl"], servers["decode-nixl"], ports["nixl"]))
-    return servers, ports
+    yield servers, ports
+    router.stop()
 
 
 # --- the check itself ------------------------------------------------------------------------------
@@ -123,10 +147,11 @@ def test_a_wildcard_listener_is_caught(address):
                 continue
             listener = (address, MOONCAKE_PORTS[0] + offset)
             assert listeners(proc.pid) == {listener}
-            assert strays(listeners(proc.pid), HOST, mooncake=False) == [listener]
-            assert strays(listeners(proc.pid), HOST, mooncake=True) == []
-            assert strays({(address, MOONCAKE_PORTS[1] + 1)}, HOST, mooncake=True) == [(address, MOONCAKE_PORTS[1] + 1)]
-            assert strays({("192.0.2.2", 8000)}, HOST, mooncake=True) == [("192.0.2.2", 8000)]
+            assert strays(listeners(proc.pid), {HOST}, mooncake=False) == [listener]
+            assert strays(listeners(proc.pid), {HOST}, mooncake=True) == []
+            beyond = (address, MOONCAKE_PORTS[1] + 1)
+            assert strays({beyond}, {HOST}, mooncake=True) == [beyond]
+            assert strays({(HOST, 8000), ("192.0.2.2", 8000)}, {HOST}, mooncake=True) == [("192.0.2.2", 8000)]
             return
         finally:
             proc.kill()
@@ -135,17 +160,25 @@ def test_a_wildcard_listener_is_caught(address):
 
 
 # --- every role ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["colocated", "encoder", "router"])
+@pytest.mark.parametrize("name", ["colocated", "encoder"])
 def test_http_only_roles_listen_on_their_host_only(stack, name):
     servers, _ = stack
     assert_bound_as_told(servers[name].proc.pid, {(HOST, servers[name].port)}, mooncake=False)
+
+
+def test_the_router_listens_on_its_host_only(stack):
+    servers, _ = stack
+    assert_bound_as_told(servers["router"].proc.pid, {(OTHER_HOST, servers["router"].port)}, mooncake=False)
 
 
 @pytest.mark.parametrize("transfer", ["mooncake", "nixl"])
 def test_prefill_listens_on_its_host_and_bootstrap_host(stack, transfer):
     servers, ports = stack
     server = servers[f"prefill-{transfer}"]
-    assert_bound_as_told(server.proc.pid, {(HOST, server.port), (HOST, ports[transfer])}, transfer == "mooncake")
+    bootstrap = (OTHER_HOST if transfer == "mooncake" else HOST, ports[transfer])
+    info = httpx.get(f"{server.url}/server_info", timeout=10).json()
+    assert info["bootstrap"] == {"host": bootstrap[0], "port": bootstrap[1]}
+    assert_bound_as_told(server.proc.pid, {(HOST, server.port), bootstrap}, transfer == "mooncake")
 
 
 @pytest.mark.parametrize("transfer", ["mooncake", "nixl"])

@@ -39,6 +39,7 @@ ROOMS = random.Random(0)  # distinct rooms for the bodies that come without one
 MODEL = "tiny-vl"
 SERVE = ["--kv-cache-mib", "16", "--max-model-len", "256", "--served-model-name", MODEL]
 PD = ["--transfer", "mooncake", "--pair-timeout-s", "1"]
+ROUTER_PATIENCE = ["--health-timeout-s", "10"]  # a loaded machine's slow /health is not a dead stage (no 503)
 CHECKS = [openapi_checks.status_code_conformance, openapi_checks.content_type_conformance,
           openapi_checks.response_headers_conformance, openapi_checks.response_schema_conformance,
           openapi_checks.negative_data_rejection]
@@ -75,7 +76,8 @@ def decode(start_server, model, prefill):
 
 @pytest.fixture(scope="module")
 def router(start_server, colocated):
-    return start_server("router", "--colocated", colocated.url, "--admin-token", "fuzz-admin-token-0123456789")
+    return start_server("router", "--colocated", colocated.url, "--admin-token", "fuzz-admin-token-0123456789",
+                        *ROUTER_PATIENCE)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(180)
 TOKEN = "surface-test-token-0123456789"
 STAGE_MAX_BODY = 1 << 20  # the stage's --max-body-mb 1; the router's own default is 64 MiB
 CHAT = "/v1/chat/completions"
+PATIENCE = ("--health-timeout-s", "10")  # a loaded machine's slow /health is not a dead stage
 
 
 class CountingProxy:
@@ -83,7 +84,7 @@ def proxy(colocated):
 
 @pytest.fixture(scope="module")
 def router(start_server, proxy):
-    return start_server("router", "--colocated", proxy.url, "--admin-token", TOKEN)
+    return start_server("router", "--colocated", proxy.url, "--admin-token", TOKEN, *PATIENCE)
 
 
 def get(url: str) -> dict:
@@ -133,7 +134,7 @@ def test_before_a_stage_gives_its_schema_the_chat_body_is_an_object_then_learned
     """A stage whose /openapi.json is missing gives no schema; the next one added gives it."""
     hidden = CountingProxy(colocated.url, hide_openapi=True)
     try:
-        router = start_server("router", "--colocated", hidden.url, "--admin-token", TOKEN)
+        router = start_server("router", "--colocated", hidden.url, "--admin-token", TOKEN, *PATIENCE)
         chat = get(f"{router.url}/openapi.json")["paths"][CHAT]["post"]
         assert chat["requestBody"]["content"]["application/json"]["schema"] == {"type": "object"}
         assert get(f"{router.url}/server_info")["chat_schema_from"] is None

@@ -186,6 +186,9 @@ WORKER_COLUMNS: list[Column] = [
 ]
 ROOM_COLUMNS: list[Column] = [
     ("ROOM", lambda r: r["room"]), ("SECONDS", lambda r: r["seconds"]), ("OUTCOME", lambda r: r["outcome"]),
+    # epd: the encoders the room's images went to (keyed encoder, encoder2, ...); none: cached, or no image
+    ("ENCODER", lambda r: ",".join(w["id"] for stage, w in r["workers"].items() if stage.startswith("encoder"))
+     or None),
     ("PREFILL", lambda r: (r["workers"].get("prefill") or {}).get("id")),
     ("DECODE", lambda r: (r["workers"].get("decode") or {}).get("id")),
 ]

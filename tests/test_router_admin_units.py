@@ -279,6 +279,18 @@ def test_tables_are_aligned_and_show_missing_values_as_dashes():
     assert render(args, answer) == "w3 (decode http://d:1): draining, 2 request(s) in flight"
 
 
+def test_the_slowest_rooms_table_names_each_stages_workers():
+    rooms = [{"room": 7, "seconds": 1.5, "outcome": "success", "workers": {
+                 "encoder": {"id": "w1"}, "encoder2": {"id": "w2"}, "prefill": {"id": "w3"}, "decode": {"id": "w4"}}},
+             {"room": 8, "seconds": 0.25, "outcome": "success", "workers": {"prefill": {"id": "w3"},
+                                                                            "decode": {"id": "w4"}}}]
+    args = argparse.Namespace(admin_command="room")
+    assert render(args, {"kept": 2, "capacity": 8, "rooms": rooms}) == (
+        "ROOM  SECONDS  OUTCOME  ENCODER  PREFILL  DECODE\n"
+        "7     1.5      success  w1,w2    w3       w4\n"
+        "8     0.25     success  -        w3       w4")
+
+
 def test_stage_workers_keys_a_repeated_stage_by_number():
     ws = [worker("http://e:1", "encoder"), worker("http://e:2", "encoder"), worker("http://p:1", "prefill")]
     assert stage_workers([("decode", ws[2]), ("encoder", ws[0]), ("encoder", ws[1]), ("prefill", ws[2])]) == {

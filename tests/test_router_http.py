@@ -134,6 +134,43 @@ def test_error_bodies(router, colocated):
     assert via_router.status_code == direct.status_code == 400 and via_router.json() == direct.json()
 
 
+@pytest.mark.parametrize("depth", [65, 1000, 100_000])
+@pytest.mark.parametrize("field", ["messages", "metadata"])
+def test_json_nested_too_deep_is_a_400_and_a_client_error(router, field, depth):
+    """Nested past 64 levels, in a field the router reads or one it only forwards: 400 invalid_json
+    naming the limit (was 500 RecursionError from 1000 levels), counted as client_error, never as
+    aborted; the same pooled connection then serves a normal request."""
+    names = [f'epd_router_requests_total{{outcome="{o}"}}' for o in ("client_error", "aborted", "internal_error")]
+    before = [metric(router.url, name) for name in names]
+    nested = "[" * (depth - 1) + "]" * (depth - 1)  # the body itself is level 1
+    others = "" if field == "messages" else '"messages": [{"role": "user", "content": "hi"}], '
+    raw = "{" + others + f'"{field}": {nested}' + "}"
+    with httpx.Client(base_url=router.url, timeout=30) as client:
+        refused = client.post("/v1/chat/completions", content=raw.encode(),
+                              headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400
+        assert refused.json() == {"error": {
+            "message": "The request body is nested deeper than 64 levels of JSON arrays and objects.",
+            "type": "invalid_request_error", "param": None, "code": "invalid_json"}}
+        fine = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "max_tokens": 2})
+        assert fine.status_code == 200 and fine.json()["usage"]["completion_tokens"] == 2
+    wait_metric(router.url, names[0], before[0] + 1)
+    assert [metric(router.url, name) for name in names[1:]] == before[1:]
+
+
+def test_the_routers_own_4xx_answers_are_client_errors(router):
+    """413 (body cap), 404 (model), 400 (not JSON, not an object): each counted as client_error."""
+    chat = f"{router.url}/v1/chat/completions"
+    name = 'epd_router_requests_total{outcome="client_error"}'
+    before = metric(router.url, name)
+    answers = [httpx.post(chat, content=b'{"pad": "' + b"x" * (1 << 20) + b'"}'),
+               httpx.post(chat, json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}),
+               httpx.post(chat, content=b"{not json"), httpx.post(chat, json=[1])]
+    assert [a.status_code for a in answers] == [413, 404, 400, 400]
+    wait_metric(router.url, name, before + 4)
+
+
 def test_body_cap_from_content_length_and_while_reading(router):
     chat = f"{router.url}/v1/chat/completions"
     big = b'{"messages": [], "pad": "' + b"x" * (1 << 20) + b'"}'

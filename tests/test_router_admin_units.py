@@ -20,6 +20,7 @@ from router.metrics import Metrics
 from router.pairing import Pairing, PairingRules
 from router.policy import RoundRobin
 from router.ratio import Hysteresis, RoleLoad, clamp_split, peak_load, recommend
+from router.sampler import router_counters
 from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.workers import Pool, Worker
 from stages.timeline import RoomTimeline
@@ -154,6 +155,17 @@ def test_history_drops_intervals_across_a_role_switch_and_survives_a_restart():
     totals = h.role_totals(now=4.0, window_s=100.0)
     assert (totals["decode"].units, totals["decode"].busy_s) == (100, 1)
     assert (totals["prefill"].units, totals["prefill"].busy_s) == (1000 + 300, 1.0 + 0.5)
+
+
+def test_the_router_counters_count_every_image_hit_or_miss():
+    """The ratio's encode demand is every image received, whatever the cache said of it."""
+    metrics = Metrics()
+    assert router_counters(metrics)["images"] == 0.0
+    metrics.images.labels(cache="hit").inc(2)
+    metrics.images.labels(cache="miss").inc(3)
+    metrics.ttft.observe(0.5)
+    counters = router_counters(metrics)
+    assert (counters["images"], counters["ttft_sum"], counters["ttft_count"], counters["tpot_count"]) == (5, 0.5, 1, 0)
 
 
 def test_history_keeps_one_sample_before_the_window_as_its_baseline():

@@ -3,17 +3,22 @@ URL checks, worker pairing and picking, the stream tally. No sockets."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from router.app import _parse
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.app import _parse
+from router.dispatch import Dispatcher
 from router.errors import RouterError, stage_failed
 from router.images import check_remote, image_parts
-from router.modes import Call, PDPlanner
+from router.metrics import Metrics
+from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import RoundRobin
 from router.sse import Kind, SSESplitter, classify, error_event
 from router.tally import Tally
+from router.timeline import RoomLog
 from router.verdict import blame, from_answer, from_event, timed_out, unreachable
 from router.workers import Pool, Worker, fingerprint_diff, lease_all, pairing_report, pick_pair
 
@@ -267,6 +272,40 @@ def test_a_plan_is_leased_whole_or_not_at_all():
     p.breaker.failure()  # open (threshold 1)
     assert lease_all([d, p]) is None
     assert (d.outstanding, p.outstanding) == (0, 0) and d.breaker.allows()
+
+
+async def test_a_breaker_that_opens_while_planning_sends_the_request_elsewhere():
+    """The pick saw a closed circuit; by the time the plan returns (an epd plan awaits the cache) it
+    opened. The dispatcher begins nothing on it: it drops the plan (its encoders' claims released)
+    and plans again without that worker; none left: 503 no_healthy_worker, never a RuntimeError."""
+    e, p, d = worker("http://e:1", "encoder"), worker("http://p:1", "prefill"), worker("http://d:1", "decode")
+    excluded: list[set[str]] = []
+    released: list[frozenset[str]] = []
+
+    async def on_abort(urls: frozenset[str]) -> None:
+        released.append(urls)
+
+    class Planner:
+        async def plan(self, call: Call, exclude) -> Plan:  # type: ignore[no-untyped-def]
+            excluded.append(set(exclude))
+            if exclude:
+                raise RouterError(503, "no prefill", code="no_healthy_worker")
+            p.breaker.begin()
+            p.breaker.failure()  # opened meanwhile
+            return Plan(Target("decode", d, b""), (Target("encoder", e, b""), Target("prefill", p, b"")), room=1,
+                        on_abort=on_abort)
+
+    metrics = Metrics()
+    config = RouterConfig(prefill=(P,), decode=(D,))
+    dispatcher = Dispatcher(config, Planner(), None, metrics, RoomLog(8))  # type: ignore[arg-type]
+    with pytest.raises(RouterError) as error:
+        await dispatcher.handle(None, Call({}, False, None, 0.0))  # type: ignore[arg-type]
+    assert (error.value.status, error.value.code) == (503, "no_healthy_worker")
+    assert excluded == [set(), {"http://p:1"}]
+    await asyncio.gather(*dispatcher._background)
+    assert released == [frozenset({"http://e:1"})]
+    assert (e.outstanding, p.outstanding, d.outstanding) == (0, 0, 0) and e.breaker.allows() and d.breaker.allows()
+    assert len(dispatcher.rooms) == 0  # never sent: no room recorded
 
 
 async def test_pd_plan_puts_one_fresh_room_in_both_bodies():

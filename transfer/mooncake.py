@@ -97,6 +97,10 @@ class MooncakeBackend(TransferBackend):
             raise TransferError(f"mooncake: initialize({config.host!r}, P2PHANDSHAKE, {config.protocol!r}, "
                                 f"{config.device!r}) failed with code {rc}; check TransferConfig.host/device")
         self.rpc_port = self._engine.get_rpc_port()
+        log.warning("mooncake: the transfer engine listens on every interface whatever --transfer-host says (the "
+                    "library has no option): handshake port %d and its TCP data port, both in MC_MIN_RPC_PORT.."
+                    "MC_MAX_RPC_PORT (default 15000-17000); firewall that range (docs/architecture.md, Listeners)",
+                    self.rpc_port)
         self._calls = _WorkerPool()
 
     def _register(self, region: Region) -> None:

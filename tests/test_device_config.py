@@ -49,12 +49,13 @@ def test_every_model_role_takes_device(role):
     assert server_config(args, role).engine.device == "cuda:1"
 
 
-def test_stage_serve_names_the_flag_before_loading_anything(capsys):
-    code = main(["serve", "colocated", "--model", "/does/not/exist", "--device", "tpu"])
+def test_stage_serve_names_the_flag_before_loading_anything(capsys, tiny_model):
+    model = str(tiny_model("qwen2_vl"))  # a real checkpoint: the model check passes, the device is what fails
+    code = main(["serve", "colocated", "--model", model, "--device", "tpu"])
     assert code == 2
     assert "stage serve colocated: error: --device must be" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(["serve", "decode", "--model", "/does/not/exist", "--device", "cuda:0"]) == 2
+        assert main(["serve", "decode", "--model", model, "--device", "cuda:0"]) == 2
         assert "--device cuda:0: torch sees no GPU here" in capsys.readouterr().err
 
 

@@ -92,6 +92,21 @@ def test_duplicate_half_is_an_error(half: str) -> None:
     assert entry is not None and getattr(entry, half) == "x" and not entry.paired
 
 
+def test_check_local_asks_what_add_local_would_answer_and_changes_nothing() -> None:
+    table: RoomTable[str, str] = RoomTable()
+    table.check_local(5)  # a new room: fine, and still not in the table
+    assert 5 not in table
+    table.add_remote(5, "kvreq", 0.0)
+    table.check_local(5)  # the decode's half alone: fine
+    table.add_local(5, "http", 0.0)
+    with pytest.raises(DuplicateRoom, match="prefill's own request arrived twice"):
+        table.check_local(5)
+    table.remove(5, "aborted by decode")
+    with pytest.raises(RoomClosed, match="room 5 is closed: aborted by decode"):
+        table.check_local(5)
+    assert 5 not in table
+
+
 def test_duplicate_after_pairing_is_an_error() -> None:
     table: RoomTable[str, str] = RoomTable()
     table.add_local(5, "a", 0.0)

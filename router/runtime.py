@@ -10,8 +10,8 @@ incompatible pair is logged with the fields that differ), or, in epd mode, the e
 on their vision fingerprint (their image keys would differ); with an admin token it asks every
 decode to allow every prefill (``Membership.connect``); it takes the chat request's schema from a
 stage's ``/openapi.json`` (``learn_chat_schema``, also when the admin API adds a worker); then it
-starts the loops. ``close`` stops
-the loops and closes the clients (and, in epd mode, the embedding cache's connections).
+starts the loops. ``close`` stops the loops and closes the clients (and, in epd mode, the embedding
+cache's connections).
 """
 
 from __future__ import annotations

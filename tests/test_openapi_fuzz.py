@@ -30,7 +30,7 @@ from schemathesis import GenerationMode
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from stages.api.schemas import MAX_HOST_CHARS, ChatCompletionRequest
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.redis_fixtures import redis_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
@@ -271,3 +271,17 @@ def test_the_encoder_and_router_documents(encoder, router, colocated):
     for document in (encoder_doc, router_doc):
         assert list(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
         assert "/server_info" in document["paths"]
+
+
+def test_a_pd_router_documents_its_stages_chat_schema(start_server, prefill, decode):
+    """In pd mode too: a valid OpenAPI document whose chat body is the stages', and /server_info's
+    workers per role and the stages' limits."""
+    router = start_server("router", "--prefill", prefill.url, "--decode", decode.url, *ROUTER_PATIENCE)
+    schemathesis.openapi.from_url(f"{router.url}/openapi.json").validate()
+    chat = httpx.get(f"{router.url}/openapi.json", timeout=10).json()["paths"]["/v1/chat/completions"]["post"]
+    stage_chat = httpx.get(f"{decode.url}/openapi.json", timeout=10).json()["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"] == stage_chat["requestBody"]
+    info = httpx.get(f"{router.url}/server_info", timeout=10).json()
+    assert (info["role"], info["mode"], info["chat_schema_from"]) == ("router", "pd", prefill.url)
+    assert info["workers"] == {role: {"total": 1, "known": 1, "healthy": 1} for role in ("prefill", "decode")}
+    assert info["stage_limits"] == {"max_body_bytes": 64 << 20, "max_images_per_request": 8}

@@ -63,7 +63,7 @@ from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Figure, Recorder
 from bench.serve.config import Mix, parse_size, parse_weighted
 from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl
-from stages.cli import free_port
+from stages.launch.ports import free_port
 
 AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
 AIPERF_PROFILING_STARTED = "Phase profiling (profiling) started"  # aiperf 0.13's log line

@@ -142,7 +142,7 @@ def _answers_ping(port: int) -> bool:
 
 def die_with_parent(parent_pid: int) -> None:
     """In the child, before exec (``preexec_fn``, Linux): SIGTERM me when the thread that forked me ends.
-    Shared with ``stages/up.py``, whose children must not outlive a killed ``stage up`` either."""
+    Shared with ``stages/launch/processes.py``, whose children must not outlive a killed ``stage up`` either."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:  # the parent already died between fork and prctl
         os._exit(1)

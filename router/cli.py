@@ -1,5 +1,6 @@
-"""``stage serve router``: its flags and its entry point. Building the parser imports nothing heavy
-(no aiohttp, no torch), so ``stage --help`` stays fast; ``run`` imports the server.
+"""``stage serve router``: its flags and the validated config of a command line. Building the parser
+imports nothing heavy (no aiohttp, no torch), so ``stage --help`` stays fast. The run (bind the port,
+give the router its start id, serve) is the CLI's: ``stages/cli/router.py``.
 
     stage serve router --port N [--prefill URL ... --decode URL ... | --colocated URL ...]
                        [--encoder URL ... --redis-url URL] [--policy-ROLE NAME] [limits, deadlines]
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import MISSING, fields
 
 from router.config import ENCODER_POLICIES, POLICIES, RouterConfig
@@ -87,25 +87,3 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         values[name] = tuple(values[name])
     values["admin_token"] = values.get("admin_token") or os.environ.get(TOKEN_ENV) or None
     return RouterConfig(**values)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``stage serve router``: validate the flags and bind ``--port`` before importing the server, so a
-    bad flag or a port in use is one line on stderr and exit code 2, at once."""
-    from router.listen import bind
-
-    try:
-        config = router_config(args)
-        sock = bind(config.host, config.port)
-    except ValueError as exc:  # router.listen.PortError included
-        print(f"stage serve router: error: {exc}", file=sys.stderr)
-        return 2
-    from router.runtime import StartupError
-    from router.server import serve
-
-    try:
-        serve(config, sock)
-    except StartupError as exc:
-        print(f"stage serve router: cannot start: {exc}", file=sys.stderr)
-        return 2
-    return 0

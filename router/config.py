@@ -7,6 +7,7 @@ The mode follows from the roles given: ``--colocated`` alone is ``colocated``; `
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -57,6 +58,9 @@ class RouterConfig:
     ratio_window_s: float = 60.0  # demand, utilization and capacity are measured over this window
     auto_ratio_interval_s: float = 0.0  # apply the recommended P:D split this often (0: never)
     drain_timeout_s: float = 120.0  # a switch or a waiting drain gives up on a worker still busy after this
+    # this process's start id in /server_info; `stage serve router` gives its own (EPD_INSTANCE_ID when its
+    # starter set one, stages.launch.instance), so a starter can tell its router from another on the port
+    instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def __post_init__(self) -> None:
         for role in ROLES:

@@ -1,7 +1,7 @@
 """Running the router process: bind, start (discovery; refuse to start if the mode cannot serve),
 serve until SIGINT/SIGTERM.
 
-The socket is bound first, by ``router/cli.py`` before anything heavy is imported (so the port is ours,
+The socket is bound first, by the CLI (``stages/cli/router.py``) before anything heavy is imported (so the port is ours,
 and a port in use is one line at once) and listens only after startup has succeeded, so
 the router answers ``/health`` only once it can route. aiohttp serves with its C HTTP parser, sets
 TCP_NODELAY on every accepted connection, and cancels a request's handler when its client leaves
@@ -30,8 +30,8 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def serve(config: RouterConfig, sock: socket.socket) -> None:
-    """Run the router on ``sock`` (bound to ``--host``/``--port`` by ``router.listen.bind`` before this
-    module was imported) until SIGINT/SIGTERM. Raises ``StartupError`` if it cannot serve."""
+    """Run the router on ``sock`` (bound to ``--host``/``--port`` by ``stages.launch.ports.bind`` before
+    this module was imported) until SIGINT/SIGTERM. Raises ``StartupError`` if it cannot serve."""
     host, port = sock.getsockname()[:2]
     log.info("%s router starting on http://%s:%d", config.mode, host, port)
     try:

@@ -8,8 +8,6 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from router.instance import INSTANCE_ID
-
 if TYPE_CHECKING:
     from router.runtime import Router
 
@@ -25,7 +23,7 @@ def server_info(router: Router) -> dict:
                       "healthy": sum(w.known and w.healthy for w in pool.workers)}
                for role, pool in router.pools.items()}
     return {
-        "role": "router", "mode": config.mode, "version": VERSION, "instance_id": INSTANCE_ID,
+        "role": "router", "mode": config.mode, "version": VERSION, "instance_id": config.instance_id,
         "workers": workers, "models": [card["id"] for card in router.models()], "in_flight": router.in_flight,
         "limits": {"max_body_bytes": router.body_cap()[0], "max_images_per_request": router.max_images(),
                    "max_in_flight": config.max_in_flight, "max_image_bytes": config.max_image_bytes},

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for this repo: system libraries Mooncake needs, a venv in .venv,
-# CPU torch first (so nothing pulls a CUDA build), then the project with its extras.
+# torch==2.13.0 first, then the project with its extras (which installs no other torch).
 #   bash scripts/setup.sh          # run-time extras (mooncake, nixl, bench)
 #   bash scripts/setup.sh test     # plus the test tools
+# torch comes from pip's configured index (`pip config list`): on a plain Linux x86_64 machine that is
+# PyPI, whose torch wheel is the CUDA build (with its nvidia-* wheels, several GB). For the CPU build:
+#   EPD_TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +21,9 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q torch==2.13.0
+torch_index=()  # EPD_TORCH_INDEX: opt-in (see the top); CI takes torch from the machine's pip configuration
+if [ -n "${EPD_TORCH_INDEX:-}" ]; then torch_index=(--index-url "$EPD_TORCH_INDEX"); fi
+.venv/bin/pip install -q ${torch_index[@]+"${torch_index[@]}"} torch==2.13.0
 extras="all"
 [ "${1:-}" = "test" ] && extras="all,test"
 .venv/bin/pip install -q -e ".[${extras}]"

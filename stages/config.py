@@ -25,6 +25,7 @@ from transfer.ucx_listen import ucx_params
 ROLES = ("colocated", "prefill", "decode", "encoder", "pd")
 DISAGG_ROLES = ("prefill", "decode", "pd")  # pd: a switchable worker, prefill or decode as the router says
 MIN_TOKEN_CHARS = 16
+TOKEN_ENV = "EPD_ADMIN_TOKEN"  # the admin token's environment variable (the router reads the same one)
 TRANSFERS = ("mooncake", "nixl")
 
 
@@ -87,7 +88,7 @@ class DisaggConfig:
         if self.group is not None and not self.group.strip():
             raise ValueError("--group must not be empty")
         if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:
-            raise ValueError(f"--admin-token (or EPD_ADMIN_TOKEN) must be at least {MIN_TOKEN_CHARS} characters")
+            raise ValueError(f"--admin-token (or {TOKEN_ENV}) must be at least {MIN_TOKEN_CHARS} characters")
 
     @property
     def epd(self) -> bool:

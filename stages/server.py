@@ -13,7 +13,7 @@ import importlib
 import logging
 import socket
 
-from router.listen import bind, probe
+from stages.launch.ports import bind, probe
 from stages.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", 
 
 def claim_ports(config: ServerConfig) -> socket.socket:
     """The server's HTTP socket, bound to ``--host``/``--port``, after checking that a fixed bootstrap
-    port (prefill, pd: ``--bootstrap-port`` other than 0) is free. ``router.listen.PortError`` (a
+    port (prefill, pd: ``--bootstrap-port`` other than 0) is free. ``stages.launch.ports.PortError`` (a
     ValueError) names the port and its flag."""
     disagg = config.disagg
     if disagg is not None and config.role in ("prefill", "pd") and disagg.bootstrap_port:

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.cli import free_port, stop_process, wait_healthy
+from stages.launch.health import wait_healthy
+from stages.launch.ports import free_port
+from stages.launch.processes import stop_process
 from tests.devices import DEVICE
 
 REPO = Path(__file__).resolve().parents[1]

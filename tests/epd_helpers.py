@@ -24,7 +24,7 @@ import httpx
 from cache.config import MIB, CacheConfig
 from cache.keys import image_key
 from cache.store import EmbeddingCache
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.conftest import ServerProcess, launch
 from tests.devices import DEVICE
 from tests.generated_models import model_dir

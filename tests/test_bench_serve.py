@@ -25,7 +25,8 @@ from bench.serve.config import Load, Mix, Slo, Target, parse_rates, parse_size, 
 from bench.serve.report import summary
 from bench.serve.stream import StreamTally
 from bench.serve.workload import Request, read_jsonl, summarize, synthesize, write_jsonl
-from stages.cli import free_port, main as stage_main
+from stages.cli import main as stage_main
+from stages.launch.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 120

@@ -23,9 +23,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stages.cli import build_parser, free_port, stop_process, wait_healthy
-from stages.run_logs import KEEP_RUNS, new_run_dir
-from stages.up import Child, ChildSpec, StackError, _wait_healthy
+from stages.cli import build_parser
+from stages.launch.health import wait_healthy
+from stages.launch.ports import free_port
+from stages.launch.processes import stop_process
+from stages.launch.run_logs import KEEP_RUNS, new_run_dir
+from stages.launch.stack import Child, ChildSpec, StackError, _wait_healthy
 from tests.conftest import REPO, launch
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,7 +175,7 @@ def test_stage_up_refuses_a_server_of_another_process_on_a_childs_port(model, tm
             _wait_healthy([mine], time.monotonic() + 30)
         assert time.monotonic() - start < 10  # at the first answer, not at the deadline
         assert str(err.value) == (
-            f"port {other.port} is answered by another process, not the router stage up started (pid {sleeper.pid}): "
+            f"port {other.port} is answered by another process, not the router this stack started (pid {sleeper.pid}): "
             "its /server_info has instance_id '0123456789abcdef', not 'fedcba9876543210'; stop that process or give "
             "another port")
         _wait_healthy([Child(spec, sleeper, tmp_path / "router.log", instance_id="0123456789abcdef")],

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.cli import build_parser, main, server_config
+from stages.cli import build_parser, main
+from stages.cli.serve import server_config
 from stages.engine.config import EngineConfig, resolve_device
-from stages.up import StackConfig, stage_specs
+from stages.launch.stack import StackConfig, stage_specs
 
 
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:x", "CPU", "cuda:0,cuda:1", ""])

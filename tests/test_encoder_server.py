@@ -22,10 +22,10 @@ from cache import scripts
 from cache.errors import EncodeFailed, NotPending
 from cache.keys import image_key
 from cache.store import EmbeddingCache
-from stages.cli import free_port
 from stages.encoder.batcher import Batcher, Job, JobState, RecentRooms
 from stages.engine.models import load_adapter
 from stages.engine.multimodal import ImageEmbedding, ImageInput
+from stages.launch.ports import free_port
 from stages.prompt import PromptBuilder
 from tests.devices import DEVICE
 from tests.generated_models import model_dir

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from stages.api.json_depth import MAX_JSON_DEPTH, too_deep
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.redis_fixtures import redis_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)

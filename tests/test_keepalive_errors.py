@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.conftest import ServerProcess, launch
 from tests.devices import DEVICE
 from tests.epd_helpers import png

@@ -24,7 +24,8 @@ import httpx
 import psutil
 import pytest
 
-from stages.cli import free_port, wait_healthy
+from stages.launch.health import wait_healthy
+from stages.launch.ports import free_port
 from tests.conftest import REPO, ServerProcess
 from tests.redis_fixtures import redis_server  # noqa: F401
 from transfer.base import TransferConfig

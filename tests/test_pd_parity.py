@@ -14,8 +14,8 @@ import httpx
 import pytest
 import torch
 
-from stages.cli import free_port
 from stages.engine.models import load_adapter
+from stages.launch.ports import free_port
 from stages.prompt import PromptBuilder
 from tests.conftest import launch
 from tests.devices import DEVICE

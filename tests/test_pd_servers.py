@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.hf_reference import random_image
 
 pytestmark = pytest.mark.timeout(300)

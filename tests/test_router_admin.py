@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.conftest import REPO
 from tests.router_helpers import ask, data_url, messages, metric, png, wait_metric
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.router_helpers import messages
 
 pytestmark = pytest.mark.timeout(300)

@@ -20,7 +20,7 @@ import pytest
 from router.config import RouterConfig
 from router.runtime import Router
 from router.upstream import Upstream
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.conftest import REPO
 from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 from tests.conftest import REPO
 from tests.router_helpers import arm, ask, data_url, messages, metric, mixed_answers, png, wait_metric
 

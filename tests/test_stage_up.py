@@ -23,9 +23,10 @@ import httpx
 import openai
 import pytest
 
-from router.cli import TOKEN_ENV
 from stages.cli import build_parser
-from stages.up import StackConfig, router_spec, stack_config, stage_specs
+from stages.config import TOKEN_ENV
+from stages.launch.stack import StackConfig, router_spec, stage_specs
+from stages.launch.up import stack_config
 from tests.conftest import REPO
 from tests.router_helpers import data_url, png
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from stages.cli import ensure_model  # no torch import
+from stages.launch.models import cache_dir, ensure_model  # no torch import
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 SUMMARIES = REPO / "bench" / "summaries"
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "epd-stage")
+CACHE = str(cache_dir())
 
 
 def make_parser(doc: str, module: str) -> argparse.ArgumentParser:

@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.common.proc import thread_cpu, tree_cpu_seconds
-from stages.cli import free_port, stop_process, wait_healthy  # no torch import
+from stages.launch.health import wait_healthy
+from stages.launch.ports import free_port
+from stages.launch.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_TAIL = 3000  # characters of a child's log shown when it fails to start

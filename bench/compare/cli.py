@@ -86,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         from dataclasses import replace
 
-        from stages.cli import ensure_model
-        from stages.up import cache_dir
+        from stages.launch.models import cache_dir, ensure_model
 
         config = replace(config, model=ensure_model(cache_dir() / f"{args.family}-{args.size}", args.family, args.size))
     return measure(config, allowed, _recorder(args))
@@ -133,7 +132,7 @@ def measure(config: CompareConfig, allowed: set[int], record) -> int:  # type: i
     from bench.compare import analysis, plots, report as text
     from bench.compare.session import run_deployment
     from bench.serve.workload import synthesize
-    from stages.up import StackError
+    from stages.launch.stack import StackError
 
     say = lambda line: print(f"compare: {line}", flush=True)  # noqa: E731
     say(f"model {config.model}; deployments {', '.join(config.deployments)}; {config.rounds} round(s); cores "

@@ -21,7 +21,7 @@ from bench.serve import runner, tokens
 from bench.serve.cli import first_model
 from bench.serve.config import Load, Mix, Target
 from bench.serve.workload import Request, synthesize
-from stages.up import Stack, StackConfig
+from stages.launch.stack import Stack, StackConfig
 
 WARMUP_SEED = 999_983  # its own images: none of them is in a workload
 
@@ -38,7 +38,7 @@ def run_deployment(config: CompareConfig, mode: str, requests: dict[str, list[Re
     """Start ``mode``'s stack, measure every workload, stop it. ``cores``: this process's affinity at
     the start of the run (restored here at the end). Returns {"placed", "urls", "workloads": name ->
     ``Measured``}. Raises
-    ``stages.up.StackError`` if the stack cannot start (everything started is stopped first)."""
+    ``stages.launch.stack.StackError`` if the stack cannot start (everything started is stopped first)."""
     log_dir = config.out / "logs" / mode
     shutil.rmtree(log_dir, ignore_errors=True)
     stack_config = StackConfig(model=config.model, log_dir=log_dir, mode=mode, transfer=config.transfer,

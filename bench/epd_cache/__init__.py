@@ -7,7 +7,7 @@ embedding landing in the cache to the waiting prefill starting.
     .venv/bin/python -m bench.epd_cache --quick          # smoke run (~1-2 minutes)
     .venv/bin/python -m bench.epd_cache --images 1,4,8 --image-size 448 --requests 6
 
-Both systems are driven through the router (``stages.up.Stack``, what ``stage up`` starts), the
+Both systems are driven through the router (``stages.launch.stack.Stack``, what ``stage up`` starts), the
 product's front door: in epd mode the router computes each image's key, asks the cache index which
 are missing, claims them for the encoder and sends encoder, prefill and decode their parts at once.
 

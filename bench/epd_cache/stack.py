@@ -1,4 +1,4 @@
-"""A started, healthy ``Stack`` of one mode behind the router (``stages.up``, what ``stage up``
+"""A started, healthy ``Stack`` of one mode behind the router (``stages.launch.stack``, what ``stage up``
 starts), every thread of every process pinned once it is healthy."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from bench.common.pinning import pin_threads
 def start_stack(mode: str, args: Namespace, model: Path, log_dir: Path, cores: dict[str, list[int]]):
     """A started, healthy ``Stack`` of ``mode`` behind the router, every process pinned; and its
     pinning record {role: {"pid", "cores"}}."""
-    from stages.up import Stack, StackConfig
+    from stages.launch.stack import Stack, StackConfig
 
     config = StackConfig(model=model, log_dir=log_dir, mode=mode, transfer=args.transfer, threads=args.threads,
                          startup_timeout_s=args.startup_timeout, stage_args=("--log-level", "warning"))

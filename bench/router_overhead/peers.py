@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stages.cli import free_port
+from stages.launch.ports import free_port
 
 PEERS = {"sglang-router": "sglang-router==0.3.2", "vllm-router": "vllm-router==0.1.17"}
 PY_SPY = ("py-spy", "py-spy==0.4.3")

@@ -26,7 +26,6 @@ from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
 
-from router.instance import INSTANCE_ID
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.schemas import ChatCompletionRequest
@@ -40,6 +39,7 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import Faults, engine_hook
+from stages.launch.instance import INSTANCE_ID
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 

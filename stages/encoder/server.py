@@ -134,7 +134,7 @@ def build(config: ServerConfig) -> FastAPI:
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
                        faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
-    from router.instance import INSTANCE_ID
+    from stages.launch.instance import INSTANCE_ID
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)

@@ -1,6 +1,11 @@
-"""Taking a server's ports before anything slow happens (imports, model loading, discovery), so a
-port in use is answered at once in one line that names the flag to change. Standard library only:
-the router and every stage server use it (the router imports nothing of ``stages``)."""
+"""Ports: taking a server's port before anything slow happens (imports, model loading, discovery), so
+a port in use is answered at once in one line that names the flag to change; and a free loopback port
+for a child to be started on. Standard library only.
+
+The CLI binds (``stage serve ROLE`` and ``stage serve router`` alike) and hands the socket to the
+server, which listens on it only once it can serve; ``stage up`` probes its ``--port`` before it starts
+anything.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ def bind(host: str, port: int, flag: str = "--port") -> socket.socket:
 
 def probe(host: str, port: int, flag: str) -> None:
     """Raise ``PortError`` if ``host:port`` cannot be bound now (another process listens there), for a
-    port a library binds later (e.g. the prefill's bootstrap endpoint)."""
+    port a library or a child binds later (e.g. the prefill's bootstrap endpoint, ``stage up --port``)."""
     bind(host, port, flag).close()
 
 
@@ -40,3 +45,11 @@ def refusal(host: str, port: int, flag: str, exc: OSError) -> str:
         return (f"{flag} {port}: {host}:{port} is already in use by another process; stop it or give another "
                 f"{flag} (0: any free port)")
     return f"cannot listen on {host}:{port} (--host {host}, {flag} {port}): {exc.strerror or exc}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` that was free a moment ago, for a child to bind (it may be taken in between:
+    callers that start a child on it retry or report the child's bind error)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

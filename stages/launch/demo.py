@@ -14,7 +14,7 @@ and the decode. colocated: one server. The per-stage times are the router's ``x-
 It prints the prompt, then the answer with what its ``finish_reason`` means, its usage and the stage
 times, all before the stack stops. The model is the one ``stage up`` makes by default (same family
 and size, kept in the same cache dir); the servers' logs go to a new run directory under
-``WORKDIR/logs``, of which the last 10 runs are kept (``stages.run_logs``).
+``WORKDIR/logs``, of which the last 10 runs are kept (``stages.launch.run_logs``).
 
 Everything the demo started (Redis included) is stopped when it ends, however it ends. Building the
 parser imports nothing heavy.
@@ -30,10 +30,11 @@ import sys
 from pathlib import Path
 
 from stages.config import TRANSFERS
+from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
+from stages.launch.run_logs import new_run_dir
+from stages.launch.stack import MODES, Stack, StackConfig, StackError
 from stages.modelgen import FAMILIES, SIZES
-from stages.up import DEFAULT_SIZE, cache_dir
 
-MODES = ("epd", "pd", "colocated")
 DEMO_IMAGE_SIZE = 224
 QUESTION = "What is in this picture?"
 IMAGE_DESCRIPTION = "a red disc and a blue square on a gradient"
@@ -44,7 +45,7 @@ FINISH_REASONS = {
 
 
 def add_demo_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", choices=FAMILIES, default="qwen2_vl", help="model family")
+    parser.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY, help="model family")
     parser.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size (stage up's default too)")
     parser.add_argument("--workdir", default=str(cache_dir()),
                         help="where the model is kept (made once; shared with stage up) and the server logs written "
@@ -60,10 +61,6 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     import openai
-
-    from stages.cli import ensure_model
-    from stages.run_logs import new_run_dir
-    from stages.up import Stack, StackConfig, StackError
 
     workdir = Path(args.workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)

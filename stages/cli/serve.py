@@ -1,48 +1,27 @@
-"""The ``stage`` command.
+"""``stage serve ROLE`` for the stage roles (colocated, prefill, decode, encoder, pd): their flags, the
+validated ``ServerConfig`` of a command line, and the run: validate, check the model directory and
+bind the ports before importing torch, then serve (``stages.server``).
 
-    stage serve colocated --model DIR [--host 127.0.0.1] [--port 8000] [...]
-    stage serve router --port N --prefill URL --decode URL | --colocated URL [...]   (router/cli.py)
-    stage serve encoder --model DIR --redis-url URL [--port 8300] [--max-batch-images 16] [...]
-    stage serve pd --model DIR --transfer X --admin-token T   (a switchable worker: stages/disagg/switchable.py)
-    stage admin workers|add|drain|resume|remove|pairing|ratio|room [--router URL] [...]   (router/admin_cli.py)
-    stage make-model --family qwen2_vl --size tiny --out DIR
-    stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--workdir DIR]   (stages/demo.py)
-    stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/up.py)
-    stage bench serve --url URL [--request-rate R | --max-concurrency C] [--out DIR] [...]   (bench/serve/cli.py)
-    stage bench compare [--model DIR] [--deployments colocated,pd,epd] [--pin ROLE=CORES] [...]   (bench/compare/)
-
-``serve`` takes one role per subcommand; every role goes through one config (``stages.config``)
-and one serve path (``stages.server``). Flag defaults come from the config dataclasses, and
-building the parsers imports no torch or transformers, so ``--help`` answers at once. The process helpers at the bottom (free port, wait
-for /health, stop) are shared by ``demo`` and the tests.
+Every role goes through one config (``stages.config``) and one serve path (``stages.server``). Flag
+defaults come from the config dataclasses, and building the parsers imports no torch or
+transformers, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import MISSING, fields
-from pathlib import Path
 
 from cache.config import MIB, CacheConfig
-from router.cli import TOKEN_ENV
-from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TRANSFERS, DisaggConfig, EncoderConfig,
-                           ImageLimits, ServerConfig)
+from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
+                           EncoderConfig, ImageLimits, ServerConfig)
 from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
 from stages.model_dir import check_model_dir
-from stages.modelgen import FAMILIES, SIZES, TEXT_MODELS, VISION_TOWERS
 from transfer.base import TransferConfig
 
-HEALTH_POLL_S = 0.25
+DEFAULT_PORTS = {"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300, "pd": 8150}
 ROLE_HELP = {  # one line each in `stage serve --help`
     "colocated": "encode, prefill and decode in one process",
     "prefill": "prefills and sends the KV to a decode",
@@ -52,7 +31,14 @@ ROLE_HELP = {  # one line each in `stage serve --help`
 }
 
 
-# --- serve -----------------------------------------------------------------------------------
+def add_role_parsers(roles: argparse._SubParsersAction) -> None:
+    """``stage serve ROLE`` for every stage role, each running ``run``."""
+    for role in ROLES:
+        parser = roles.add_parser(role, help=ROLE_HELP[role], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_role_args(parser, role)
+        parser.set_defaults(run=run)
+
+
 def _defaults(cls) -> dict:  # type: ignore[no-untyped-def]
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
@@ -168,21 +154,17 @@ def add_encoder_args(parser: argparse.ArgumentParser) -> None:
                    help="an encode request's images must be in the cache within this")
 
 
-def _role_args(role: str) -> Callable[[argparse.ArgumentParser], None]:
-    def add(parser: argparse.ArgumentParser) -> None:
-        add_engine_args(parser, kv=role != "encoder")
-        add_http_args(parser, default_port={"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300,
-                                            "pd": 8150}[role])
-        if role in DISAGG_ROLES:
-            add_disagg_args(parser, role)
-        if role in ("prefill", "decode"):  # a switchable pd worker runs PD mode only
-            add_cache_args(parser, required=False)
-        if role == "encoder":
-            add_cache_args(parser)
-            add_encoder_args(parser)
-
-    return add
-
+def add_role_args(parser: argparse.ArgumentParser, role: str) -> None:
+    """Every flag of ``stage serve ROLE``."""
+    add_engine_args(parser, kv=role != "encoder")
+    add_http_args(parser, default_port=DEFAULT_PORTS[role])
+    if role in DISAGG_ROLES:
+        add_disagg_args(parser, role)
+    if role in ("prefill", "decode"):  # a switchable pd worker runs PD mode only
+        add_cache_args(parser, required=False)
+    if role == "encoder":
+        add_cache_args(parser)
+        add_encoder_args(parser)
 
 
 def role_parts(role: str, epd: bool) -> tuple[str, ...]:
@@ -227,7 +209,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
         log_level=args.log_level, disagg=disagg, encoder=encoder)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """``stage serve ROLE``: validate the flags, check the model directory and take the ports before
     importing torch, so those mistakes are one line on stderr and exit code 2, at once."""
     from stages.server import claim_ports, serve
@@ -235,130 +217,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = server_config(args, args.role)
         check_model_dir(config.engine.model, tokenizer=args.role != "encoder")
-        sock = claim_ports(config)  # router.listen.PortError (a ValueError) names the port and its flag
+        sock = claim_ports(config)  # stages.launch.ports.PortError (a ValueError) names the port and its flag
         config.engine.torch_device  # noqa: B018 - resolves --device (imports torch): no GPU there is an error here
     except ValueError as exc:  # the message names the flag to change
         print(f"stage serve {args.role}: error: {exc}", file=sys.stderr)
         return 2
     serve(config, sock)
     return 0
-
-
-# --- make-model ---------------------------------------------------------------------
-def _make_model(args: argparse.Namespace) -> int:
-    from stages.modelgen import make_model
-
-    print(make_model(args.family, args.size, args.out, seed=args.seed, vision=args.vision, text=args.text))
-    return 0
-
-
-def ensure_model(path: Path, family: str, size: str) -> Path:
-    """A generated checkpoint at ``path``, made (atomically) if it is not there yet."""
-    if (path / "config.json").exists():
-        return path
-    from stages.modelgen import make_model
-
-    print(f"making a random-weight {family} ({size}) checkpoint in {path}", flush=True)
-    partial = path.with_name(path.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    make_model(family, size, partial)
-    partial.rename(path)
-    return path
-
-
-# --- process helpers -------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Poll ``url``/health until it answers 200. Raises RuntimeError if the process exits first and
-    TimeoutError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(HEALTH_POLL_S)
-    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s")
-
-
-def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout_s``."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout_s)
-
-
-# --- parser ----------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stage", description="Encode / prefill / decode stage servers.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    serve = commands.add_parser("serve", help="run one stage server")
-    roles = serve.add_subparsers(dest="role", required=True)
-    for role in ROLES:
-        role_parser = roles.add_parser(role, help=ROLE_HELP[role],
-                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        _role_args(role)(role_parser)
-        role_parser.set_defaults(run=_serve)
-    from router.cli import add_router_args, run as run_router  # light: the router's server loads in run
-
-    router = roles.add_parser("router", help="the OpenAI front door over stage servers",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_router_args(router)
-    router.set_defaults(run=run_router)
-
-    make = commands.add_parser("make-model", help="write a random-weight checkpoint for tests and benchmarks")
-    make.add_argument("--family", choices=FAMILIES, required=True)
-    make.add_argument("--size", choices=SIZES, default="tiny")
-    make.add_argument("--out", required=True)
-    make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--vision", choices=VISION_TOWERS, default=None, help="LLaVA only")
-    make.add_argument("--text", choices=TEXT_MODELS, default=None, help="LLaVA only")
-    make.set_defaults(run=_make_model)
-
-    from stages.demo import add_demo_args, run_demo  # light: the model and the servers load in run
-
-    demo = commands.add_parser("demo", help="make a model, serve it, send one image+text chat request",
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_demo_args(demo)
-    demo.set_defaults(run=run_demo)
-
-    from stages.up import add_up_args, run as run_up  # light: the model and the servers load in run
-
-    up = commands.add_parser("up", help="start a whole stack behind the router on this machine, until Ctrl-C",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_up_args(up)
-    up.set_defaults(run=run_up)
-
-    from router.admin_cli import add_admin_args  # light: standard library only
-
-    add_admin_args(commands.add_parser("admin", help="the router's admin API: workers, pairing, ratio, rooms"))
-
-    from bench.cli import add_parser as add_bench_parser  # light: each benchmark loads what it needs in its run
-
-    add_bench_parser(commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = args.log_level.upper() if args.command == "serve" else "WARNING"  # demo prints its own lines
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

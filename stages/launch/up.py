@@ -1,0 +1,138 @@
+"""``stage up``: everything one machine needs behind one OpenAI URL (a ``stages.launch.stack.Stack``),
+started and stopped together, until Ctrl-C.
+
+    stage up [--model DIR | --family F --size tiny|small] [--port N] [--mode epd|pd|colocated]
+             [--transfer mooncake|nixl] [--redis-url URL] [--kv-cache-mib N] [--log-dir DIR]
+             [--admin-token T]
+
+``--port`` (when not 0) is probed before anything starts, so a port in use is one line and exit 2 at
+once. Children's logs go to ``--log-dir``, by default a new run directory under the cache dir (only
+the last 10 runs are kept, ``stages.launch.run_logs``). ``--admin-token`` (or ``EPD_ADMIN_TOKEN``)
+reaches the router and the stage servers in their environment (never on a command line).
+
+Building the parser imports no torch; the model is generated (first run only) in ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from stages.config import MIN_TOKEN_CHARS, TOKEN_ENV, TRANSFERS
+from stages.launch.health import HEALTH_POLL_S
+from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
+from stages.launch.ports import probe
+from stages.launch.run_logs import new_run_dir
+from stages.launch.stack import HOST, MODES, Say, Stack, StackConfig, StackError
+from stages.model_dir import check_model_dir
+from stages.modelgen import FAMILIES, SIZES
+
+
+class _Stopped(BaseException):
+    """SIGTERM (or SIGINT) reached ``stage up``: unwind to the stop."""
+
+
+def add_up_args(parser: argparse.ArgumentParser) -> None:
+    """``stage up`` flags (no heavy imports)."""
+    d = StackConfig(model=Path(), log_dir=Path())
+    parser.add_argument("--model", default=None, help="checkpoint directory; default: the generated --family "
+                        "model of --size, made on first run under the cache dir")
+    parser.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY, help="model family to generate")
+    parser.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size to generate")
+    parser.add_argument("--port", type=int, default=8080, help="the router's port (0: any free port)")
+    parser.add_argument("--mode", choices=MODES, default=d.mode,
+                        help="epd: encoder + prefill + decode (+ Redis); pd: prefill + decode; colocated: one server")
+    parser.add_argument("--transfer", choices=TRANSFERS, default=d.transfer, help="KV transfer (epd, pd)")
+    parser.add_argument("--redis-url", default=None, help="epd: this Redis instead of an embedded one")
+    parser.add_argument("--log-dir", default=None, help="where every child's log goes; default: a new directory "
+                        "under the cache dir")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads of each stage server")
+    parser.add_argument("--device", default=None, metavar="DEVICE[,DEVICE...]",
+                        help="--device of every stage server, or one per stage in start order (epd: encoder,prefill,"
+                             "decode; pd: prefill,decode), e.g. cuda:0,cuda:1,cuda:2; default: each server's (auto)")
+    parser.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s,
+                        help="every child must be healthy within this")
+    parser.add_argument("--stop-timeout-s", type=float, default=d.stop_timeout_s,
+                        help="SIGKILL a child that has not exited this long after SIGTERM")
+    parser.add_argument("--kv-cache-mib", type=int, default=None,
+                        help="KV pool of each prefill, decode or colocated server; default: theirs")
+    parser.add_argument("--stage-arg", action="append", default=[], metavar="FLAG",
+                        help="extra flag for every stage server, e.g. --stage-arg=--log-level=warning (repeatable)")
+    parser.add_argument("--admin-token", default=None,
+                        help=f"turns on the router's admin API (stage admin, docs/admin.md) with this bearer token "
+                             f"(or the {TOKEN_ENV} environment variable), given to the router and the stages; "
+                             f"at least {MIN_TOKEN_CHARS} characters")
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    """The validated config of a ``stage up`` command line, its ``log_dir`` still unset. ValueError
+    names the flag to change: a bad value, a ``--model`` directory without what the stages load
+    (``stages.model_dir``), a ``--port`` in use (``stages.launch.ports.PortError``)."""
+    config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
+                         transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
+                         startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
+                         kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
+                         devices=tuple(args.device.split(",")) if args.device else (),
+                         admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
+    if args.model is not None:
+        check_model_dir(config.model, tokenizer=True)  # every mode runs a stage with a tokenizer
+    if config.port:
+        probe(HOST, config.port, "--port")
+    return config
+
+
+def ready_line(url: str, admin: bool) -> str:
+    """What ``stage up`` prints once its stack serves at ``url`` (the router's), admin API on or off."""
+    admin_api = (f"admin API {url}/admin (stage admin --router {url}, with the --admin-token token)" if admin else
+                 f"admin API off (give stage up --admin-token or {TOKEN_ENV})")
+    return f"ready: {url}/v1 (OpenAI base URL); {admin_api}; Ctrl-C stops everything"
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``stage up`` command: start, print the URL, wait for a signal or a child's death, stop.
+    Exit codes: 0 stopped by a signal, 1 a child failed (at startup or later), 2 a bad flag or a
+    ``--port`` in use (answered before anything starts)."""
+    try:
+        config = stack_config(args)
+    except ValueError as exc:
+        print(f"stage up: error: {exc}", file=sys.stderr)
+        return 2
+    if args.model is None:
+        config = dataclasses.replace(config, model=ensure_model(cache_dir() / f"{args.family}-{args.size}",
+                                                                args.family, args.size))
+    log_dir = Path(args.log_dir) if args.log_dir else new_run_dir(cache_dir() / "logs", "up")
+    config = dataclasses.replace(config, log_dir=log_dir.resolve())
+    say: Say = lambda line: print(f"stage up: {line}", flush=True)  # noqa: E731
+    say(f"{config.mode} mode, model {config.model}, logs in {config.log_dir}")
+    stack = Stack(config, say)
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stack.start()
+        say(ready_line(stack.url, config.admin_token is not None))
+        while (child := stack.exited()) is None:
+            time.sleep(HEALTH_POLL_S)
+        print(f"stage up: {child.describe()} exited with code {child.proc.returncode}; the end of its log:\n"
+              f"{child.log_tail()}", file=sys.stderr)
+        return 1
+    except StackError as exc:
+        print(f"stage up: error: {exc}", file=sys.stderr)
+        return 1
+    except (_Stopped, KeyboardInterrupt):
+        say("stopping")
+        return 0
+    finally:
+        for sig in previous:  # a second signal must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        stack.stop()
+        say("stopped")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)

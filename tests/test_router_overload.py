@@ -22,7 +22,7 @@ from tests.epd_helpers import EPD, start_epd
 from tests.router_helpers import ask, data_url, messages, metric, png, wait_metric
 
 pytestmark = pytest.mark.timeout(300)
-BURST = 120  # concurrent requests, each with an image of its own
+BURST = 120  # concurrent requests, each with one image
 LIMITS = ("--max-num-seqs", "2", "--max-waiting", "2")  # P and D hold 4 requests each; more get 503
 TIMEOUTS = ("--pair-timeout-s", "30", "--transfer-timeout-s", "30")
 BURST_DEADLINE_S = 150.0
@@ -45,7 +45,10 @@ def stack(start_server, tmp_path_factory):
 
 
 async def _one(client: httpx.AsyncClient, url: str, i: int) -> httpx.Response:
-    body = {"messages": messages(f"burst {i}", [data_url(png(32, 32, 50_000 + i))]), "max_tokens": 4,
+    """Request ``i``: a new image, or (every third) one of three images other requests share, so a
+    key may be claimed for a request the encoder then refuses while another waits for it."""
+    seed = 60_000 + (i // 3) % 3 if i % 3 == 0 else 50_000 + i
+    body = {"messages": messages(f"burst {i}", [data_url(png(32, 32, seed))]), "max_tokens": 4,
             "temperature": 0, "stream": i % 2 == 1}
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         await response.aread()

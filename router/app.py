@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from router.admin_app import add_admin_routes
 from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
                            stage_failed)
+from router.memory import collect_after_large_bodies
 from router.modes import Call
 from router.openapi import document
 from router.runtime import Router
@@ -45,7 +46,8 @@ INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: 
 def create_app(router: Router) -> web.Application:
     """The app over ``router``; its startup hook starts the router (discovery; a ``StartupError``
     stops the server before it listens) and its cleanup hook closes it."""
-    app = web.Application(middlewares=[_errors], client_max_size=router.config.max_body_bytes)
+    app = web.Application(middlewares=[collect_after_large_bodies, _errors],
+                          client_max_size=router.config.max_body_bytes)
     app[ROUTER_KEY] = router
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)

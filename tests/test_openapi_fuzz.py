@@ -5,9 +5,9 @@ Every answer must be documented (status, media type, headers, body schema), inva
 refused, and no 5xx may come back except those the role documents for a request whose other half
 never comes: a prefill waits ``--pair-timeout-s`` for the decode's KV request (504), a decode's KV
 request reaches a prefill that never gets the HTTP half (502 or 504). Afterwards each server is
-healthy, with nothing running or queued and every KV block free. The router's admin routes are
-fuzzed without its token (each a documented 401); a token would let random bodies add workers that
-dial anywhere.
+healthy, with nothing running or queued and every KV block free. The router's admin routes that
+change something are fuzzed without its token (each a documented 401: with it, random bodies would
+add workers that dial anywhere); its admin GETs with it.
 
 Each operation gets ``FUZZ_EXAMPLES`` valid cases and, where it has a body, as many invalid ones,
 seeded (``derandomize``). The test drives ``operation.as_strategy()`` with hypothesis itself:
@@ -39,6 +39,7 @@ ROOMS = random.Random(0)  # distinct rooms for the bodies that come without one
 MODEL = "tiny-vl"
 SERVE = ["--kv-cache-mib", "16", "--max-model-len", "256", "--served-model-name", MODEL]
 PD = ["--transfer", "mooncake", "--pair-timeout-s", "1"]
+ADMIN_TOKEN = "fuzz-admin-token-0123456789"
 ROUTER_PATIENCE = ["--health-timeout-s", "10"]  # a loaded machine's slow /health is not a dead stage (no 503)
 CHECKS = [openapi_checks.status_code_conformance, openapi_checks.content_type_conformance,
           openapi_checks.response_headers_conformance, openapi_checks.response_schema_conformance,
@@ -76,8 +77,7 @@ def decode(start_server, model, prefill):
 
 @pytest.fixture(scope="module")
 def router(start_server, colocated):
-    return start_server("router", "--colocated", colocated.url, "--admin-token", "fuzz-admin-token-0123456789",
-                        *ROUTER_PATIENCE)
+    return start_server("router", "--colocated", colocated.url, "--admin-token", ADMIN_TOKEN, *ROUTER_PATIENCE)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def encoder(start_server, model, redis_server):  # noqa: F811
     return start_server("encoder", "--model", model, "--redis-url", redis_server.url)
 
 
-def call_and_check(case, server, allowed_5xx: frozenset[int]):
-    response = case.call(base_url=server.url, timeout=30)
+def call_and_check(case, server, allowed_5xx: frozenset[int], headers: dict | None = None):
+    response = case.call(base_url=server.url, timeout=30, headers=headers)
     assert response.status_code < 500 or response.status_code in allowed_5xx, (
         f"{case.operation.label}: {response.status_code} {response.text[:500]}")
     case.validate_response(response, checks=CHECKS)
@@ -139,11 +139,15 @@ def operations(server) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def fuzz(server, allowed_5xx: frozenset[int] = frozenset(), bootstrap_port: int | None = None) -> dict[str, Counter]:
+def fuzz(server, allowed_5xx: frozenset[int] = frozenset(), bootstrap_port: int | None = None,
+         admin_token: str | None = None) -> dict[str, Counter]:
     """Every operation of ``server``'s document, valid cases and (where there is an input to break)
-    invalid ones. Returns the statuses seen per operation and mode."""
+    invalid ones; with ``admin_token``, the router's admin GETs carry it (they change nothing).
+    Returns the statuses seen per operation and mode."""
     seen: dict[str, Counter] = {}
     for operation in operations(server):
+        reads = admin_token and operation.method.upper() == "GET" and operation.path.startswith("/admin/")
+        headers = {"Authorization": f"Bearer {admin_token}"} if reads else None
         modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if operation.body else [])
         for mode in modes:
             statuses = seen.setdefault(f"{operation.label} {mode.value}", Counter())
@@ -152,7 +156,7 @@ def fuzz(server, allowed_5xx: frozenset[int] = frozenset(), bootstrap_port: int 
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case) -> None:
                 completed(case, mode, bootstrap_port)
-                statuses[call_and_check(case, server, allowed_5xx).status_code] += 1
+                statuses[call_and_check(case, server, allowed_5xx, headers).status_code] += 1
 
             run()
     return seen
@@ -175,8 +179,10 @@ def test_decode_answers_as_documented(decode, bootstrap_port):
 
 
 def test_router_answers_as_documented(router):
-    seen = fuzz(router)
+    seen = fuzz(router, admin_token=ADMIN_TOKEN)
     assert seen["POST /v1/chat/completions positive"][200] > 0, seen  # through to the stage and back
+    assert set(seen["GET /admin/workers positive"]) == {200}, seen  # the token reads
+    assert seen["GET /admin/rooms/{room} positive"][404] > 0, seen  # no such room
     removals = seen["DELETE /admin/workers/{id} positive"]  # no token, no entry (404: an id that is no path)
     assert removals[401] > 0 and set(removals) <= {401, 404}, seen
 

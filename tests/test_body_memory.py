@@ -1,6 +1,6 @@
 """Memory bounded by the work, not by the body: a text body just under the 64 MiB cap (the default
 ``--max-body-mb``) that cannot fit the context is refused in the first pass, on every role that
-takes text and through the router, with the server's peak RSS growing by less than 4x the body and
+takes text and through the router in each mode, with the server's peak RSS growing by less than 4x the body and
 no lasting growth.
 
 Before: a 5 MB text made a colocated server work 9.5 s and grow 165x the body in RSS (440 MB kept
@@ -82,10 +82,13 @@ def encode_body(size: int) -> bytes:
 def servers(tiny_model, redis_server, tmp_path_factory) -> Iterator[dict[str, ServerProcess]]:  # noqa: F811
     model, logs = str(tiny_model("qwen2_vl")), tmp_path_factory.mktemp("memory-logs")
     common = ["--model", model, "--device", DEVICE, "--kv-cache-mib", "16"]
+    epd = ["--redis-url", redis_server.url]
     stages = {"colocated": ("colocated", common),
               "prefill": ("prefill", [*common, "--bootstrap-port", str(free_port())]),
               "decode": ("decode", common),
-              "encoder": ("encoder", ["--model", model, "--device", DEVICE, "--redis-url", redis_server.url])}
+              "encoder": ("encoder", ["--model", model, "--device", DEVICE, "--redis-url", redis_server.url]),
+              "epd_prefill": ("prefill", [*common, *epd, "--bootstrap-port", str(free_port())]),
+              "epd_decode": ("decode", [*common, *epd])}
     started: dict[str, ServerProcess] = {}
     try:
         with ThreadPoolExecutor(len(stages)) as pool:
@@ -95,7 +98,9 @@ def servers(tiny_model, redis_server, tmp_path_factory) -> Iterator[dict[str, Se
                 started[name] = job.result()
         s = started
         routers = {"router_colocated": ["--colocated", s["colocated"].url],
-                   "router_pd": ["--prefill", s["prefill"].url, "--decode", s["decode"].url]}
+                   "router_pd": ["--prefill", s["prefill"].url, "--decode", s["decode"].url],
+                   "router_epd": ["--encoder", s["encoder"].url, "--prefill", s["epd_prefill"].url,
+                                  "--decode", s["epd_decode"].url, "--redis-url", redis_server.url]}
         with ThreadPoolExecutor(len(routers)) as pool:
             jobs = {name: pool.submit(launch, "router", flags, logs / f"{name}.log", 60.0)
                     for name, flags in routers.items()}
@@ -155,7 +160,8 @@ def test_an_image_over_its_limit_is_refused_within_bounds_by_the_encoder(servers
     assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == ("image_too_large", "images[0]")
 
 
-@pytest.mark.parametrize("mode, behind", [("router_colocated", ("colocated",)), ("router_pd", ("prefill", "decode"))])
+@pytest.mark.parametrize("mode, behind", [("router_colocated", ("colocated",)), ("router_pd", ("prefill", "decode")),
+                                          ("router_epd", ("epd_prefill", "epd_decode"))])
 def test_through_the_router(servers, mode, behind):
     answer = refused_within_bounds(servers, mode, "/v1/chat/completions", text_body(BODY_BYTES), (mode, *behind))
     assert_too_long(answer)

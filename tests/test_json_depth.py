@@ -13,7 +13,6 @@ from tests.redis_fixtures import redis_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 MESSAGE = "The request body is nested deeper than 64 levels of JSON arrays and objects."
-HELLO = [{"role": "user", "content": "hi"}]
 
 
 def nested(levels: int) -> str:

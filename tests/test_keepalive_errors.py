@@ -257,7 +257,8 @@ def crash_encode_behind(encoder: ServerProcess, body: dict) -> Callable[[Pooled]
     def send(conn: Pooled) -> httpx.Response:
         arm(encoder, "http.crash", 1)
         fresh = png(40, 24, random.getrandbits(16))  # not cached: the router must send it to the encoder
-        parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(fresh).decode()}},
-                 body["messages"][0]["content"][1]]
-        return conn.send("POST", "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": parts}]})
+        url = "data:image/png;base64," + base64.b64encode(fresh).decode()
+        parts = [{"type": "image_url", "image_url": {"url": url}}, body["messages"][0]["content"][1]]
+        return conn.send("POST", "/v1/chat/completions",
+                         json={**body, "messages": [{"role": "user", "content": parts}]})
     return send

@@ -1,7 +1,7 @@
 """Prometheus metrics of the router, on its own ``CollectorRegistry``; names carry the ``epd_router_``
 prefix (the stages' are ``epd_``), so one Prometheus can scrape the router and every stage.
 
-When a request's metrics are recorded (``docs/router.md``, "Metrics"): its stage times, TTFT and
+When a request's metrics are recorded (``docs/router.md``, "When they are recorded"): its stage times, TTFT and
 TPOT when the router has settled it, before the client's last byte; its outcome and end-to-end
 latency after the last byte, before the handler returns. Every labelled series exists from the
 start (at 0). Worker gauges (health, circuit state, outstanding requests) are read from the

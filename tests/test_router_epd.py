@@ -165,7 +165,7 @@ def test_stage_times_cache_and_room_in_the_answer_headers(router):
     """A new image (JSON), then the same image (stream): each answer names its room and its cache hits
     and misses; the JSON answer is sent once every stage has answered, so it names all three stages'
     times. Every stage's time and the images' cache counts are recorded before the client's last
-    byte (docs/router.md, "Metrics"): read at once, no polling."""
+    byte (docs/router.md, "When they are recorded"): read at once, no polling."""
     stages = ("encoder", "prefill", "decode")
     names = [*(f'epd_router_stage_seconds_count{{stage="{s}"}}' for s in stages),
              *(f'epd_router_images_total{{cache="{c}"}}' for c in ("hit", "miss"))]

@@ -129,7 +129,7 @@ async def test_32_concurrent_mixed_requests(router, colocated, prefills, decodes
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_metrics_of_one_request(router, stream):
-    """docs/router.md, "Metrics": every stage's time (and a stream's TTFT and TPOT) is recorded before
+    """docs/router.md, "When they are recorded": every stage's time (and a stream's TTFT and TPOT) is recorded before
     the client's last byte, so it is there when the answer is; the outcome and the end-to-end time
     just after it (polled)."""
     settled = ['epd_router_stage_seconds_count{stage="prefill"}', 'epd_router_stage_seconds_count{stage="decode"}']

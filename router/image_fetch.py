@@ -12,9 +12,10 @@ import base64
 
 import aiohttp
 
+from cache.image_bytes import IMAGE_FETCH_FAILED, INVALID_IMAGE_URL, ImageBounds, too_many_bytes, url_scheme
 from router.config import RouterConfig
 from router.errors import RouterError, bad_request
-from router.images import ImagePart, check_count, check_remote, image_parts, scheme
+from router.images import ImagePart, check_count, check_remote, image_parts, refusal
 
 
 class ImageFetcher:
@@ -42,12 +43,12 @@ class ImageFetcher:
         check_count(len(parts), self.config.max_images_per_request, stage_max_images)
         remote = []
         for part in parts:
-            kind = scheme(part.url)
+            kind = url_scheme(part.url)
             if kind in ("http", "https"):
                 check_remote(part.url, self.config.allowed_image_hosts, part.param)
                 remote.append(part)
             elif kind != "data":
-                raise bad_request("image_url must be a data: URL or an http(s) URL.", part.param, "invalid_image_url")
+                raise bad_request("image_url must be a data: URL or an http(s) URL.", part.param, INVALID_IMAGE_URL)
         tasks = [asyncio.ensure_future(self._fetch(part)) for part in remote]
         try:
             urls = await asyncio.gather(*tasks)
@@ -64,7 +65,7 @@ class ImageFetcher:
             async with self._client().get(part.url, allow_redirects=False) as response:
                 if response.status != 200:
                     raise bad_request(f"Fetching the image URL answered HTTP {response.status}.", part.param,
-                                      "image_fetch_failed")
+                                      IMAGE_FETCH_FAILED)
                 if response.content_length is not None and response.content_length > limit:
                     raise _too_large(response.content_length, limit, part.param)
                 data = bytearray()
@@ -75,13 +76,12 @@ class ImageFetcher:
                 media = response.content_type if response.content_type.startswith("image/") else "image/unknown"
         except TimeoutError:
             raise bad_request(f"Fetching the image URL took longer than {self.config.image_fetch_timeout_s:g} s "
-                              "(--image-fetch-timeout-s).", part.param, "image_fetch_failed") from None
+                              "(--image-fetch-timeout-s).", part.param, IMAGE_FETCH_FAILED) from None
         except aiohttp.ClientError as exc:
             raise bad_request(f"Fetching the image URL failed: {type(exc).__name__}: {exc}", part.param,
-                              "image_fetch_failed") from None
+                              IMAGE_FETCH_FAILED) from None
         return f"data:{media};base64,{base64.b64encode(bytes(data)).decode()}"
 
 
 def _too_large(size: int | str, limit: int, param: str) -> RouterError:
-    return RouterError(413, f"The image is {size} bytes; this router fetches at most {limit} bytes per image "
-                       "(--max-image-bytes).", param=param, code="image_too_large")
+    return refusal(too_many_bytes(size, ImageBounds(limit, holder="router")), param)

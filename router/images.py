@@ -7,11 +7,16 @@ by the router (``router.image_fetch``), only from ``--allowed-image-hosts``, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from cache.image_bytes import IMAGE_HOST_NOT_ALLOWED, INVALID_IMAGE_URL, TOO_MANY_IMAGES, ImageRefused
 from router.errors import RouterError, bad_request
 from router.limits import too_many_images
+
+T = TypeVar("T")
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -54,11 +59,7 @@ def check_count(count: int, own: int, stages: int | None) -> None:
         raise too_many_images(count, stages)
     if count > own:
         raise bad_request(f"The request has {count} images; this router accepts at most {own} "
-                          "(--max-images-per-request).", "messages", "too_many_images")
-
-
-def scheme(url: str) -> str:
-    return url.split(":", 1)[0].lower() if ":" in url else ""
+                          "(--max-images-per-request).", "messages", TOO_MANY_IMAGES)
 
 
 def check_remote(url: str, allowed: tuple[str, ...], param: str) -> None:
@@ -67,14 +68,28 @@ def check_remote(url: str, allowed: tuple[str, ...], param: str) -> None:
         parts = urlsplit(url)
         port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
     except ValueError:
-        raise bad_request(f"The image URL is not a valid URL: {url[:100]!r}.", param, "invalid_image_url") from None
+        raise bad_request(f"The image URL is not a valid URL: {url[:100]!r}.", param, INVALID_IMAGE_URL) from None
     host = (parts.hostname or "").lower()
     if parts.scheme.lower() not in DEFAULT_PORTS or not host:
-        raise bad_request("image_url must be a data: URL or an http(s) URL.", param, "invalid_image_url")
+        raise bad_request("image_url must be a data: URL or an http(s) URL.", param, INVALID_IMAGE_URL)
     if not any(_matches(entry, host, port) for entry in allowed):
         raise RouterError(400, f"Image URLs on host {host!r} are not fetched by this router; add it to "
                           "--allowed-image-hosts or send the image as a data: URL.", param=param,
-                          code="image_host_not_allowed")
+                          code=IMAGE_HOST_NOT_ALLOWED)
+
+
+def as_router_error(param: str, parse: Callable[..., T], *args: Any) -> T:
+    """``parse(*args)`` (a ``cache.image_bytes`` function); its ``ImageRefused`` as a RouterError of the
+    same status, code and message naming ``param``."""
+    try:
+        return parse(*args)
+    except ImageRefused as exc:
+        raise refusal(exc, param) from None
+
+
+def refusal(refused: ImageRefused, param: str) -> RouterError:
+    """A ``cache.image_bytes`` refusal as the router's error naming the client's part."""
+    return RouterError(refused.status, refused.message, code=refused.code, param=param)
 
 
 def _matches(entry: str, host: str, port: int | None) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cache.image_bytes import TOO_MANY_IMAGES
 from router.errors import RouterError, bad_request
 
 ENFORCED = ("max_body_bytes", "max_images_per_request")
@@ -48,7 +49,7 @@ def tightest(each: Iterable[dict[str, int]]) -> StageLimits:
 def too_many_images(count: int, limit: int) -> RouterError:
     """A stage's 400 for more than ``--max-images-per-request`` images, given by the router."""
     return bad_request(f"The request has {count} images; the stages behind this router accept at most {limit} "
-                       "per request (their --max-images-per-request).", "messages", "too_many_images")
+                       "per request (their --max-images-per-request).", "messages", TOO_MANY_IMAGES)
 
 
 def body_too_large(size: int | str, limit: int) -> RouterError:

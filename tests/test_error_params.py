@@ -1,7 +1,8 @@
 """Errors name what the client sent, every error has a code, and OpenAI's own spellings work.
 
-Unit (pure): every construction of an error in ``stages/`` and ``router/`` gives a ``code``; the
-framework's own errors get one; a stage's ``param`` maps back to the client's path in epd mode.
+Unit (pure): every construction of an error in ``stages/``, ``router/`` and ``cache/`` gives a
+``code``; the framework's own errors get one; a stage's ``param`` maps back to the client's path in
+epd mode.
 Real servers: a colocated server, and an epd router (private Redis, an encoder, a prefill and a
 decode over Mooncake): a truncated image, one over the pixel limit and one of an aspect ratio the
 model refuses are refused naming ``messages[0].content[i].image_url`` (what the client sent, not the
@@ -36,7 +37,8 @@ pytestmark = pytest.mark.timeout(300)
 MAX_PIXELS = 1_000_000
 # each error constructor -> (position of its code argument, or None: keyword only)
 CODE_ARGUMENT = {"APIError": None, "RouterError": None, "DisaggError": 2, "bad_request": 2, "too_large": 2,
-                 "error_body": 2}
+                 "error_body": 2, "ImageRefused": 1}
+ROOTS = ("stages", "router", "cache")  # cache: the image refusals of ``cache.image_bytes``
 
 
 # --- every error has a code --------------------------------------------------------------------
@@ -68,10 +70,10 @@ def _may_be_none(code: ast.expr | None) -> bool:
 def test_every_error_construction_gives_a_code():
     """No error body leaves with ``code: null``: each construction names one (a variable passed on,
     as the helpers do, counts: its own callers are checked here too)."""
-    found = [(where, name) for root in ("stages", "router") for where, name, call in _constructions(REPO / root)
+    found = [(where, name) for root in ROOTS for where, name, call in _constructions(REPO / root)
              if _may_be_none(_code_of(name, call))]
     assert found == []
-    assert sum(1 for root in ("stages", "router") for _ in _constructions(REPO / root)) > 100  # the scan sees them
+    assert sum(1 for root in ROOTS for _ in _constructions(REPO / root)) > 100  # the scan sees them
 
 
 def test_the_frameworks_own_errors_have_a_code():

@@ -242,7 +242,7 @@ def test_allowed_image_url_is_fetched_and_answers_like_its_data_url(router, imag
 @pytest.mark.parametrize("path, host, status, code, message", [
     ("/img.png", "localhost", 400, "image_host_not_allowed", "Image URLs on host 'localhost' are not fetched by this "
      "router; add it to --allowed-image-hosts or send the image as a data: URL."),
-    ("/big.png", "127.0.0.1", 413, "image_too_large", "The image is {size} bytes; this router fetches at most "
+    ("/big.png", "127.0.0.1", 413, "image_too_large", "The image is {size} bytes; this router accepts at most "
      f"{MAX_IMAGE_BYTES} bytes per image (--max-image-bytes)."),
     ("/missing.png", "127.0.0.1", 400, "image_fetch_failed", "Fetching the image URL answered HTTP 404."),
     ("/redirect", "127.0.0.1", 400, "image_fetch_failed", "Fetching the image URL answered HTTP 302."),

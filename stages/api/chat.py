@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 from PIL import Image
 
+from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, image_size, load_image
 from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
@@ -97,7 +98,7 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
     parts = image_parts(request)
     if len(parts) > limits.max_images:
         raise bad_request(f"The request has {len(parts)} images; this server accepts at most "
-                          f"{limits.max_images} per request.", "messages", "too_many_images")
+                          f"{limits.max_images} per request.", "messages", TOO_MANY_IMAGES)
     wanted = "image_ref" if mode is ImageMode.REFS else "image_url"
     wrong = next((param for part, param in parts if part.type != wanted), None)
     if wrong is not None and mode is ImageMode.REFS:
@@ -176,4 +177,4 @@ class Preparer:
                 self.prompts.num_image_tokens(width, height)
             except ValueError as exc:
                 raise bad_request(f"The image's size ({width}x{height}) is refused by this model's image "
-                                  f"processor: {exc}", f"{param}.{part.type}", "invalid_image") from None
+                                  f"processor: {exc}", f"{param}.{part.type}", INVALID_IMAGE) from None

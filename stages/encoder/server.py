@@ -11,8 +11,6 @@ server stays healthy. ``/health`` is 503 only when the encoder thread or the cla
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import secrets
 import socket
@@ -27,15 +25,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from cache.image_bytes import TOO_MANY_IMAGES
 from cache.keys import check_key, image_key
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
-from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, too_large, unhealthy,
+from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, unhealthy,
                                validation_error)
 from stages.api.faults import add_fault_routes
-from stages.api.images import decode_data_url
-from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
+from stages.api.images import decode_base64, decode_data_url
 from stages.api.json_depth import check_json_depth
+from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE
 from stages.encoder.service import EncodeService, ImageResult, Upload
@@ -169,7 +168,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
                 raise RuntimeError("fault point http.crash")
             if len(body.images) > config.limits.max_images:
                 raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
-                                  f"{config.limits.max_images} per request.", "images", "too_many_images")
+                                  f"{config.limits.max_images} per request.", "images", TOO_MANY_IMAGES)
             timeline.mark(body.room, "queued", images=len(body.images))
             try:
                 uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
@@ -223,7 +222,7 @@ def _uploads(parts: list[ImagePart], limits: ImageLimits, fingerprint: str) -> l
     for i, part in enumerate(parts):
         param = f"images[{i}]"
         data = decode_data_url(part.url, limits, param) if part.url is not None else \
-            _decode_base64(part.data or "", limits, param)
+            decode_base64(part.data or "", limits, param)
         key = image_key(data, fingerprint)
         if part.key is not None:
             try:
@@ -235,21 +234,3 @@ def _uploads(parts: list[ImagePart], limits: ImageLimits, fingerprint: str) -> l
                                   f"(expected {key}).", f"{param}.key", "key_mismatch")
         uploads.append(Upload(key, data))
     return uploads
-
-
-def _decode_base64(payload: str, limits: ImageLimits, param: str) -> bytes:
-    """An image file sent as base64, within ``--max-image-bytes`` (bounded before decoding)."""
-    if len(payload) // 4 * 3 > limits.max_bytes + 3:
-        raise _over_bytes(len(payload) // 4 * 3, limits, param)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise bad_request("The image data is not valid base64.", param, "invalid_base64") from None
-    if len(data) > limits.max_bytes:
-        raise _over_bytes(len(data), limits, param)
-    return data
-
-
-def _over_bytes(size: int, limits: ImageLimits, param: str) -> APIError:
-    return too_large(f"The image is {size} bytes; this server accepts at most {limits.max_bytes} bytes per image.",
-                     param, "image_too_large")

@@ -29,6 +29,7 @@ from typing import Any
 from PIL import Image
 
 from cache.errors import CacheUnavailable
+from cache.image_bytes import INVALID_IMAGE
 from stages.api.errors import APIError, bad_request
 from stages.api.images import open_image
 from stages.config import EncoderConfig, ImageLimits
@@ -174,4 +175,4 @@ def _preprocess(image_processor: Any, adapter: ModelAdapter, image: Image.Image,
     try:
         return preprocess_image(image_processor, adapter, image)
     except ValueError as exc:  # e.g. an aspect ratio the processor refuses
-        raise bad_request(f"The image processor refused the image: {exc}", param, "invalid_image") from None
+        raise bad_request(f"The image processor refused the image: {exc}", param, INVALID_IMAGE) from None

@@ -1,17 +1,68 @@
-"""Room state and prefill's pairing table: pure logic, no sockets, time passed in."""
+"""Room state, prefill's pairing table and the timeline that follows a room: pure logic, no sockets,
+time passed in."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from transfer.rooms import DuplicateRoom, Room, RoomClosed, RoomStatus, RoomTable
+from stages.timeline import RoomTimeline
+from transfer.rooms import DuplicateRoom, Room, RoomClosed, RoomStatus, RoomTable, moves
 
 S = RoomStatus
+# Every transition a room makes, written out (not derived from the rule under test): forward from a
+# live status, or to Failed from a live status. Everything else is refused.
+ALLOWED = {
+    (S.Bootstrapping, S.WaitingForInput), (S.Bootstrapping, S.Transferring), (S.Bootstrapping, S.Success),
+    (S.Bootstrapping, S.Failed),
+    (S.WaitingForInput, S.Transferring), (S.WaitingForInput, S.Success), (S.WaitingForInput, S.Failed),
+    (S.Transferring, S.Success), (S.Transferring, S.Failed),
+}
 
 
 def test_status_order_matches_kvpoll() -> None:
     ordered = (S.Failed, S.Bootstrapping, S.WaitingForInput, S.Transferring, S.Success)
     assert [int(s) for s in ordered] == [0, 1, 2, 3, 4]
+    assert [s.label for s in ordered] == ["failed", "bootstrapping", "waiting_for_input", "transferring", "success"]
+
+
+def _room_in(status: RoomStatus) -> Room:
+    """A room that entered ``status`` at t=1 the way a real one does (Failed with a reason)."""
+    room = Room.new(7, now=0.0)
+    if status is not S.Bootstrapping:
+        assert room.advance(status, 1.0, reason="first failure" if status is S.Failed else None)
+    return room
+
+
+@pytest.mark.parametrize(("current", "new"), list(itertools.product(S, S)),
+                         ids=lambda s: s.name)
+def test_every_transition_is_allowed_or_refused(current: RoomStatus, new: RoomStatus) -> None:
+    changes: list[tuple[RoomStatus, str | None]] = []
+    room = _room_in(current)
+    room.on_change = lambda state: changes.append((state.status, state.reason))
+    before = (room.status, room.reason, dict(room.times))
+    reason = "late failure" if new is S.Failed else None
+    allowed = (current, new) in ALLOWED
+    assert moves(current, new) is allowed
+    assert room.advance(new, 2.0, reason) is allowed
+    if allowed:
+        assert (room.status, room.times[new], changes) == (new, 2.0, [(new, reason)])
+        assert room.reason == reason
+    else:  # the higher (or final) status is kept, with its time and first reason; nobody is told
+        assert (room.status, room.reason, room.times, changes) == (*before, [])
+
+
+def test_on_change_sees_every_status_entered_from_the_first() -> None:
+    seen: list[RoomStatus] = []
+    room = Room.new(3, now=0.0, on_change=lambda state: seen.append(state.status))
+    room.advance(S.WaitingForInput, 1.0)
+    room.advance(S.Bootstrapping, 1.5)  # stale: ignored, not told
+    room.advance(S.Transferring, 2.0)
+    room.fail("decode aborted", 3.0)
+    room.fail("second", 4.0)
+    assert seen == [S.Bootstrapping, S.WaitingForInput, S.Transferring, S.Failed]
+    assert room.failed and room.finished and room.reason == "decode aborted"
 
 
 def test_room_moves_forward_and_records_times() -> None:
@@ -177,3 +228,69 @@ def test_closed_rooms_are_bounded() -> None:
     assert table.closed_reason(0) is None
     assert table.closed_reason(1) == table.closed_reason(2) == "gone"
     assert table.add_local(0, "reused", 0.0) is None
+
+
+def test_table_gives_its_rooms_the_listener_and_pairs_through_the_state() -> None:
+    seen: list[tuple[int, RoomStatus]] = []
+    table: RoomTable[str, str] = RoomTable(on_change=lambda state: seen.append((state.room, state.status)))
+    table.add_remote(5, "kvreq", now=1.0)
+    assert not table.get(5).paired  # type: ignore[union-attr]
+    entry = table.add_local(5, "http", now=2.0)
+    assert entry is not None and entry.paired
+    entry.state.fail("decode aborted", 3.0)
+    assert entry.paired  # it met its partner once: a failed room stays paired
+    assert seen == [(5, S.Bootstrapping), (5, S.WaitingForInput), (5, S.Failed)]
+
+
+def test_expire_reads_the_status_a_room_failed_by_its_owner_is_not_expired_again() -> None:
+    table: RoomTable[str, str] = RoomTable()
+    table.add_local(1, "http", now=0.0)
+    table.add_local(2, "http", now=0.0)
+    table.get(2).state.fail("its inputs failed", 0.5)  # type: ignore[union-attr]
+    assert [e.room for e in table.expire(now=10.0, deadline_s=1.0)] == [1]
+    assert table.get(2).state.reason == "its inputs failed"  # type: ignore[union-attr]
+
+
+def test_fail_fails_the_state_removes_the_room_and_refuses_a_late_half_with_the_reason() -> None:
+    table: RoomTable[str, str] = RoomTable()
+    table.add_remote(1, "kvreq", now=0.0)
+    entry = table.fail(1, "decode aborted: client gone", 2.0)
+    assert entry is not None and entry.remote == "kvreq" and 1 not in table
+    assert (entry.state.status, entry.state.reason) == (S.Failed, "decode aborted: client gone")
+    assert entry.state.times[S.Failed] == 2.0
+    with pytest.raises(RoomClosed, match="room 1 is closed: decode aborted: client gone"):
+        table.add_local(1, "http", 3.0)
+    assert table.fail(2, "aborted before it came", 4.0) is None  # an absent room: closed with the reason
+    with pytest.raises(RoomClosed, match="room 2 is closed: aborted before it came"):
+        table.add_remote(2, "kvreq", 5.0)
+
+
+def test_fail_keeps_the_first_reason_of_a_room_already_failed() -> None:
+    table: RoomTable[str, str] = RoomTable()
+    table.add_local(1, "http", now=0.0)
+    table.get(1).state.fail("first", 1.0)  # type: ignore[union-attr]
+    entry = table.fail(1, "second", 2.0)
+    assert entry is not None and entry.state.reason == "first" and table.closed_reason(1) == "first"
+
+
+def test_the_timeline_follows_a_room_status_and_names_its_events() -> None:
+    timeline = RoomTimeline()
+    follow = timeline.follow({S.WaitingForInput: "paired", S.Success: "ready_sent", S.Failed: "failed"})
+    table: RoomTable[str, str] = RoomTable(on_change=follow)
+    table.add_local(1, "http", now=0.0)
+    assert timeline.snapshot(1) == ([], S.Bootstrapping)  # a status with no event name: only kept
+    table.add_remote(1, "kvreq", now=0.1)
+    timeline.mark(1, "prefilled", prompt_tokens=9)  # a plain event: no status change
+    table.get(1).state.advance(S.Transferring, 0.2)  # type: ignore[union-attr]
+    table.get(1).state.advance(S.Success, 0.3)  # type: ignore[union-attr]
+    table.get(1).state.fail("too late", 0.4)  # type: ignore[union-attr]  # refused: neither kept nor marked
+    events, status = timeline.snapshot(1)  # type: ignore[misc]
+    assert [e["event"] for e in events] == ["paired", "prefilled", "ready_sent"] and status is S.Success
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+
+    table.add_remote(2, "kvreq", now=1.0)
+    table.fail(2, "decode aborted: gone", 1.5)
+    events, status = timeline.snapshot(2)  # type: ignore[misc]
+    assert status is S.Failed and [(e["event"], e["reason"]) for e in events] == [("failed", "decode aborted: gone")]
+    timeline.mark(3, "queued", images=1)  # a room without a state (the encoder's)
+    assert timeline.snapshot(3)[1] is None and timeline.snapshot(4) is None  # type: ignore[index]

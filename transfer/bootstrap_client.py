@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -65,11 +66,16 @@ class BootstrapClient:
     link stays until it is idle. Links are cached in ``links`` (``transfer.peer_links``): at most
     ``max_links``, least recently used idle one evicted first, idle ones closed after
     ``link_idle_s`` (at once when not connected).
+
+    Each room's state (``transfer.rooms.Room``: ``Bootstrapping`` when its request is sent,
+    ``WaitingForInput`` when P accepted it, ``Success`` on ``KVReady``, ``Failed`` with the reason of
+    any ``HandshakeError`` or abort) is given to ``on_change`` at every status it enters.
     """
 
     def __init__(self, *, allow: AllowList | None = None, max_links: int = 64, link_idle_s: float = 60.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, on_change: Callable[[Room], None] | None = None) -> None:
         self.allow = allow if allow is not None else AllowList()
+        self._on_change = on_change
         self.links = PeerLinks(max_links=max_links, link_idle_s=link_idle_s, max_message_bytes=max_message_bytes,
                                on_frames=self._on_frames, on_disconnect=self._on_disconnect)
         self._waits: dict[int, _Wait] = {}
@@ -98,7 +104,7 @@ class BootstrapClient:
         deadline = loop.time() + accept_timeout_s
         link = self.links.acquire(p_host, p_port, room)
         futures = (loop.create_future(), loop.create_future(), loop.create_future())
-        wait = self._waits[room] = _Wait(room, link, Room.new(room, time.monotonic()), *futures)
+        wait = self._waits[room] = _Wait(room, link, Room.new(room, time.monotonic(), self._on_change), *futures)
         frame = encode(msgspec.structs.replace(request, sent_at=time.time()))
         try:
             await asyncio.wait_for(link.sock.send(frame), accept_timeout_s)

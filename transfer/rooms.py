@@ -7,18 +7,30 @@ A room is one request's identity across the stages. On the prefill server (P) a 
 halves that arrive in either order: P's own request from the router (the *local* half) and decode's
 ``KVRequest`` over the bootstrap socket (the *remote* half). ``RoomTable`` holds a room until both
 halves are present, then hands the pair to its owner, and fails rooms whose partner never comes.
+
+A ``Room`` is the one record of where a room's handover stands, on either stage: its owner changes
+it only through ``advance`` / ``fail``, reads it to decide (an aborted room is a ``Failed`` one), and
+whoever shows the room (the stage's timeline, ``stages.timeline``) follows it through ``on_change``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Generic, TypeVar
 
 
 class RoomStatus(IntEnum):
-    """Ordered like SGLang's ``KVPoll``: a room only moves up; ``Failed`` is below all and final."""
+    """Ordered like SGLang's ``KVPoll``: a room only moves up; ``Failed`` is below all and final.
+
+    On the prefill: ``Bootstrapping`` when the first half arrives, ``WaitingForInput`` when paired,
+    ``Transferring`` when its prefill is done and the KV write into the decode's blocks starts,
+    ``Success`` when the decode is told ``KVReady``. On the decode (``transfer.bootstrap_client``):
+    ``Bootstrapping`` when its ``KVRequest`` is sent, ``WaitingForInput`` when the prefill accepted it,
+    ``Success`` when ``KVReady`` came. ``Failed`` from anywhere before ``Success``.
+    """
 
     Failed = 0
     Bootstrapping = 1  # one half known, waiting for the partner
@@ -26,46 +38,78 @@ class RoomStatus(IntEnum):
     Transferring = 3  # KV is being written into decode's blocks
     Success = 4  # KV written and decode told
 
+    @property
+    def label(self) -> str:
+        """The status as JSON shows it: ``bootstrapping``, ``waiting_for_input``, ``transferring``, ..."""
+        return "".join(f"_{c.lower()}" if c.isupper() else c for c in self.name).lstrip("_")
+
+
+FINAL = frozenset({RoomStatus.Failed, RoomStatus.Success})
+
+
+def moves(current: RoomStatus, new: RoomStatus) -> bool:
+    """Whether a room in ``current`` enters ``new`` when ``new`` is reported: the rule of ``Room.advance``.
+
+    A final status (``Failed``, ``Success``) never changes; from any other, ``Failed`` is entered, and
+    any higher status; a lower or equal one is not (racing updates keep the highest).
+    """
+    if current in FINAL:
+        return False
+    return new is RoomStatus.Failed or new > current
+
 
 @dataclass
 class Room:
     """State of one room: its status, the time each status was entered, and why it failed.
 
-    Rules of ``advance``:
+    Rules of ``advance`` (``moves``):
     - a room moves forward only; advancing to a lower or equal status is ignored (returns False),
       so racing updates can be applied in any order and the highest wins;
     - ``Failed`` and ``Success`` are both final. A failure reported after ``Success`` is refused:
       once the KV sits in decode's blocks and decode was told, the request belongs to decode, and a
       later error (a disconnect) is that request's error, not a failed handover. The first reason
-      of failure is kept.
+      of failure is kept. A retry is a new room (a new id): a finished room never moves again.
+
+    ``on_change`` (optional) is called with the room after every status it enters, ``Bootstrapping``
+    at ``new`` included, after the change is made; it must not raise.
     """
 
     room: int
     status: RoomStatus = RoomStatus.Bootstrapping
     reason: str | None = None
     times: dict[RoomStatus, float] = field(default_factory=dict)
+    on_change: Callable[[Room], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def new(cls, room: int, now: float) -> Room:
-        return cls(room=room, times={RoomStatus.Bootstrapping: now})
+    def new(cls, room: int, now: float, on_change: Callable[[Room], None] | None = None) -> Room:
+        state = cls(room=room, times={RoomStatus.Bootstrapping: now}, on_change=on_change)
+        if on_change is not None:
+            on_change(state)
+        return state
 
     @property
     def finished(self) -> bool:
-        return self.status in (RoomStatus.Failed, RoomStatus.Success)
+        return self.status in FINAL
+
+    @property
+    def failed(self) -> bool:
+        return self.status is RoomStatus.Failed
 
     def advance(self, new: RoomStatus, now: float, reason: str | None = None) -> bool:
-        """Move to ``new`` if that is forward; True when the status changed.
+        """Move to ``new`` if ``moves`` allows it; True when the status changed.
 
         Moving to ``Failed`` needs a ``reason``; ``reason`` is ignored for any other status.
         """
         if new is RoomStatus.Failed and not reason:
             raise ValueError("a failure needs a reason")
-        if self.finished or (new is not RoomStatus.Failed and new <= self.status):
+        if not moves(self.status, new):
             return False
         self.status = new
         self.times[new] = now
         if new is RoomStatus.Failed:
             self.reason = reason
+        if self.on_change is not None:
+            self.on_change(self)
         return True
 
     def fail(self, reason: str, now: float) -> bool:
@@ -107,7 +151,8 @@ class Entry(Generic[L, R]):
 
     @property
     def paired(self) -> bool:
-        return self.local_at is not None and self.remote_at is not None
+        """Both halves met: the room entered ``WaitingForInput`` (it may have moved on since)."""
+        return RoomStatus.WaitingForInput in self.state.times
 
 
 class RoomTable(Generic[L, R]):
@@ -117,22 +162,25 @@ class RoomTable(Generic[L, R]):
     - call ``add_local`` when the router's request arrives and ``add_remote`` when the bootstrap
       server hands over an accepted ``KVRequest``; the call that completes the pair returns the entry
       (status ``WaitingForInput``), the other returns None;
-    - the entry stays in the table until the owner calls ``remove`` (done, failed, aborted); the
-      owner advances ``entry.state`` as the room progresses;
-    - call ``expire`` periodically (e.g. every 0.5 s); it removes and returns unpaired rooms older
-      than the deadline, failed with a reason, and the owner tells whichever side did arrive
-      (``send_failed`` to decode, an error to the router);
+    - the entry stays in the table until the owner calls ``remove`` (done) or ``fail`` (an unpaired
+      room failed or aborted); the owner advances ``entry.state`` as a paired room progresses, and
+      fails it (``entry.state.fail``) to stop it: its runner sees ``Failed`` at its next safe point;
+    - call ``expire`` periodically (e.g. every 0.5 s); it removes and returns rooms still
+      ``Bootstrapping`` (unpaired) past the deadline, failed with a reason, and the owner tells
+      whichever side did arrive (``send_failed`` to decode, an error to the router);
     - a removed room is remembered (the last ``closed_capacity`` of them): a half that arrives for it
       later raises ``RoomClosed`` with the reason, so the owner can refuse it at once instead of
       holding it until it expires.
     """
 
-    def __init__(self, closed_capacity: int = 65536) -> None:
+    def __init__(self, closed_capacity: int = 65536, on_change: Callable[[Room], None] | None = None) -> None:
+        """``on_change``: given to every ``Room`` the table creates (``Room.on_change``)."""
         if closed_capacity <= 0:
             raise ValueError(f"closed_capacity must be > 0, got {closed_capacity}")
         self._entries: dict[int, Entry[L, R]] = {}
         self._closed: OrderedDict[int, str] = OrderedDict()
         self._closed_capacity = closed_capacity
+        self._on_change = on_change
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -169,14 +217,15 @@ class RoomTable(Generic[L, R]):
         return self._pair_if_complete(entry, now)
 
     def expire(self, now: float, deadline_s: float) -> list[Entry[L, R]]:
-        """Remove and return the unpaired rooms whose first half arrived ``deadline_s`` or more ago.
+        """Remove and return the rooms still ``Bootstrapping`` whose first half arrived ``deadline_s``
+        or more ago.
 
         Each returned entry is ``Failed`` with reason "partner never arrived within N s (...)".
         Paired rooms are never expired here; their deadlines belong to the owner's scheduler.
         """
         expired = []
         for entry in list(self._entries.values()):
-            if entry.paired:
+            if entry.state.status is not RoomStatus.Bootstrapping:
                 continue
             first = entry.local_at if entry.local_at is not None else entry.remote_at
             assert first is not None
@@ -187,6 +236,15 @@ class RoomTable(Generic[L, R]):
             self.remove(entry.room)
             expired.append(entry)
         return expired
+
+    def fail(self, room: int, reason: str, now: float) -> Entry[L, R] | None:
+        """Fail ``room`` (a room already final keeps its status) and remove it, remembering why: a half
+        that arrives later is refused with the room's failure reason. An absent room is closed with
+        ``reason``. Returns the removed entry, or None."""
+        entry = self._entries.get(room)
+        if entry is not None:
+            entry.state.fail(reason, now)
+        return self.remove(room, reason if entry is None else entry.state.reason or reason)
 
     def remove(self, room: int, reason: str | None = None) -> Entry[L, R] | None:
         """Remove ``room`` (None if absent) and remember it as closed.
@@ -206,11 +264,11 @@ class RoomTable(Generic[L, R]):
             raise RoomClosed(room, f"room {room} is closed: {self._closed[room]}")
         entry = self._entries.get(room)
         if entry is None:
-            entry = self._entries[room] = Entry(state=Room.new(room, now))
+            entry = self._entries[room] = Entry(state=Room.new(room, now, self._on_change))
         return entry
 
     def _pair_if_complete(self, entry: Entry[L, R], now: float) -> Entry[L, R] | None:
-        if not entry.paired:
+        if entry.local_at is None or entry.remote_at is None:
             return None
         entry.state.advance(RoomStatus.WaitingForInput, now)
         return entry

@@ -9,6 +9,11 @@ If anything fails before the hand-over (rejected handshake, prefill failure or d
 client disconnect), the room is aborted at the prefill and the blocks are freed once the prefill
 confirms that nothing more will be written into them. Without that confirmation they are held for
 ``abort_grace_s`` first, so a late write can never land in another request's KV.
+
+The room's handover state is the bootstrap client's ``transfer.rooms.Room`` (``Bootstrapping`` when
+the ``KVRequest`` is sent, ``WaitingForInput`` once the prefill accepted it, ``Success`` on ``KVReady``,
+``Failed``); the timeline follows it (``kv_requested``, ``kv_ready``, ``failed``; ``GET /rooms/{room}``'s
+``status``). ``_rooms`` is not a room state: it holds the requests running here, decoding included.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
 from transfer.peer_policy import AllowList
+from transfer.rooms import RoomStatus
 
 log = logging.getLogger(__name__)
+EVENTS = {RoomStatus.WaitingForInput: "kv_requested", RoomStatus.Success: "kv_ready", RoomStatus.Failed: "failed"}
 
 
 class DecodeCoordinator:
@@ -51,7 +58,7 @@ class DecodeCoordinator:
         self.timeline = timeline
         self.descriptor = backend.descriptor()
         self.client = BootstrapClient(allow=allow, max_links=config.max_peer_links,
-                                      link_idle_s=config.peer_link_idle_s)
+                                      link_idle_s=config.peer_link_idle_s, on_change=timeline.follow(EVENTS))
         self.decode_id = f"decode-{os.getpid()}"
         self._cleanups: set[asyncio.Task] = set()
         self._rooms: set[int] = set()  # rooms whose request is running here (``generate``)
@@ -100,11 +107,8 @@ class DecodeCoordinator:
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
                                 decode_id=self.decode_id)
             await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
-            mark(room, "kv_requested")
             ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s)
-            mark(room, "kv_ready")
-        except BaseException as exc:
-            mark(room, "failed", reason=_reason(exc))
+        except BaseException as exc:  # the cleanup's abort fails the room's state with the reason
             self._clean_up_later(room, blocks, _reason(exc))
             if isinstance(exc, HandshakeTimeout):
                 raise timed_out(f"bootstrap room {room}: {exc}") from exc

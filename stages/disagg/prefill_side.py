@@ -15,9 +15,14 @@ holds up the engine's other requests. If it fails, the room fails with its error
 at once if the room is paired (``KVFailed`` with that reason), and if not yet, the room is closed
 with that reason, so the decode's ``KVRequest`` is refused with it when it comes.
 
-An ``Abort`` from the decode stops a room that has not been prefilled yet; a write already in
-flight is finished first, so ``KVFailed`` is only sent once nothing more can land in the
-decode's blocks (the decode may then reuse them).
+A room's state (``transfer.rooms.Room``, in the room table's entry) is the one record of where it
+stands: ``Bootstrapping`` (one half here), ``WaitingForInput`` (paired), ``Transferring`` (prefilled,
+its KV being written), ``Success`` (``KVReady`` sent) or ``Failed``. Every change goes through it, and
+the room timeline follows it (``paired``, ``ready_sent``, ``failed``; ``GET /rooms/{room}``'s
+``status``). An abort is a failure: an unpaired room is failed and closed at once; a paired one is
+failed, and its runner stops at its next safe point (before the forward pass ends, before the write,
+before ``KVReady``); a write already in flight is finished first, so ``KVFailed`` is only sent once
+nothing more can land in the decode's blocks (the decode may then reuse them).
 
 A failure is reported as what it is, to the HTTP half and (as the ``KVFailed`` reason) to the
 decode: a ``TransferError`` from the write is "KV transfer failed" (502); any other unexpected
@@ -48,10 +53,11 @@ from stages.timeline import RoomTimeline
 from transfer.base import TransferBackend, TransferError, block_ops
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Abort, Fingerprint, KVRequest
-from transfer.rooms import DuplicateRoom, Entry, RoomClosed, RoomTable
+from transfer.rooms import DuplicateRoom, Entry, Room, RoomClosed, RoomStatus, RoomTable
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 0.5
+EVENTS = {RoomStatus.WaitingForInput: "paired", RoomStatus.Success: "ready_sent", RoomStatus.Failed: "failed"}
 IN_FLIGHT_SLACK_S = 5.0  # after a write timed out with bytes possibly in flight, wait this much longer
 
 
@@ -89,9 +95,8 @@ class PrefillCoordinator:
         self.faults = faults
         self.timeline = timeline
         self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
-        self.table: RoomTable[_Local, KVRequest] = RoomTable()
-        self._running: dict[int, asyncio.Task] = {}
-        self._aborted: dict[int, str] = {}
+        self.table: RoomTable[_Local, KVRequest] = RoomTable(on_change=timeline.follow(EVENTS))
+        self._runs: set[asyncio.Task] = set()  # the runners of paired rooms (``close`` cancels them)
 
     @property
     def bootstrap_port(self) -> int:
@@ -109,9 +114,9 @@ class PrefillCoordinator:
 
     async def close(self) -> None:
         """After ``supervisor.stop()``: cancel rooms in flight, then close the endpoint."""
-        for task in self._running.values():
+        for task in self._runs:
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*self._runs, return_exceptions=True)
         await self.server.close()
 
     def check(self, room: int) -> None:
@@ -169,127 +174,121 @@ class PrefillCoordinator:
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             for entry in self.table.expire(time.monotonic(), self.config.pair_timeout_s):
-                if entry.local is not None:
-                    entry.local.stop_inputs()
-                reason = entry.state.reason
-                if entry.remote is not None:
-                    await self.server.send_failed(entry.room, reason)
-                if entry.local is not None and not entry.local.result.done():
-                    entry.local.result.set_exception(timed_out(f"bootstrap room {entry.room}: {reason}"))
+                await self._answer_unpaired(entry, timed_out(f"bootstrap room {entry.room}: {entry.state.reason}"))
 
     def _inputs_done_unpaired(self, room: int, local: _Local, done: asyncio.Task) -> None:
         """A room's inputs ended before it was paired: if they failed, close the room with their error
         now (the decode's KV request is refused with it when it comes; the HTTP half gets it)."""
-        if done.cancelled() or done.exception() is None or room in self._running:
-            return
         entry = self.table.get(room)
-        if entry is None or entry.local is not local:
+        if done.cancelled() or done.exception() is None or entry is None or entry.local is not local or entry.paired:
             return
         error = _room_error(room, done.exception())  # type: ignore[arg-type]
         log.warning("room %d failed before pairing: %s", room, error)
-        self.table.remove(room, str(error))
-        if not local.result.done():
-            local.result.set_exception(error)
+        self.table.fail(room, str(error), time.monotonic())
+        _answer(local, error)  # the decode's half is not here: it is refused with the reason when it comes
 
     async def _abort(self, room: int, reason: str) -> None:
-        """Stop a room wherever it is. Paired rooms stop at their next safe point (see ``_run``)."""
+        """Stop a room wherever it is: fail its state. An unpaired room is closed and both halves
+        answered now; a paired one stops at its runner's next safe point (see ``_run``)."""
         entry = self.table.get(room)
-        if entry is not None and entry.local is not None:
-            entry.local.stop_inputs()
-        if room in self._running:
-            self._aborted.setdefault(room, reason)
-            self.engine.abort(_request_id(room))
-            return
         if entry is None:
             return
-        self.table.remove(room, reason)
+        if entry.local is not None:
+            entry.local.stop_inputs()
+        if entry.paired:
+            if entry.state.fail(reason, time.monotonic()):
+                self.engine.abort(_request_id(room))
+            return
+        self.table.fail(room, reason, time.monotonic())
+        await self._answer_unpaired(entry, bad_gateway(f"bootstrap room {room}: {reason}"))
+
+    async def _answer_unpaired(self, entry: Entry, error: DisaggError) -> None:
+        """Answer the halves that arrived of a room failed before pairing (already out of the table):
+        the HTTP half ``error``, the decode ``KVFailed`` with the room's reason."""
+        if entry.local is not None:
+            entry.local.stop_inputs()
+            _answer(entry.local, error)
         if entry.remote is not None:
-            await self.server.send_failed(room, reason)
-        if entry.local is not None and not entry.local.result.done():
-            entry.local.result.set_exception(bad_gateway(f"bootstrap room {room}: {reason}"))
+            await self.server.send_failed(entry.room, entry.state.reason or str(error))
 
     # --- one paired room -------------------------------------------------------------------------
     def _start(self, entry: Entry) -> None:
-        self._running[entry.room] = asyncio.create_task(self._run(entry))
+        task = asyncio.create_task(self._run(entry))
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
 
     async def _run(self, entry: Entry) -> None:
         """Prefill a paired room, write its KV into the decode's blocks and answer both halves. Any
-        failure ends in ``_fail``; this prefill's blocks are freed however the room ends."""
-        room, local, remote = entry.room, entry.local, entry.remote
+        failure (an abort: the state ``Failed``, seen at each safe point) ends in ``_fail``; this
+        prefill's blocks are freed however the room ends."""
+        room, local, remote, state = entry.room, entry.local, entry.remote, entry.state
         blocks: list[int] = []
         mark = self.timeline.mark
         try:
             self._check_pair(room, local, remote)
-            mark(room, "paired")
             if local.inputs is not None:
-                await self._inputs(room, local.inputs)
+                await self._inputs(state, local.inputs)
                 mark(room, "embeddings_ready")
             if self.faults.take("prefill.exit_before_forward"):
                 os._exit(EXIT_CODE)
-            last = await self._forward(room, local)
+            last = await self._forward(state, local)
             blocks = last.blocks
             mark(room, "prefilled", prompt_tokens=last.prompt_tokens)
             if self.faults.take("prefill.exit_after_forward"):
                 os._exit(EXIT_CODE)
             if self.faults.take("prefill.crash"):
                 raise RuntimeError(f"fault point prefill.crash on room {room}")
+            _advance(state, RoomStatus.Transferring)  # nothing written yet: an aborted room stops here
             started = time.perf_counter()
             moved = await asyncio.to_thread(self._write, remote, blocks)
             elapsed = time.perf_counter() - started
             mark(room, "kv_written", bytes=moved, seconds=elapsed)
             if delay := self.faults.take("prefill.delay_ready"):
                 await asyncio.sleep(delay.delay_s)
-            if room in self._aborted:
-                raise bad_gateway(self._aborted[room])
-            mark(room, "ready_sent")
+            _advance(state, RoomStatus.Success)  # before KVReady: the decode's kv_ready may come first
             await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
                                          prompt_tokens=last.prompt_tokens)
-            if not local.result.done():
-                local.result.set_result(PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
-                                                      last.prompt_tokens, moved, elapsed))
+            _answer(local, PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
+                                         last.prompt_tokens, moved, elapsed))
         except Exception as exc:
-            await self._fail(room, local, exc)
+            await self._fail(state, local, exc)
         finally:
             local.stop_inputs()
             if blocks:
                 await self._free(room, blocks)
-            self._running.pop(room, None)
-            self._aborted.pop(room, None)
             if self.table.get(room) is not None:
                 self.table.remove(room)
 
-    async def _inputs(self, room: int, inputs: asyncio.Task) -> None:
+    async def _inputs(self, state: Room, inputs: asyncio.Task) -> None:
         """Wait for the room's inputs; raise their error, or the abort that stopped them."""
         await asyncio.wait({inputs})
-        if room in self._aborted:
-            raise bad_gateway(self._aborted[room])
+        _check_live(state)
         if inputs.cancelled():
-            raise internal(f"bootstrap room {room}: its image inputs were cancelled")
+            raise internal(f"bootstrap room {state.room}: its image inputs were cancelled")
         inputs.result()
 
-    async def _forward(self, room: int, local: _Local) -> RequestOutput:
+    async def _forward(self, state: Room, local: _Local) -> RequestOutput:
         """Run the room's prompt through the engine as a hand-off request; the last output holds its blocks."""
         last = None
-        async for last in self.engine.generate(_request_id(room), local.prompt, local.params, hand_off=True):
+        async for last in self.engine.generate(_request_id(state.room), local.prompt, local.params, hand_off=True):
             pass
         if last is not None and last.blocks is not None:
             return last
-        if room in self._aborted:
-            raise bad_gateway(self._aborted[room])
-        raise internal(f"bootstrap room {room}: the prefill's engine failed on this request: "
+        _check_live(state)
+        raise internal(f"bootstrap room {state.room}: the prefill's engine failed on this request: "
                        f"{last.error if last is not None and last.error else 'it ended without output'}")
 
-    async def _fail(self, room: int, local: _Local, exc: Exception) -> None:
-        """Answer both halves of a failed room with what failed: the HTTP half at once, the decode
-        (``KVFailed``, same reason) once nothing more can land in its blocks."""
-        error = _room_error(room, exc)
-        self.timeline.mark(room, "failed", reason=str(error))
+    async def _fail(self, state: Room, local: _Local, exc: Exception) -> None:
+        """Fail the room (an aborted one keeps its first reason) and answer both halves with what
+        failed: the HTTP half at once, the decode (``KVFailed``, same reason) once nothing more can
+        land in its blocks."""
+        room, error = state.room, _room_error(state.room, exc)
+        state.fail(str(error), time.monotonic())
         if not isinstance(exc, DisaggError | TransferError):  # unexpected: keep its traceback
             log.error("room %d failed", room, exc_info=exc)
         else:
             log.warning("room %d failed: %s", room, error)
-        if not local.result.done():
-            local.result.set_exception(error)
+        _answer(local, error)
         if isinstance(exc, TransferError) and exc.in_flight:
             # the library may still be writing into the decode's blocks: answer only once it cannot
             await asyncio.sleep(self.backend.config.timeout_s + IN_FLIGHT_SLACK_S)
@@ -324,6 +323,28 @@ class PrefillCoordinator:
 
 def _request_id(room: int) -> str:
     return f"room-{room}"
+
+
+def _check_live(state: Room) -> None:
+    """Raise the abort that failed the room (502 with its reason), if it was failed."""
+    if state.failed:
+        raise bad_gateway(state.reason or f"bootstrap room {state.room} failed")
+
+
+def _advance(state: Room, status: RoomStatus) -> None:
+    """Move a paired room on to ``status``, unless it was failed (aborted): then raise that abort."""
+    _check_live(state)
+    state.advance(status, time.monotonic())
+
+
+def _answer(local: _Local, outcome: PrefillResult | DisaggError) -> None:
+    """Give the HTTP half its answer, unless it has one (or stopped waiting)."""
+    if local.result.done():
+        return
+    if isinstance(outcome, DisaggError):
+        local.result.set_exception(outcome)
+    else:
+        local.result.set_result(outcome)
 
 
 def _room_error(room: int, exc: Exception) -> DisaggError:

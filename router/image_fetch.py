@@ -12,7 +12,7 @@ import base64
 
 import aiohttp
 
-from cache.image_bytes import IMAGE_FETCH_FAILED, INVALID_IMAGE_URL, ImageBounds, too_many_bytes, url_scheme
+from cache.image_bytes import IMAGE_FETCH_FAILED, ImageBounds, too_many_bytes, url_scheme
 from router.config import RouterConfig
 from router.errors import RouterError, bad_request
 from router.images import ImagePart, check_count, check_remote, image_parts, refusal
@@ -43,12 +43,9 @@ class ImageFetcher:
         check_count(len(parts), self.config.max_images_per_request, stage_max_images)
         remote = []
         for part in parts:
-            kind = url_scheme(part.url)
-            if kind in ("http", "https"):
+            if url_scheme(part.url) != "data":  # 400 unless http(s) on an allowed host
                 check_remote(part.url, self.config.allowed_image_hosts, part.param)
                 remote.append(part)
-            elif kind != "data":
-                raise bad_request("image_url must be a data: URL or an http(s) URL.", part.param, INVALID_IMAGE_URL)
         tasks = [asyncio.ensure_future(self._fetch(part)) for part in remote]
         try:
             urls = await asyncio.gather(*tasks)

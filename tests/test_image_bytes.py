@@ -16,6 +16,9 @@ from cache import image_bytes
 from cache.image_bytes import (IMAGE_TOO_LARGE, INVALID_BASE64, INVALID_IMAGE, INVALID_IMAGE_URL, REMOTE_IMAGE_URL,
                                ImageBounds, ImageRefused, base64_bytes, check_size, data_url_bytes, decoded_image,
                                header_size, too_many_bytes)
+from router.config import RouterConfig
+from router.errors import RouterError
+from router.image_fetch import ImageFetcher
 from tests.test_api_units import data_url, png, png_header_only
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,6 +183,25 @@ def test_check_size():
 def test_bounds_must_be_positive(max_bytes, max_pixels):
     with pytest.raises(ValueError, match="image limits must be > 0"):
         ImageBounds(max_bytes, max_pixels)
+
+
+# --- the router's side ------------------------------------------------------------------------
+@pytest.mark.parametrize("url, message", [
+    ("ftp://img.example/a.png", "image_url must be a data: URL or an http(s) URL."),
+    ("cat.png", "image_url must be a data: URL or an http(s) URL."),
+    ("http://img.example:99999/a.png", "The image URL is not a valid URL: 'http://img.example:99999/a.png'."),
+])
+async def test_the_router_refuses_a_url_it_would_not_fetch_before_dialing(url, message):
+    """Any scheme but data: and http(s) is refused naming the part, before a fetch session exists."""
+    fetcher = ImageFetcher(RouterConfig(colocated=("http://127.0.0.1:1",), allowed_image_hosts=("img.example",)))
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    with pytest.raises(RouterError) as info:
+        await fetcher.resolve(body)
+    error = info.value
+    assert (error.status, error.code, error.param, error.message) == (
+        400, INVALID_IMAGE_URL, "messages[0].content[1].image_url", message)
+    assert fetcher._session is None
 
 
 # --- one set of codes --------------------------------------------------------------------------

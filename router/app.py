@@ -113,7 +113,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
             return web.Response(body=failure.raw, status=failure.status, content_type="application/json")
         outcome = "rejected" if failure.busy else "upstream_error"
         raise stage_failed(failure.stage, failure.status, failure.message, failure.code,
-                           failure.retry_after) from None
+                           failure.retry_after, room=failure.room, image_key=failure.image_key) from None
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client left: "aborted"
     except Exception:

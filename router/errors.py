@@ -2,7 +2,11 @@
 
 The router's own refusals (body too large, overloaded, image host not allowed, no worker) and the
 stage failures it reports, each message naming the stage that failed. A stage's own 4xx answer is
-about the request and is forwarded unchanged, not wrapped.
+about the request and is forwarded unchanged, not wrapped, its typed fields included.
+
+A stage failure's body keeps the typed fields for operators (docs/protocol.md "Typed error
+fields"): ``stage`` (the stage the router blames, the one the message names), and ``room`` and
+``image_key`` when the stage's answer gave them. The router's own refusals have none.
 """
 
 from __future__ import annotations
@@ -12,22 +16,25 @@ class RouterError(Exception):
     """Raised anywhere under a route; the app turns it into the JSON error response."""
 
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, typed: dict[str, str | int] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers
+        self.typed = typed or {}  # typed fields (``verdict.TYPED_FIELDS``) for the body's ``error``
 
     def body(self) -> dict:
-        return error_body(self.status, self.message, self.code, self.param)
+        return error_body(self.status, self.message, self.code, self.param, self.typed)
 
 
-def error_body(status: int, message: str, code: str, param: str | None = None) -> dict:
-    """Every error body has a ``code`` (``tests/test_error_params.py`` checks each construction)."""
+def error_body(status: int, message: str, code: str, param: str | None = None,
+               typed: dict[str, str | int] | None = None) -> dict:
+    """Every error body has a ``code`` (``tests/test_error_params.py`` checks each construction);
+    ``typed``: fields after the OpenAI four inside ``error`` (the module docstring)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code, **(typed or {})}}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> RouterError:
@@ -63,10 +70,13 @@ def model_not_found(model: str, served: list[str]) -> RouterError:
                        code="model_not_found")
 
 
-def stage_failed(stage: str, status: int, message: str, code: str | None,
-                 retry_after: str | None = None) -> RouterError:
+def stage_failed(stage: str, status: int, message: str, code: str | None, retry_after: str | None = None, *,
+                 room: int | None = None, image_key: str | None = None) -> RouterError:
     """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code;
-    a 503 with ``Retry-After`` (the stage's, else 1 s)."""
+    a 503 with ``Retry-After`` (the stage's, else 1 s); the typed fields ``stage``, and ``room`` and
+    ``image_key`` when given."""
     status = status if status >= 500 else 502
+    typed = {name: value for name, value in (("stage", stage), ("room", room), ("image_key", image_key))
+             if value is not None}
     return RouterError(status, f"The {stage} stage failed: {message}", code=code or "upstream_error",
-                       headers={"Retry-After": retry_after or "1"} if status == 503 else None)
+                       headers={"Retry-After": retry_after or "1"} if status == 503 else None, typed=typed)

@@ -23,7 +23,10 @@ ERROR_SCHEMAS = {
         "message": {"type": "string"},
         "type": {"type": "string", "description": "invalid_request_error (4xx) or server_error (5xx)."},
         "param": {"type": ["string", "null"], "description": "The request parameter at fault, as a path."},
-        "code": {"type": ["string", "null"], "description": "A stable machine-readable reason."}}},
+        "code": {"type": ["string", "null"], "description": "A stable machine-readable reason."},
+        "stage": {"type": "string", "description": "A stage's failure: the stage it is charged to."},
+        "room": {"type": "integer", "description": "A stage's failure: the bootstrap room, when the stage named it."},
+        "image_key": {"type": "string", "description": "A stage's failure: the image it is about, when named."}}},
 }
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.",
                                "schema": {"type": "integer", "minimum": 0}}}

@@ -62,7 +62,8 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
         failure = exc.failure
     head.response.release()  # read to its end: the connection goes back to the pool
     if failure is not None:
-        await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code).body()))
+        await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code,
+                                                      room=failure.room, image_key=failure.image_key).body()))
     elif head.tally.error is not None:
         failure = from_event(stage, worker.url, head.tally.error)
     return response, failure

@@ -4,11 +4,14 @@ A ``Failure`` is one stage's failure as the router saw it: an HTTP error answer,
 event before anything reached the client, a connection it could not open or lost, or a deadline.
 ``blame`` decides which stage an attempt's failure is charged to: the breaker of that worker
 counts it, a retry avoids it, and the client's error names it.
+
+What a stage's error is about is read from its body's typed fields (``TYPED_FIELDS`` inside
+``error``: ``stage``, ``room``, ``image_key``, with ``code``), never from its message: the message is
+prose for people, and rewording it changes nothing here (docs/protocol.md "Typed error fields").
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,10 +24,12 @@ ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
 # a stage's error codes about a dependency every worker shares (epd: the Redis of the embedding cache):
 # another worker would fail the same way, so the request is not retried and no breaker is charged
 SHARED_CODES = frozenset({"cache_unavailable"})
-# a prefill's error codes about one image's embedding (its message names the image key): the
+# a prefill's error codes about one image's embedding (its ``image_key`` field names the image): the
 # encoder's failure, or the cache's answer the router planned on going stale (epd)
 IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached"})
-_KEY = re.compile(r"\b[0-9a-f]{64}\b")
+# the typed fields of a stage's error body besides the OpenAI four (``stages.api.errors.TYPED_FIELDS``,
+# held equal by tests/test_error_fields.py); ``Failure`` keeps ``room`` and ``image_key``
+TYPED_FIELDS = ("stage", "room", "image_key")
 # the HTTP status an in-band error code stands for (a stream's status is already 200)
 CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
                "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
@@ -40,6 +45,8 @@ class Failure:
     raw: bytes | None = None  # the stage's own error body, forwarded as-is for a client error
     unreachable: bool = False  # no connection, or it was lost: mark the worker unhealthy at once
     retry_after: str | None = None  # the stage's Retry-After header
+    room: int | None = None  # the error body's ``room`` field: the bootstrap room it is about
+    image_key: str | None = None  # the error body's ``image_key`` field: the image it is about
 
     @property
     def busy(self) -> bool:
@@ -58,19 +65,20 @@ class Failure:
 
 def from_answer(stage: str, url: str, status: int, raw: bytes, retry_after: str | None = None) -> Failure:
     """A non-2xx answer (``retry_after``: its Retry-After header); its OpenAI error body, if any,
-    gives the message and code."""
+    gives the message, the code and the typed fields."""
     error = _error_of(raw)
-    message = error.get("message") if isinstance(error.get("message"), str) else raw[:200].decode(errors="replace")
-    code = error.get("code") if isinstance(error.get("code"), str) else None
-    return Failure(stage, url, status, message or f"HTTP {status}", code, raw, retry_after=retry_after)
+    message = _text(error, "message") or raw[:200].decode(errors="replace") or f"HTTP {status}"
+    return Failure(stage, url, status, message, _text(error, "code"), raw, retry_after=retry_after,
+                   room=_room(error), image_key=_text(error, "image_key"))
 
 
 def from_event(stage: str, url: str, body: dict) -> Failure:
     """An in-band error event (``{"error": {...}}``) that came before anything reached the client."""
     error = body.get("error") if isinstance(body.get("error"), dict) else {}
-    code = error.get("code") if isinstance(error.get("code"), str) else None
-    message = error.get("message") if isinstance(error.get("message"), str) else "error event without a message"
-    return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code)
+    code = _text(error, "code")
+    return Failure(stage, url, CODE_STATUS.get(code or "", 502),
+                   _text(error, "message") or "error event without a message", code, room=_room(error),
+                   image_key=_text(error, "image_key"))
 
 
 def unreachable(stage: str, url: str, detail: str) -> Failure:
@@ -90,7 +98,8 @@ def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
     answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)"""
     if answer.code in PEER_CODES and partner is not None:
         stage, url = partner
-        return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}", answer.code)
+        return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}", answer.code,
+                       room=answer.room)
     return answer
 
 
@@ -99,17 +108,29 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
 
     ``images``: each image key of the attempt -> the URL of the encoder it was sent to, or "" when
     it was not sent (cached, or being encoded elsewhere, when the attempt was planned). The image is
-    found by the key the prefill's message names. Sent: that encoder is to blame (its breaker, its
-    exclusion from a retry). Not sent: nobody here is, but the attempt is retried (status 502, not
-    the client's fault): a fresh plan reads the cache again. Any other failure, or a key the router
-    did not put there (a client's own ``image_ref``), is returned unchanged."""
+    the one the failure's ``image_key`` field names (never read from the message). Sent: that
+    encoder is to blame (its breaker, its exclusion from a retry). Not sent: nobody here is, but the
+    attempt is retried (status 502, not the client's fault): a fresh plan reads the cache again.
+    Any other failure, or a key the router did not put there (a client's own ``image_ref``), is
+    returned unchanged."""
     if failure.code not in IMAGE_CODES or failure.stage == "encoder":
         return failure
-    key = next((k for k in _KEY.findall(failure.message) if k in images), None)
-    if key is None:
+    key = failure.image_key
+    if key is None or key not in images:
         return failure
     return Failure("encoder", images[key], max(failure.status, 502),
-                   f"the {failure.stage} stage reports: {failure.message}", failure.code)
+                   f"the {failure.stage} stage reports: {failure.message}", failure.code, room=failure.room,
+                   image_key=key)
+
+
+def _text(error: dict, name: str) -> str | None:
+    value = error.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def _room(error: dict) -> int | None:
+    room = error.get("room")
+    return room if isinstance(room, int) and not isinstance(room, bool) else None
 
 
 def _error_of(raw: bytes) -> dict:

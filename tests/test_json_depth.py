@@ -44,10 +44,10 @@ def body(place: tuple[str, int], depth: int) -> bytes:
     return template.replace("NEST", nested(depth - around)).encode()
 
 
-def assert_too_deep(response: httpx.Response) -> None:
+def assert_too_deep(response: httpx.Response, stage: str) -> None:
     assert response.status_code == 400, response.text
     assert response.json() == {"error": {"message": MESSAGE, "type": "invalid_request_error", "param": None,
-                                         "code": "invalid_json"}}
+                                         "code": "invalid_json", "stage": stage}}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_the_bound_counts_arrays_and_objects_outside_strings():
 def test_chat_bodies_nested_too_deep_are_refused(stages, role, place, depth):
     response = httpx.post(f"{stages[role].url}/v1/chat/completions", content=body(PLACES[place], depth),
                           headers={"content-type": "application/json"}, timeout=30)
-    assert_too_deep(response)
+    assert_too_deep(response, role)
 
 
 @pytest.mark.parametrize("place", sorted(ENCODER_PLACES))
@@ -85,7 +85,7 @@ def test_chat_bodies_nested_too_deep_are_refused(stages, role, place, depth):
 def test_encoder_bodies_nested_too_deep_are_refused(stages, place, depth):
     response = httpx.post(f"{stages['encoder'].url}/v1/encode", content=body(ENCODER_PLACES[place], depth),
                           headers={"content-type": "application/json"}, timeout=30)
-    assert_too_deep(response)
+    assert_too_deep(response, "encoder")
 
 
 def test_sixty_four_levels_and_brackets_in_text_are_served(stages):

@@ -24,7 +24,7 @@ from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import CacheAware, RoundRobin
 from router.runtime import Router, StartupError
 from router.upstream import Upstream
-from router.verdict import Failure, blame_encoder
+from router.verdict import Failure, blame_encoder, from_answer, from_event
 from router.workers import Pool, Worker
 from tests.redis_fixtures import make_config, redis_server, redis_url  # noqa: F401
 from tests.router_helpers import data_url, messages, png
@@ -97,26 +97,55 @@ K1, K2, K3 = "1" * 64, "2" * 64, "3" * 64
 IMAGES = {K1: "http://e:1", K2: ""}
 
 
+def prefill_failure(status: int, code: str, key: str | None, message: str = "words") -> Failure:
+    return Failure("prefill", "http://p:1", status, message, code, room=7, image_key=key)
+
+
+def charged(url: str, status: int, code: str, key: str, message: str = "words") -> Failure:
+    return Failure("encoder", url, status, f"the prefill stage reports: {message}", code, room=7, image_key=key)
+
+
 @pytest.mark.parametrize("failure, expected", [
-    (Failure("prefill", "http://p:1", 502, f"The encoder failed on image {K1}: boom", "encode_failed"),
-     Failure("encoder", "http://e:1", 502, f"the prefill stage reports: The encoder failed on image {K1}: boom",
-             "encode_failed")),
-    (Failure("prefill", "http://p:1", 504, f"Image {K1} was still being encoded after 10 s", "embedding_timeout"),
-     Failure("encoder", "http://e:1", 504, f"the prefill stage reports: Image {K1} was still being encoded after "
-             "10 s", "embedding_timeout")),
+    (prefill_failure(502, "encode_failed", K1), charged("http://e:1", 502, "encode_failed", K1)),
+    (prefill_failure(504, "embedding_timeout", K1), charged("http://e:1", 504, "embedding_timeout", K1)),
     # the router's stale view of the cache: nobody to charge, but not the client's fault (retried)
-    (Failure("prefill", "http://p:1", 400, f"Image {K2} is not in the embedding cache", "image_not_cached"),
-     Failure("encoder", "", 502, f"the prefill stage reports: Image {K2} is not in the embedding cache",
-             "image_not_cached")),
+    (prefill_failure(400, "image_not_cached", K2), charged("", 502, "image_not_cached", K2)),
     # a key the router did not put there (a client's own image_ref): the client's 400 as it is
-    (Failure("prefill", "http://p:1", 400, f"Image {K3} is not in the embedding cache", "image_not_cached"),
-     None),
-    (Failure("prefill", "http://p:1", 500, f"internal error near {K1}", "internal_error"), None),
-    (Failure("encoder", "http://e:1", 502, f"The encoder failed on image {K1}", "encode_failed"), None),
+    (prefill_failure(400, "image_not_cached", K3), None),
+    (prefill_failure(400, "image_not_cached", None), None),  # no field: nothing to charge
+    (prefill_failure(500, "internal_error", K1), None),
+    (Failure("encoder", "http://e:1", 502, "The encoder failed", "encode_failed", image_key=K1), None),
 ])
 def test_a_prefills_image_failure_is_charged_to_the_encoder_it_was_sent_to(failure, expected):
     assert blame_encoder(failure, IMAGES) == (expected or failure)
     assert expected is None or not expected.client_fault
+
+
+@pytest.mark.parametrize("message", [f"The encoder failed on image {K2}: boom", "", "something else entirely"])
+def test_the_image_is_the_one_the_field_names_whatever_the_message_says(message):
+    """A message that names another key, or none: the ``image_key`` field decides (no prose parsed)."""
+    raw = msgspec.json.encode({"error": {"message": message, "type": "server_error", "param": None,
+                                         "code": "encode_failed", "stage": "prefill", "room": 7, "image_key": K1}})
+    failure = from_answer("prefill", "http://p:1", 502, raw)
+    assert (failure.room, failure.image_key) == (7, K1)
+    verdict = blame_encoder(failure, IMAGES)
+    assert (verdict.stage, verdict.url, verdict.status, verdict.image_key) == ("encoder", "http://e:1", 502, K1)
+    without = msgspec.json.encode({"error": {"message": f"The encoder failed on image {K1}: boom",
+                                             "code": "encode_failed"}})
+    assert blame_encoder(from_answer("prefill", "http://p:1", 502, without), IMAGES).stage == "prefill"
+
+
+@pytest.mark.parametrize("error, room, key", [
+    ({"room": 7, "image_key": K1}, 7, K1),
+    ({"room": "7", "image_key": 1}, None, None),  # the wrong types are no fields
+    ({"room": True, "image_key": ""}, None, None),
+    ({}, None, None),
+])
+def test_typed_fields_are_read_from_answers_and_events(error, room, key):
+    body = {"error": {"message": "m", "code": "encode_failed", **error}}
+    answer = from_answer("prefill", "http://p:1", 502, msgspec.json.encode(body))
+    event = from_event("prefill", "http://p:1", body)
+    assert (answer.room, answer.image_key) == (event.room, event.image_key) == (room, key)
 
 
 async def test_answer_headers_name_the_room_and_the_finished_calls():
@@ -265,7 +294,7 @@ async def test_abort_posts_to_reached_encoders_and_releases_the_claims_of_unreac
     await site.start()
     live = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     planned = Planned(redis_url)
-    planned.encoders.workers[:] = [encoder(live), encoder("http://127.0.0.1:2")]
+    planned.encoders.members[:] = [encoder(live), encoder("http://127.0.0.1:2")]
     planned.encoders.workers[1].encoder_id = "enc-dead"
     planned.encoders.policy = RoundRobin()  # both get images
     await planned.upstream.start()
@@ -296,14 +325,14 @@ def _tensor():  # type: ignore[no-untyped-def]
 async def test_startup_refuses_encoders_that_disagree_on_the_fingerprint():
     router = Router(RouterConfig(encoder=("http://e:1", "http://e:2"), prefill=("http://p:1",),
                                  decode=("http://d:1",), redis_url="redis://127.0.0.1:1/0"))
-    for w, fp in zip(router.pools["encoder"].workers, (FP, OTHER_FP)):
+    for w, fp in zip(router.registry.pools["encoder"].workers, (FP, OTHER_FP)):
         w.known, w.vision_fingerprint = True, fp
     with pytest.raises(StartupError) as error:
         router._vision_fingerprint()
     assert str(error.value) == ("the encoders disagree on their vision fingerprint (their image keys would differ; "
                                 f"give --encoder servers of one model, dtype and image processor): http://e:1: {FP}, "
                                 f"http://e:2: {OTHER_FP}")
-    router.pools["encoder"].workers[1].vision_fingerprint = FP
+    router.registry.pools["encoder"].workers[1].vision_fingerprint = FP
     assert router._vision_fingerprint() == FP
     await router.close()
 

@@ -226,7 +226,7 @@ def test_upstream_deadline(start_server, colocated):
     assert response.status_code == 504
     assert response.json()["error"] == {
         "message": f"The colocated stage failed: {colocated.url} did not answer within 1 s (--upstream-timeout-s)",
-        "type": "server_error", "param": None, "code": "upstream_timeout"}
+        "type": "server_error", "param": None, "code": "upstream_timeout", "stage": "colocated"}
     wait_metric(colocated.url, 'epd_requests_total{finish_reason="abort"}', aborted + 1, within_s=10)
     wait_metric(colocated.url, "epd_kv_blocks_used", 0.0, within_s=10)
     impatient.stop()

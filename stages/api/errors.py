@@ -3,6 +3,11 @@ every non-2xx response (ours, FastAPI's 404/405, pydantic's validation errors, c
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
+plus, inside ``error``, the typed fields (``TYPED_FIELDS``) an error between our servers carries
+where it knows them: ``stage`` (the role that answers: prefill, decode, encoder), ``room`` (the
+bootstrap room) and ``image_key`` (the image the error is about). The router reads these, never
+the message (``router/verdict.py``; docs/protocol.md "Typed error fields").
+
 An unexpected exception is answered by ``CatchAll``, a middleware inside Starlette's
 ``ServerErrorMiddleware``: that one re-raises after its handler answers, and uvicorn then closes the
 kept-alive connection without ``Connection: close`` (a pooled client's next request dies with
@@ -31,11 +36,18 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another type: the least useful error
 
 
+# the typed fields an error body may carry inside ``error`` besides the OpenAI four; the router's
+# reader names the same (``router.verdict.TYPED_FIELDS``, held equal by tests/test_error_fields.py)
+TYPED_FIELDS = ("stage", "room", "image_key")
+
+
 class APIError(Exception):
-    """Raised anywhere under a route; becomes an OpenAI-style error response."""
+    """Raised anywhere under a route; becomes an OpenAI-style error response. ``stage``, ``room``
+    and ``image_key`` (``TYPED_FIELDS``) are in the body when given, and absent when None."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str,
-                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None, stage: str | None = None,
+                 room: int | None = None, image_key: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
@@ -43,9 +55,15 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.stage = stage
+        self.room = room
+        self.image_key = image_key
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        typed = {name: value for name, value in zip(TYPED_FIELDS, (self.stage, self.room, self.image_key))
+                 if value is not None}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **typed}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -103,30 +121,41 @@ def validation_error(errors: list[dict]) -> APIError:
     return bad_request(where + message, param=param, code="invalid_value")
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def stamped(error: APIError, stage: str | None) -> APIError:
+    """``error`` with ``stage`` as its ``stage`` field, unless it names one already (a role that
+    changes, ``stage serve pd``, sets it on each error it knows the role of)."""
+    if error.stage is None:
+        error.stage = stage
+    return error
+
+
+def install_error_handlers(app: FastAPI, stage: str | None = None) -> None:
+    """Every error answer of ``app`` as an OpenAI body; ``stage``: the server's role, in each body's
+    ``stage`` field (``stamped``)."""
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return stamped(exc, stage).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(list(exc.errors())).response()
+        return stamped(validation_error(list(exc.errors())), stage).response()
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "server_error")
-        error = APIError(exc.status_code, str(exc.detail), code=code)
+        error = APIError(exc.status_code, str(exc.detail), code=code, stage=stage)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    app.add_middleware(CatchAll)
+    app.add_middleware(CatchAll, stage=stage)
 
 
 class CatchAll:
     """ASGI middleware: an exception no handler took becomes a 500 OpenAI body, and the connection
     stays open for the client's next request. Re-raised only once the response has started."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, stage: str | None = None) -> None:
         self.app = app
+        self.stage = stage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -145,5 +174,6 @@ class CatchAll:
             if started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            crash = APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error")
+            crash = APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error",
+                             stage=self.stage)
             await crash.response()(scope, receive, send)

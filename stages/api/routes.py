@@ -25,7 +25,8 @@ from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.chat import Preparer
-from stages.api.errors import APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, unhealthy
+from stages.api.errors import (APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, stamped,
+                               unhealthy)
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
@@ -48,7 +49,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None,
-               chars_per_token: int | None = None) -> FastAPI:
+               chars_per_token: int | None = None, stage: str | None = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
     parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
@@ -62,7 +63,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
     Bodies over ``max_body_bytes`` get 413; with ``chars_per_token`` (the prompt builder's), messages
     whose text cannot fit the context get 400 before they are built (``stages.api.parse``).
     ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. With ``faults``
-    enabled, ``/debug/faults`` arms fault points."""
+    enabled, ``/debug/faults`` arms fault points. ``stage``: the server's role, the ``stage`` field of
+    every error it answers (``stages.api.errors.stamped``)."""
     metrics = metrics or Metrics()
     supervisor = supervisor or Supervisor()
     supervisor.watch_thread("engine thread", lambda: engine.alive)
@@ -75,7 +77,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
 
     generate = generate or whole
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, stage)
     app.add_middleware(ReleaseMemory)
     openapi.install(app)
 
@@ -129,7 +131,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:
-            return _ClosingStreamingResponse(_sse(call, outputs, body.include_usage), media_type="text/event-stream",
+            events = _sse(call, outputs, body.include_usage, stage)
+            return _ClosingStreamingResponse(events, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _unless_disconnected(request, _complete(call, outputs))
 
@@ -180,7 +183,8 @@ async def _complete(call: _Call, outputs: AsyncIterator[RequestOutput]) -> JSONR
                                    last.prompt_tokens, last.completion_tokens))
 
 
-async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage: bool) -> AsyncIterator[str]:
+async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage: bool,
+               stage: str | None) -> AsyncIterator[str]:
     def event(body: dict) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
@@ -202,7 +206,7 @@ async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage
         if include_usage and last is not None:
             yield piece(None, usage_body=usage(last.prompt_tokens, last.completion_tokens))
     except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
-        yield event(exc.body())
+        yield event(stamped(exc, stage).body())
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]
         call.record(last)

@@ -263,6 +263,10 @@ class ErrorDetail(_Strict):
     param: str | None = Field(description="The request parameter at fault, as a path: messages[0].content[1].")
     code: str | None = Field(description="A stable machine-readable reason, e.g. context_length_exceeded, "
                              "request_too_large, server_overloaded.")
+    # the typed fields (``stages.api.errors.TYPED_FIELDS``): present where known, absent otherwise
+    stage: str | None = Field(None, description="The role that answers: colocated, prefill, decode or encoder.")
+    room: int | None = Field(None, description="The bootstrap room the error is about.")
+    image_key: str | None = Field(None, description="The content key of the image the error is about.")
 
 
 class ErrorBody(_Strict):

@@ -8,7 +8,8 @@ entry is checked against what its reference implies (``check_embedding``) before
 mismatch is a miss, its entry is deleted, and the request fails; wrong data is never spliced in.
 
 Every failure is a ``DisaggError`` whose status the prefill answers, and whose message the decode
-gets as the room's failure reason:
+gets as the room's failure reason; one about an image names its key in the ``image_key`` field
+(the router blames the encoder it sent that image to by this field, never by the message):
 
     503 cache_unavailable   Redis down, unreachable or slow past --cache-op-timeout-s (names Redis)
     400 image_not_cached    the key is neither cached nor being encoded (at once, no wait)
@@ -118,7 +119,7 @@ class ImageInputs:
                 raise DisaggError(502, f"The cached embedding of image {ref.key} does not fit this request: {exc}; "
                                   "the entry was dropped. Check the reference's width and height, and that the "
                                   "encoder serves the same model as this prefill.", "embedding_mismatch",
-                                  param) from None
+                                  param, image_key=ref.key) from None
         prompt.embeddings = embeddings
 
     async def _read(self, key: str, param: str, deadline: float, found: dict[str, CachedEmbedding]) -> None:
@@ -131,13 +132,13 @@ class ImageInputs:
         except NotPending:
             raise DisaggError(400, f"Image {key} is not in the embedding cache and no encoder is encoding it: send "
                               "it to an encoder first (it may also have been evicted since).", "image_not_cached",
-                              f"{param}.key") from None
+                              f"{param}.key", image_key=key) from None
         except EncodeFailed as exc:
             raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", "encode_failed",
-                              param) from None
+                              param, image_key=key) from None
         except ReadyTimeout:
             raise DisaggError(504, f"Image {key} was still being encoded after {self.timeout_s:g} s "
-                              "(--embedding-timeout-s).", "embedding_timeout", param) from None
+                              "(--embedding-timeout-s).", "embedding_timeout", param, image_key=key) from None
         found[key] = hit
 
     async def _drop(self, key: str) -> None:

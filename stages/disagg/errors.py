@@ -16,13 +16,16 @@ from __future__ import annotations
 
 
 class DisaggError(RuntimeError):
-    """A room failed. ``status`` is what the stage server answers its client."""
+    """A room failed. ``status`` is what the stage server answers its client; ``image_key``: the
+    image the failure is about (EPD, ``stages.disagg.embeddings``), a typed field of the answer."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str, param: str | None = None, *,
+                 image_key: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
+        self.image_key = image_key
 
 
 def bad_gateway(message: str) -> DisaggError:

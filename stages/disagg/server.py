@@ -50,18 +50,21 @@ def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
     return body.bootstrap_room, body.bootstrap_host, body.bootstrap_port  # type: ignore[return-value]
 
 
-def _api_error(exc: DisaggError) -> APIError:
+def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
+    """The answer of ``stage`` (prefill or decode) for ``room``'s failure, its typed fields set."""
     return APIError(exc.status, str(exc), param=exc.param, code=exc.code,
-                    type="server_error" if exc.status >= 500 else None)
+                    type="server_error" if exc.status >= 500 else None, stage=stage, room=room,
+                    image_key=exc.image_key)
 
 
-async def _as_api_errors(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+async def _as_api_errors(outputs: AsyncIterator[RequestOutput], stage: str,
+                         room: int) -> AsyncIterator[RequestOutput]:
     """``outputs``, its DisaggError raised as the APIError the server answers (in-band once streaming)."""
     try:
         async for output in outputs:
             yield output
     except DisaggError as exc:
-        raise _api_error(exc) from exc
+        raise _api_error(exc, stage, room) from exc
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]
 
@@ -76,8 +79,9 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
         try:
             coordinator.check(room)
         except DisaggError as exc:
-            raise _api_error(exc) from exc
-        return _as_api_errors(_prefilled(coordinator, inputs, request_id, room, prompt, params, body))
+            raise _api_error(exc, "prefill", room) from exc
+        outputs = _prefilled(coordinator, inputs, request_id, room, prompt, params, body)
+        return _as_api_errors(outputs, "prefill", room)
 
     return generate
 
@@ -100,8 +104,8 @@ def decode_generate(coordinator: DecodeCoordinator):
         try:
             coordinator.check(room, host, port)
         except DisaggError as exc:
-            raise _api_error(exc) from exc
-        return _as_api_errors(coordinator.generate(room, host, port, prompt, params))
+            raise _api_error(exc, "decode", room) from exc
+        return _as_api_errors(coordinator.generate(room, host, port, prompt, params), "decode", room)
 
     return generate
 
@@ -152,7 +156,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare, metrics=metrics,
                      generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults,
-                     chars_per_token=runtime.prompts.chars_per_token)
+                     chars_per_token=runtime.prompts.chars_per_token, stage=config.role)
 
     @app.get("/server_info")
     async def server_info() -> dict:

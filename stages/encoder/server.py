@@ -139,7 +139,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     gate = Admission(config.max_in_flight)
     timeline = RoomTimeline()
     app = FastAPI(title="epd-stage encoder", version="0.1.0", lifespan=lifespan)
-    install_error_handlers(app)
+    install_error_handlers(app, "encoder")
     app.add_middleware(ReleaseMemory)
     install(app, (EncodeRequest, AbortRequest))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from PIL import Image as PILImage
 from cache.config import MIB, CacheConfig
 from cache.embedded import EmbeddedRedis
 from cache.store import EmbeddingCache
+from router.verdict import blame_encoder, from_answer, from_event
 from stages.engine.models import load_adapter
 from stages.prompt import PromptBuilder
 from tests.devices import DEVICE
@@ -189,6 +191,60 @@ async def test_an_encoder_failure_wakes_the_prefill_with_it(epd, fresh):
     message = error_of(answers.prefill, 502, "encode_failed")["message"]
     assert message.startswith(f"The encoder failed on image {epd.key(image)}: ") and "encoder.crash" in message
     assert "encoder.crash" in error_of(answers.decode, 502, "peer_failed")["message"]
+
+
+# --- typed error fields, read with the router's reader (docs/protocol.md, tests/test_error_fields.py) -------
+def reworded(response: httpx.Response, message: str) -> bytes:
+    """``response``'s error body with its message replaced."""
+    body = response.json()
+    return json.dumps({"error": {**body["error"], "message": message}}).encode()
+
+
+async def test_a_failed_encode_is_charged_to_its_encoder_by_the_fields_whatever_the_message(epd, fresh):
+    """The second encoder fails the image: E, P and D name their stage and the room, E and P the
+    image; the router's verdict on P's answer, its message replaced by one naming another image,
+    charges that encoder."""
+    image, decoy = Image.random(64, 64, seed=8), "0" * 64
+    encoder = epd.encoders[1]
+    arm(encoder, "encoder.stall", delay_s=1.0)
+    arm(encoder, "encoder.crash")
+    async with httpx.AsyncClient(timeout=30) as client:
+        answers = await epd.run(client, [image], encoder=encoder)
+    key = epd.key(image)
+    encoded = error_of(answers.encode[0], 500, "encode_failed")
+    prefill = error_of(answers.prefill, 502, "encode_failed")
+    decode = error_of(answers.decode, 502, "peer_failed")
+    assert (encoded["stage"], prefill["stage"], decode["stage"]) == ("encoder", "prefill", "decode")
+    assert encoded["image_key"] == prefill["image_key"] == key and "image_key" not in decode
+    assert isinstance(prefill["room"], int) and encoded["room"] == prefill["room"] == decode["room"]
+    failure = from_answer("prefill", epd.prefill.url, 502, reworded(answers.prefill, f"unrelated, image {decoy}"))
+    verdict = blame_encoder(failure, {key: encoder.url, decoy: epd.encoders[0].url})
+    assert (verdict.stage, verdict.url, verdict.status, verdict.code, verdict.room, verdict.image_key) == (
+        "encoder", encoder.url, 502, "encode_failed", prefill["room"], key)
+
+
+async def test_an_uncached_image_is_charged_by_the_fields_in_answers_and_in_band_events(epd, fresh):
+    """An image not cached: P's 400 (and, streamed, its in-band event) name it; the router's verdict
+    charges the encoder it was sent to, or (not sent) nobody, retried: whatever the message says."""
+    image = Image.random(64, 64, seed=9)
+    key = epd.key(image)
+    body = epd.body([image], "what is it", 4)
+    async with httpx.AsyncClient(timeout=30) as client:
+        answers = await epd.chat(client, body)
+        streamed = await epd.chat(client, {**epd.body([image], "what is it", 4), "stream": True})
+    prefill = error_of(answers[0], 400, "image_not_cached")
+    assert (prefill["stage"], prefill["room"], prefill["image_key"]) == ("prefill", body["bootstrap_room"], key)
+    assert error_of(answers[1], 502, "peer_failed")["stage"] == "decode"
+    failure = from_answer("prefill", epd.prefill.url, 400, reworded(answers[0], "something else entirely"))
+    assert blame_encoder(failure, {key: epd.encoders[1].url}).url == epd.encoders[1].url
+    unsent = blame_encoder(failure, {key: ""})
+    assert (unsent.stage, unsent.url, unsent.status, unsent.client_fault) == ("encoder", "", 502, False)
+    events = [json.loads(line[6:]) for r in streamed for line in r.text.splitlines()
+              if line.startswith("data: {") and '"error"' in line]
+    assert [(e["error"]["stage"], e["error"]["code"], e["error"].get("image_key")) for e in events] == [
+        ("prefill", "image_not_cached", key), ("decode", "peer_failed", None)]
+    event = from_event("prefill", epd.prefill.url, {"error": {**events[0]["error"], "message": "reworded"}})
+    assert blame_encoder(event, {key: epd.encoders[0].url}).url == epd.encoders[0].url
 
 
 async def test_an_entry_that_does_not_fit_its_reference_is_dropped_not_spliced(epd, expected, fresh):

@@ -28,7 +28,7 @@ _STEP[list(b"]}")] = -1
 _CHUNK = 1 << 20
 
 
-def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+def too_deep(raw: bytes | bytearray, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether ``raw`` nests arrays and objects more than ``limit`` levels deep (outside strings).
     Malformed JSON is judged by its brackets as written; the parser reports the rest."""
     if raw.count(b"[") + raw.count(b"{") <= limit:  # the usual body: too few openers to be that deep
@@ -43,7 +43,7 @@ def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def check_json_depth(raw: bytes) -> None:
+def check_json_depth(raw: bytes | bytearray) -> None:
     """APIError 400 ``invalid_json`` if ``raw`` nests deeper than ``MAX_JSON_DEPTH``."""
     if too_deep(raw):
         raise too_deep_error()

@@ -83,7 +83,7 @@ class _Request(Struct, gc=False):
     bootstrap_room: Scalar | UnsetType = UNSET
 
 
-def parse_request(raw: bytes, bound: TextBound | None = None) -> ChatCompletionRequest:
+def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> ChatCompletionRequest:
     """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema;
     nested deeper than ``MAX_JSON_DEPTH`` anywhere: 400 before any parser recurses. With ``bound``,
     messages whose text cannot fit the context: 400 before pydantic builds them."""

@@ -1,6 +1,6 @@
 """The admin API's routes (``docs/admin.md``), on the router's own app and port. Every route checks the
-bearer token first (``router.admin_auth``); the work is in ``membership`` (workers, roles),
-``pairing``, ``admin_ratio`` and ``admin_rooms``.
+bearer token first (``router.admin_auth``); the work is in ``registry`` (the workers: listed, found,
+resumed, removed), ``membership`` (added, drained, switched), ``pairing``, ``admin_ratio`` and ``admin_rooms``.
 
     GET    /admin/workers                      every worker, with its stage's queue and KV blocks
     POST   /admin/workers                      {"url", "role", "group"?}: add one
@@ -16,6 +16,7 @@ bearer token first (``router.admin_auth``); the work is in ``membership`` (worke
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -28,8 +29,8 @@ from router.errors import RouterError, bad_request
 from router.membership import worker_json
 from router.pairing import PairingRules
 from router.runtime import Router
-from router.sampler import sample_all
 
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ROUTER = web.AppKey("admin_router", Router)
 
@@ -59,10 +60,9 @@ def _guarded(handler: Handler) -> Handler:
 # --- workers -----------------------------------------------------------------------------------
 async def _workers(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    samples = await sample_all(router.upstream.session, router.workers, router.metrics, router.history,
-                               router.config.health_timeout_s)
+    samples = await router.sample()
     listing = []
-    for worker in router.workers:
+    for worker in router.registry:
         sample = samples.get(worker.id)
         listing.append({**worker_json(worker), "queue_depth": sample.queue_depth if sample else None,
                         "running": sample.running if sample else None,
@@ -83,7 +83,7 @@ async def _add(request: web.Request) -> web.Response:
 
 async def _drain(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    worker = router.membership.find(request.match_info["id"])
+    worker = router.registry.find(request.match_info["id"])
     wait_s = _number(request, "wait_s", router.config.drain_timeout_s)
     idle = await router.membership.drain(worker, wait_s)
     return web.json_response({"worker": worker_json(worker), "idle": idle}, status=200 if idle else 202)
@@ -91,16 +91,18 @@ async def _drain(request: web.Request) -> web.Response:
 
 async def _resume(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    worker = router.membership.find(request.match_info["id"])
-    router.membership.resume(worker)
+    worker = router.registry.find(request.match_info["id"])
+    router.registry.resume(worker)
     return web.json_response({"worker": worker_json(worker)})
 
 
 async def _remove(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    worker = router.membership.find(request.match_info["id"])
+    worker = router.registry.find(request.match_info["id"])
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
-    router.membership.remove(worker, force)
+    router.registry.remove(worker, force)
+    log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
+             worker.outstanding)
     return web.json_response({"removed": worker_json(worker)})
 
 
@@ -121,7 +123,8 @@ async def _set_pairing(request: web.Request) -> web.Response:
 
 def _pairing_view(router: Router) -> dict:
     pairs = []
-    prefills, decodes = (router.pools[role].workers if role in router.pools else [] for role in ("prefill", "decode"))
+    pools = router.registry.pools
+    prefills, decodes = (pools[role].workers if role in pools else [] for role in ("prefill", "decode"))
     for p in prefills:
         for d in decodes:
             why = router.pairing.why_not(p, d)
@@ -134,9 +137,8 @@ def _pairing_view(router: Router) -> dict:
 async def _ratio(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     window = min(_number(request, "window_s", router.config.ratio_window_s), router.config.ratio_window_s)
-    await sample_all(router.upstream.session, router.workers, router.metrics, router.history,
-                     router.config.health_timeout_s)
-    return web.json_response(report(router, window))
+    await router.sample()
+    return web.json_response(report(router.registry, router.history, window))
 
 
 async def _apply_ratio(request: web.Request) -> web.Response:
@@ -147,7 +149,7 @@ async def _apply_ratio(request: web.Request) -> web.Response:
     if set(body) != {"prefill", "decode"}:
         raise bad_request('a split is {"prefill": n, "decode": m}', code="invalid_split")
     switched = await router.membership.apply_split(body["prefill"], body["decode"])
-    current = {role: len(router.pools[role].workers) for role in ("prefill", "decode")}
+    current = {role: len(router.registry.pools[role].workers) for role in ("prefill", "decode")}
     return web.json_response({**current, "switched": switched})
 
 

@@ -15,30 +15,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from router.errors import RouterError
 from router.load import History, role_loads
+from router.membership import Membership
 from router.ratio import ORDER, Hysteresis, RoleLoad, clamp_split, recommend
-from router.sampler import sample_all
-
-if TYPE_CHECKING:
-    from router.runtime import Router
+from router.registry import Registry
 
 log = logging.getLogger(__name__)
 SPLIT_ROLES = ("prefill", "decode")
 
 
-def report(router: Router, window_s: float) -> dict:
+def report(registry: Registry, history: History, window_s: float) -> dict:
+    """The ``GET /admin/ratio`` body over the last ``window_s`` of ``history`` (sampled by the caller)."""
     now = time.monotonic()
-    history = router.history
-    roles = [role for role in ORDER if role in router.pools]
-    workers = {role: len(router.pools[role].workers) for role in roles}
+    pools = {role: registry.pools[role].workers for role in ORDER if role in registry.pools}
+    roles = list(pools)
+    workers = {role: len(members) for role, members in pools.items()}
     loads, per_role = role_loads(history, now, window_s, workers, roles)
     for role in roles:
-        latest = [history.latest(w.id) for w in router.pools[role].workers]
+        latest = [history.latest(w.id) for w in pools[role]]
         per_role[role]["queue_depth"] = sum(s.queue_depth for s in latest if s is not None and s.role == role)
-        per_role[role]["switchable"] = sum(w.switchable for w in router.pools[role].workers)
+        per_role[role]["switchable"] = sum(w.switchable for w in pools[role])
     span = history.span(now, window_s)
     per_s = (lambda role: per_role[role]["demand_per_s"] if role in per_role else 0.0)
     body = {
@@ -47,7 +46,7 @@ def report(router: Router, window_s: float) -> dict:
                    "prefill_tokens_per_s": per_s("prefill"), "decode_tokens_per_s": per_s("decode")},
         "ttft_s": _mean(history, now, window_s, "ttft"), "tpot_s": _mean(history, now, window_s, "tpot"),
         "current": workers, "recommended": recommend(loads, sum(workers.values())) if loads else None,
-        "apply": apply_target(router, loads),
+        "apply": apply_target(registry, loads),
     }
     if body["recommended"] is None:
         body["reason"] = ("colocated mode has one role" if not loads else
@@ -56,38 +55,39 @@ def report(router: Router, window_s: float) -> dict:
     return body
 
 
-def apply_target(router: Router, loads: list[RoleLoad]) -> dict[str, int] | None:
+def apply_target(registry: Registry, loads: list[RoleLoad]) -> dict[str, int] | None:
     """The prefill:decode split closest to the recommendation that switching can reach, or None."""
     split_loads = [load for load in loads if load.role in SPLIT_ROLES]
     if len(split_loads) != 2:
         return None
-    pools = router.pools
-    total = sum(len(pools[role].workers) for role in SPLIT_ROLES)
+    pools = {role: registry.pools[role].workers for role in SPLIT_ROLES}
+    total = sum(len(pools[role]) for role in SPLIT_ROLES)
     target = recommend(split_loads, total)
     if target is None:
         return None
-    fixed = {role: sum(not w.switchable for w in pools[role].workers) for role in SPLIT_ROLES}
+    fixed = {role: sum(not w.switchable for w in pools[role]) for role in SPLIT_ROLES}
     return clamp_split(target, fixed, total)
 
 
-async def auto_ratio_loop(router: Router, interval_s: float) -> None:
-    """Forever: every ``interval_s``, apply the recommended prefill:decode split when ``Hysteresis`` says so."""
-    hysteresis = Hysteresis()
+async def auto_ratio_loop(membership: Membership, history: History, sample: Callable[[], Awaitable[object]],
+                          interval_s: float, window_s: float) -> None:
+    """Forever: every ``interval_s``, ``sample`` the workers into ``history`` and apply the recommended
+    prefill:decode split (over the last ``window_s``) when ``Hysteresis`` says so."""
+    hysteresis, registry = Hysteresis(), membership.registry
     while True:
         await asyncio.sleep(interval_s)
-        await sample_all(router.upstream.session, router.workers, router.metrics, router.history,
-                         router.config.health_timeout_s)
-        now, window = time.monotonic(), router.config.ratio_window_s
-        current = {role: len(router.pools[role].workers) for role in SPLIT_ROLES}
-        loads, _ = role_loads(router.history, now, window, current, SPLIT_ROLES)
-        target = apply_target(router, loads)
+        await sample()
+        now = time.monotonic()
+        current = {role: len(registry.pools[role].workers) for role in SPLIT_ROLES}
+        loads, _ = role_loads(history, now, window_s, current, SPLIT_ROLES)
+        target = apply_target(registry, loads)
         if not hysteresis.decide(current, target, {load.role: load.need for load in loads}):
             continue
         assert target is not None
         log.info("auto ratio: applying prefill:decode %d:%d (was %d:%d)", target["prefill"], target["decode"],
                  current["prefill"], current["decode"])
         try:
-            await router.membership.apply_split(target["prefill"], target["decode"])
+            await membership.apply_split(target["prefill"], target["decode"])
         except RouterError as exc:
             log.warning("auto ratio: could not apply %s: %s", target, exc.message)
 

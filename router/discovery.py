@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -146,7 +147,7 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
     return misfit
 
 
-async def discover(session: aiohttp.ClientSession, workers: list[Worker], config: RouterConfig) -> None:
+async def discover(session: aiohttp.ClientSession, workers: Iterable[Worker], config: RouterConfig) -> None:
     """At startup: check every worker until each is healthy and known, or ``--startup-timeout-s``
     has passed (those still unknown stay out of rotation until the health loop reaches them).
     Raises InfoError at once if a worker answers but is not a stage of the role it was given as."""
@@ -164,8 +165,9 @@ async def discover(session: aiohttp.ClientSession, workers: list[Worker], config
         await asyncio.sleep(min(config.health_interval_s, 0.5))
 
 
-async def health_loop(session: aiohttp.ClientSession, workers: list[Worker], config: RouterConfig) -> None:
-    """Forever: check every worker, then sleep ``--health-interval-s``."""
+async def health_loop(session: aiohttp.ClientSession, workers: Iterable[Worker], config: RouterConfig) -> None:
+    """Forever: check every worker (``workers`` is read afresh each round: the router's registry), then
+    sleep ``--health-interval-s``."""
     while True:
         await asyncio.gather(*(check(session, w, config) for w in workers))
         await asyncio.sleep(config.health_interval_s)

@@ -1,14 +1,15 @@
-"""Changing the router's workers while it serves: add, drain, resume, remove, switch a role, apply
-a prefill:decode split. Called by the admin API (``router.admin_app``) and the automatic ratio
-loop (``router.admin_ratio``), on the event loop.
+"""Changing the router's workers while it serves, where it takes talking to them: add, drain (and
+wait until idle), switch a role, apply a prefill:decode split. The workers themselves, and the
+changes that need no I/O (remove, resume, the role a switching worker is in), are the registry's
+(``router.registry``). Called by the admin API (``router.admin_app``) and the automatic ratio loop
+(``router.admin_ratio``), on the event loop.
 
 Contracts:
 - ``add`` admits a worker only after its ``/health``, ``/v1/models`` and ``/server_info`` answered
   as its role does and its fingerprint matches a worker of the role it pairs with; a misfit is a
   4xx ``RouterError`` saying why, and nothing changes. Its published limits count from then on, and
   the router takes the chat schema from its ``/openapi.json`` if it has none yet.
-- A draining worker gets no new request; requests it holds finish. ``remove`` refuses a worker
-  with requests in flight unless forced; requests in flight on a removed worker still finish.
+- A draining worker gets no new request; requests it holds finish.
 - ``switch`` drains a switchable (``stage serve pd``) worker, waits until the router has nothing
   in flight on it, tells it its new role (``POST /role``), re-reads its info, and readmits it.
   Nothing is sent to it while it switches, so no request is lost or fails.
@@ -24,69 +25,52 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from router.breaker import CircuitBreaker
-from router.config import MODE_ROLES, RouterConfig, check_worker_url
+from router.config import RouterConfig, check_worker_url
 from router.discovery import InfoError, read_info
 from router.errors import RouterError
+from router.pairing import Pairing
+from router.registry import Registry
+from router.upstream import Upstream
 from router.workers import Worker, compatible, fingerprint_diff
-
-if TYPE_CHECKING:
-    from router.runtime import Router
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a drain looks at the worker's outstanding count
+LearnSchema = Callable[[list[Worker]], Awaitable[None]]  # take the chat schema from these, if none yet
 
 
 class Membership:
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        self._ids = 0
+    """The admin API's changes that talk to the workers; what they change is in ``registry``."""
+
+    def __init__(self, config: RouterConfig, registry: Registry, upstream: Upstream, pairing: Pairing,
+                 learn_schema: LearnSchema) -> None:
+        self.config, self.registry, self.upstream, self.pairing = config, registry, upstream, pairing
+        self._learn_schema = learn_schema
         self._switching = asyncio.Lock()  # one split at a time
-        self._moving: set[str] = set()  # ids of the workers switching roles now
-
-    def new_id(self) -> str:
-        self._ids += 1
-        return f"w{self._ids}"
-
-    def find(self, worker_id: str) -> Worker:
-        worker = next((w for w in self.router.workers if w.id == worker_id), None)
-        if worker is None:
-            raise RouterError(404, f"no worker {worker_id!r}; GET /admin/workers lists them", code="worker_not_found")
-        return worker
 
     # --- add -----------------------------------------------------------------------------------
     async def add(self, url: str, role: str, group: str | None) -> dict:
         """Admit a worker; its listing plus what each decode said about dialing (``dial``)."""
-        router = self.router
-        roles = MODE_ROLES[router.config.mode]
-        if role not in roles:
-            raise RouterError(400, f"this router runs {router.config.mode} mode: it takes {', '.join(roles)} "
-                              f"workers, not {role!r}", code="invalid_role", param="role")
+        self.registry.check_new(url, role)
         try:
             check_worker_url(url, role)
         except ValueError:
             raise RouterError(400, f"url must be http://host:port (no path), got {url!r}", code="invalid_url",
                               param="url") from None
-        if (known := next((w for w in router.workers if w.url == url), None)) is not None:
-            raise RouterError(409, f"{url} is already worker {known.id} ({known.role})", code="worker_exists")
-        worker = Worker(url, role, CircuitBreaker(router.config.breaker_failures, router.config.breaker_cooldown_s),
-                        group=group)
+        worker = self.registry.new_worker(url, role, group)
         await self._admit(worker)
         self._check_fits(worker)
-        worker.id, worker.healthy = self.new_id(), True
-        router.pools[role].workers.append(worker)
-        router.workers.append(worker)
-        router.metrics.watch([worker])
-        await router.learn_chat_schema([worker])
+        worker.healthy = True
+        self.registry.add(worker)
+        await self._learn_schema([worker])
         log.info("admin: added %s %s as %s (group %s)", role, url, worker.id, worker.group)
         return {"worker": worker_json(worker), "dial": await self.connect(worker)}
 
     async def _admit(self, worker: Worker) -> None:
-        session, config = self.router.upstream.session, self.router.config
+        session, config = self.upstream.session, self.config
         try:
             async with session.get(worker.url + "/health",
                                    timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
@@ -103,15 +87,16 @@ class Membership:
     def _check_fits(self, worker: Worker) -> None:
         """A prefill or decode must share a fingerprint with a worker of the other role, if there is one;
         an encoder must have the other encoders' vision fingerprint (else its image keys differ)."""
+        pools = self.registry.pools
         if worker.role == "encoder":
-            known = [w for w in self.router.pools["encoder"].workers if w.known]
+            known = [w for w in pools["encoder"].workers if w.known]
             if known and worker.vision_fingerprint != known[0].vision_fingerprint:
                 raise RouterError(409, f"{worker.url} has vision fingerprint {worker.vision_fingerprint!r}, the "
                                   f"encoders {known[0].vision_fingerprint!r}: its image keys would differ",
                                   code="worker_misfit")
             return
         other = {"prefill": "decode", "decode": "prefill"}.get(worker.role)
-        peers = [w for w in self.router.pools[other].workers if w.known] if other else []
+        peers = [w for w in pools[other].workers if w.known] if other else []
         if peers and not any(compatible(worker, p) if worker.role == "prefill" else compatible(p, worker)
                              for p in peers):
             diff = "; ".join(fingerprint_diff(worker.fingerprint, peers[0].fingerprint))
@@ -122,7 +107,7 @@ class Membership:
     async def connect(self, worker: Worker) -> dict[str, str]:
         """Ask decodes to allow the prefills they may be paired with (see the module docstring);
         what each decode said, by "prefill id -> decode id"."""
-        pools = self.router.pools
+        pools = self.registry.pools
         if worker.role == "prefill":
             pairs = [(worker, d) for d in pools["decode"].workers if d.known]
         elif worker.role == "decode":
@@ -133,12 +118,14 @@ class Membership:
         return {f"{p.id} -> {d.id}": answer for (p, d), answer in zip(pairs, answers)}
 
     async def _allow(self, prefill: Worker, decode: Worker) -> str:
+        """Register ``prefill``'s bootstrap address with ``decode``; what came of it, in words. Anything
+        but a 200 with a JSON object (or a 403 ``admin_disabled``) is a refusal: they are never paired."""
         assert prefill.bootstrap is not None
         host, port = prefill.bootstrap
-        config, refused = self.router.config, self.router.pairing.refused
+        config, refused = self.config, self.pairing.refused
         headers = {"Authorization": f"Bearer {config.admin_token}"}
         try:
-            async with self.router.upstream.session.post(
+            async with self.upstream.session.post(
                 decode.url + "/admin/allowed_bootstrap", json={"host": host, "port": port}, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
                 body = await response.json(content_type=None)
@@ -146,9 +133,12 @@ class Membership:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             body, status = {"error": {"message": f"{type(exc).__name__}: {exc}"}}, 0
         refused.discard((prefill.url, decode.url))
+        if not isinstance(body, dict):
+            body, status = {"error": {"message": f"decode {decode.id} ({decode.url}) answered HTTP {status} with "
+                                                 f"a JSON {_json_kind(body)}, not an object"}}, 0
         if status == 200:
             return "registered" if body.get("added") else "already allowed"
-        error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+        error = body["error"] if isinstance(body.get("error"), dict) else {}
         if status == 403 and error.get("code") == "admin_disabled":
             return ("not registered (the decode's admin API is disabled): its --allowed-bootstrap must allow "
                     f"{host}:{port}")
@@ -157,35 +147,11 @@ class Membership:
                     error.get("message"))
         return f"refused, never paired: {error.get('message') or f'HTTP {status}'}"
 
-    # --- drain, resume, remove -----------------------------------------------------------------
+    # --- drain ---------------------------------------------------------------------------------
     async def drain(self, worker: Worker, wait_s: float) -> bool:
         """Stop sending ``worker`` new requests; wait up to ``wait_s`` for it to be idle. True if idle."""
-        worker.draining = True
+        self.registry.drain(worker)
         return await self._idle(worker, wait_s)
-
-    def resume(self, worker: Worker) -> None:
-        self._check_not_moving(worker, "resume")
-        worker.draining = False
-
-    def remove(self, worker: Worker, force: bool) -> None:
-        router = self.router
-        self._check_not_moving(worker, "remove")
-        if worker.outstanding and not force:
-            raise RouterError(409, f"{worker.id} ({worker.role} {worker.url}) has {worker.outstanding} request(s) in "
-                              f"flight: drain it first (POST /admin/workers/{worker.id}/drain) or remove it with "
-                              "?force=true", code="worker_busy")
-        router.pools[worker.role].workers.remove(worker)
-        router.workers.remove(worker)
-        router.metrics.unwatch(worker)
-        router.history.forget(worker.id)
-        router.pairing.refused = {pair for pair in router.pairing.refused if worker.url not in pair}
-        log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
-                 worker.outstanding)
-
-    def _check_not_moving(self, worker: Worker, what: str) -> None:
-        if worker.id in self._moving:
-            raise RouterError(409, f"{worker.id} is switching roles; {what} it once the split is applied",
-                              code="worker_busy")
 
     async def _idle(self, worker: Worker, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
@@ -197,7 +163,7 @@ class Membership:
     async def apply_split(self, prefill: int, decode: int) -> list[dict]:
         """Switch switchable workers until there are ``prefill`` prefills and ``decode`` decodes; the
         switches made. RouterError (4xx) if the split cannot be reached, 409 while another is applied."""
-        pools = self.router.pools
+        pools = self.registry.pools
         ps, ds = pools["prefill"].workers, pools["decode"].workers
         check_split(prefill, decode, ps, ds)
         if self._switching.locked():
@@ -214,42 +180,31 @@ class Membership:
 
     async def switch(self, worker: Worker, role: str) -> dict:
         """Drain ``worker``, switch it to ``role`` and readmit it (see the module docstring)."""
-        router, started, previous = self.router, time.monotonic(), worker.role
-        worker.draining = True
-        self._moving.add(worker.id)
+        config, started, previous = self.config, time.monotonic(), worker.role
+        self.registry.begin_switch(worker)
         try:
-            if not await self._idle(worker, router.config.drain_timeout_s):
+            if not await self._idle(worker, config.drain_timeout_s):
                 raise RouterError(504, f"{worker.id} still had {worker.outstanding} request(s) in flight after "
-                                  f"{router.config.drain_timeout_s:g} s (--drain-timeout-s); it keeps its role",
+                                  f"{config.drain_timeout_s:g} s (--drain-timeout-s); it keeps its role",
                                   code="drain_timeout")
-            self._move(worker, role)
+            self.registry.move(worker, role)
             try:
-                await self._tell_role(worker, started + router.config.drain_timeout_s)
-                await read_info(router.upstream.session, worker, router.config.health_timeout_s,
-                                router.config.admin_token)
+                await self._tell_role(worker, started + config.drain_timeout_s)
+                await read_info(self.upstream.session, worker, config.health_timeout_s, config.admin_token)
             except BaseException:
-                self._move(worker, previous)
+                self.registry.move(worker, previous)
                 raise
             dial = await self.connect(worker)
         finally:
-            worker.draining = False
-            self._moving.discard(worker.id)
+            self.registry.end_switch(worker)
         log.info("admin: %s %s switched from %s to %s in %.2f s", worker.id, worker.url, previous, role,
                  time.monotonic() - started)
         return {"id": worker.id, "from": previous, "to": role, "seconds": time.monotonic() - started, "dial": dial}
 
-    def _move(self, worker: Worker, role: str) -> None:
-        pools = self.router.pools
-        self.router.metrics.unwatch(worker)
-        pools[worker.role].workers.remove(worker)
-        worker.role = role
-        pools[role].workers.append(worker)
-        self.router.metrics.watch([worker])
-
     async def _tell_role(self, worker: Worker, deadline: float) -> None:
         """``POST /role`` until the worker takes it (it refuses while it still has work) or ``deadline``."""
         while True:
-            status, message = await post_role(self.router.upstream.session, worker, self.router.config)
+            status, message = await post_role(self.upstream.session, worker, self.config)
             if status == 200:
                 return
             if status != 409 or time.monotonic() >= deadline:
@@ -286,6 +241,12 @@ def check_split(prefill: object, decode: object, prefills: list[Worker], decodes
         raise RouterError(409, f"only switchable workers (stage serve pd) change roles: {fixed_p} prefill and "
                           f"{fixed_d} decode workers are fixed, so prefill must be >= {fixed_p} and decode >= "
                           f"{fixed_d}", code="split_unreachable")
+
+
+def _json_kind(value: object) -> str:
+    """The JSON name of a decoded value's type."""
+    kinds = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def worker_json(worker: Worker) -> dict:

@@ -10,7 +10,7 @@ answer is an OpenAI error body (``ErrorBody``).
 
 from __future__ import annotations
 
-from router.server_info import VERSION
+from router.version import VERSION
 
 REF = "#/components/schemas/"
 CHAT = "/v1/chat/completions"

@@ -80,11 +80,16 @@ def _label(value: object) -> bool:
 
 class Pairing:
     """The router's pairing state: the rules (replaced whole by ``PUT /admin/pairing``) and the
-    (prefill URL, decode URL) pairs a decode refused to let dial (``router.membership``)."""
+    (prefill URL, decode URL) pairs a decode refused to let dial (``router.membership``), forgotten
+    with a worker that leaves (``router.registry``)."""
 
     def __init__(self, rules: PairingRules | None = None) -> None:
         self.rules = rules or PairingRules()
         self.refused: set[tuple[str, str]] = set()
+
+    def forget(self, worker: Worker) -> None:
+        """``worker`` left the router: drop the refusals it was part of."""
+        self.refused = {pair for pair in self.refused if worker.url not in pair}
 
     def pairable(self, prefill: Worker, decode: Worker) -> bool:
         """Compatible fingerprints, allowed by the rules, and dialable."""

@@ -1,7 +1,8 @@
-"""Everything one router process owns: its workers (per role, each with a policy), the upstream
-client, the image fetcher, the dispatcher, the metrics, and for the admin API the membership
-(workers at runtime), the pairing rules, the room log and the load history; and its supervised
-loops: health checks, load sampling and (``--auto-ratio-interval-s``) the automatic ratio.
+"""Everything one router process owns: the registry of its workers (``router.registry``: per role a
+pool with its policy), the upstream client, the image fetcher, the dispatcher, the metrics, and for
+the admin API the membership (workers added and switched at runtime), the pairing rules, the room
+log and the load history; and its supervised loops: health checks, load sampling and
+(``--auto-ratio-interval-s``) the automatic ratio.
 
 Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
 clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
@@ -25,14 +26,13 @@ import aiohttp
 from cache.config import MIB, CacheConfig
 from cache.store import EmbeddingCache
 from router.admin_ratio import auto_ratio_loop
-from router.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.discovery import InfoError, discover, health_loop, read_chat_schema
 from router.dispatch import Dispatcher
 from router.epd import EPDPlanner
 from router.errors import RouterError, body_too_large
 from router.image_fetch import ImageFetcher
-from router.load import History
+from router.load import History, Sample
 from router.membership import Membership
 from router.metrics import Metrics
 from router.image_refs import RefImage, ref_images
@@ -41,8 +41,8 @@ from router.limits import StageLimits, tightest
 from router.limits import body_too_large as stage_body_too_large
 from router.modes import ColocatedPlanner, PDPlanner, Planner
 from router.pairing import Pairing
-from router.policy import make_policy
-from router.sampler import sample_loop
+from router.registry import Registry
+from router.sampler import sample_all, sample_loop
 from router.timeline import RoomLog
 from router.upstream import Upstream
 from router.workers import Pool, Worker, pairing_report
@@ -58,29 +58,22 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.pools = {role: Pool(role, [Worker(url, role, CircuitBreaker(config.breaker_failures,
-                                                                         config.breaker_cooldown_s))
-                                        for url in urls], make_policy(config.policy(role)))
-                      for role, urls in (("encoder", config.encoder), ("prefill", config.prefill),
-                                         ("decode", config.decode), ("colocated", config.colocated)) if urls}
-        self.workers = [w for pool in self.pools.values() for w in pool.workers]  # the admin API adds and removes
-        self.membership = Membership(self)
-        for worker in self.workers:
-            worker.id = self.membership.new_id()
-        self.metrics.watch(self.workers)
+        self.registry = registry = Registry.for_config(config, self.metrics)
         self.upstream = Upstream(config)
         self.images = ImageFetcher(config)
         self.pairing = Pairing()
         self.rooms = RoomLog(config.room_history)
         self.history = History(config.ratio_window_s)
+        registry.on_remove += [lambda worker: self.history.forget(worker.id), self.pairing.forget]
+        self.membership = Membership(config, registry, self.upstream, self.pairing, self.learn_chat_schema)
         self.epd: EPDPlanner | None = None
         planner: Planner
         if config.mode == "colocated":
-            planner = ColocatedPlanner(self.pools["colocated"])
+            planner = ColocatedPlanner(registry.pools["colocated"])
         else:
-            planner = PDPlanner(self.pools["prefill"], self.pools["decode"], self.pairing)
+            planner = PDPlanner(registry.pools["prefill"], registry.pools["decode"], self.pairing)
         if config.mode == "epd":
-            planner = self.epd = _epd_planner(config, self.pools["encoder"], planner, self.upstream)
+            planner = self.epd = _epd_planner(config, registry.pools["encoder"], planner, self.upstream)
         self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics, self.rooms)
         self.in_flight = 0  # chat requests held now; the app's admission gate counts them
         self.metrics.in_flight.set_function(lambda: self.in_flight)
@@ -90,29 +83,35 @@ class Router:
     @property
     def answering(self) -> Pool:
         """The role whose workers answer clients (and whose models the router lists)."""
-        return self.pools["colocated" if self.config.mode == "colocated" else "decode"]
+        return self.registry.pools["colocated" if self.config.mode == "colocated" else "decode"]
 
     async def start(self) -> None:
         await self.upstream.start()
         try:
-            await discover(self.upstream.session, self.workers, self.config)
+            await discover(self.upstream.session, self.registry, self.config)
         except InfoError as exc:
             raise StartupError(str(exc)) from None
         self._check_servable()
         if self.epd is not None:
             self.epd.fingerprint = self._vision_fingerprint()
-        await self.learn_chat_schema([w for w in self.workers if w.known])
-        session, config = self.upstream.session, self.config
+        await self.learn_chat_schema([w for w in self.registry if w.known])
+        session, config, pools = self.upstream.session, self.config, self.registry.pools
         if config.admin_token is not None and config.mode != "colocated":
-            for prefill in [w for w in self.pools["prefill"].workers if w.known]:
+            for prefill in [w for w in pools["prefill"].workers if w.known]:
                 await self.membership.connect(prefill)
-        self._spawn("health loop", health_loop(session, self.workers, config))
-        self._spawn("load sampler", sample_loop(session, self.workers, self.metrics, self.history,
+        self._spawn("health loop", health_loop(session, self.registry, config))
+        self._spawn("load sampler", sample_loop(session, self.registry, self.metrics, self.history,
                                                 config.health_timeout_s))
         if config.auto_ratio_interval_s > 0 and config.mode != "colocated":
-            self._spawn("auto ratio loop", auto_ratio_loop(self, config.auto_ratio_interval_s))
+            self._spawn("auto ratio loop", auto_ratio_loop(self.membership, self.history, self.sample,
+                                                           config.auto_ratio_interval_s, config.ratio_window_s))
         log.info("%s router ready: %s", self.config.mode,
-                 ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in self.pools.items()))
+                 ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in pools.items()))
+
+    async def sample(self) -> dict[str, Sample]:
+        """Read every known worker's ``/metrics`` into the load history now (``router.sampler``)."""
+        return await sample_all(self.upstream.session, self.registry, self.metrics, self.history,
+                                self.config.health_timeout_s)
 
     def _spawn(self, name: str, coro: Coroutine) -> None:
         task = self._loops[name] = asyncio.create_task(coro, name=name)
@@ -128,13 +127,13 @@ class Router:
             await self.epd.cache.aclose()
 
     def _check_servable(self) -> None:
-        for role, pool in self.pools.items():
+        for role, pool in self.registry.pools.items():
             if not any(w.known for w in pool.workers):
                 raise StartupError(f"no {role} worker answered within {self.config.startup_timeout_s:g} s "
                                    f"(--startup-timeout-s): {[w.url for w in pool.workers]}")
         if self.config.mode == "colocated":
             return
-        pairs, lines = pairing_report(self.pools["prefill"], self.pools["decode"])
+        pairs, lines = pairing_report(self.registry.pools["prefill"], self.registry.pools["decode"])
         for line in lines:
             log.warning("%s", line)
         if pairs == 0:
@@ -142,7 +141,7 @@ class Router:
 
     def _vision_fingerprint(self) -> str:
         """The one vision fingerprint of the encoders that answered (StartupError if they differ)."""
-        found = {w.url: w.vision_fingerprint for w in self.pools["encoder"].workers if w.known}
+        found = {w.url: w.vision_fingerprint for w in self.registry.pools["encoder"].workers if w.known}
         if len(set(found.values())) != 1:
             raise StartupError("the encoders disagree on their vision fingerprint (their image keys would differ; "
                                "give --encoder servers of one model, dtype and image processor): "
@@ -167,7 +166,7 @@ class Router:
 
     def stage_limits(self) -> StageLimits:
         """The tightest of the limits the known workers published (``router.limits``)."""
-        return tightest(w.limits for w in self.workers if w.known)
+        return tightest(w.limits for w in self.registry if w.known)
 
     def body_cap(self) -> tuple[int, Callable[[int | str, int], RouterError]]:
         """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit), and the 413 for one
@@ -199,7 +198,7 @@ class Router:
         """Why no request can be served right now, or None."""
         if self.config.mode == "colocated":
             return None if self.answering.candidates() else "no healthy colocated worker"
-        ps, ds = self.pools["prefill"].candidates(), self.pools["decode"].candidates()
+        ps, ds = self.registry.pools["prefill"].candidates(), self.registry.pools["decode"].candidates()
         if any(self.pairing.pairable(p, d) for p in ps for d in ds):
             return None
         return (f"no healthy compatible prefill and decode pair allowed by the pairing rules "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 import aiohttp
 from prometheus_client import Counter, Histogram
@@ -40,7 +41,7 @@ async def scrape(session: aiohttp.ClientSession, worker: Worker, timeout_s: floa
         return None
 
 
-async def sample_all(session: aiohttp.ClientSession, workers: list[Worker], metrics: Metrics, history: History,
+async def sample_all(session: aiohttp.ClientSession, workers: Iterable[Worker], metrics: Metrics, history: History,
                      timeout_s: float) -> dict[str, Sample]:
     """Scrape every known worker and record what answered; the samples by worker id."""
     known = [w for w in workers if w.known]
@@ -55,7 +56,7 @@ async def sample_all(session: aiohttp.ClientSession, workers: list[Worker], metr
     return taken
 
 
-async def sample_loop(session: aiohttp.ClientSession, workers: list[Worker], metrics: Metrics, history: History,
+async def sample_loop(session: aiohttp.ClientSession, workers: Iterable[Worker], metrics: Metrics, history: History,
                       timeout_s: float) -> None:
     """Forever: sample, then sleep ``period(history.window_s)``."""
     while True:

@@ -5,23 +5,19 @@ limits its stages publish (``router.limits``). Pure: reads the router's state, n
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
+
+from router.version import VERSION
 
 if TYPE_CHECKING:
     from router.runtime import Router
-
-try:
-    VERSION = version("epd-stage")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    VERSION = "0+unknown"
 
 
 def server_info(router: Router) -> dict:
     config, stage = router.config, router.stage_limits()
     workers = {role: {"total": len(pool.workers), "known": sum(w.known for w in pool.workers),
                       "healthy": sum(w.known and w.healthy for w in pool.workers)}
-               for role, pool in router.pools.items()}
+               for role, pool in router.registry.pools.items()}
     return {
         "role": "router", "mode": config.mode, "version": VERSION, "instance_id": config.instance_id,
         "workers": workers, "models": [card["id"] for card in router.models()], "in_flight": router.in_flight,

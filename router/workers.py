@@ -4,7 +4,7 @@ A ``Worker`` is one stage server. What the router learns from it (models, finger
 address; an encoder's id and vision fingerprint) is written by discovery (``router.discovery``)
 from its ``/v1/models`` and ``/server_info``; ``healthy`` is written by the health loop and by a dispatcher that could not reach
 it; ``outstanding`` and the breaker by the dispatcher through ``lease``/``Lease``; ``id``,
-``group``, ``draining`` and ``role`` (of a switchable worker) by the admin API (``router.membership``).
+``group``, ``draining`` and ``role`` (of a switchable worker) by the registry (``router.registry``).
 """
 
 from __future__ import annotations
@@ -98,11 +98,18 @@ def lease_all(workers: Sequence[Worker]) -> list[Lease] | None:
 
 @dataclass
 class Pool:
-    """The workers of one role and the policy that picks among them."""
+    """The workers of one role and the policy that picks among them. ``members`` is the list the
+    workers are kept in (the router's registry, ``router.registry``, shares one among its pools);
+    ``workers`` are those of ``role`` among them, read when asked, so a worker whose role changes
+    leaves one pool and joins the other at once."""
 
     role: str
-    workers: list[Worker]
+    members: list[Worker]
     policy: Policy
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [w for w in self.members if w.role == self.role]
 
     def candidates(self, model: str | None = None, exclude: Collection[str] = ()) -> list[Worker]:
         return [w for w in self.workers if w.eligible() and w.serves(model) and w.url not in exclude]

@@ -32,12 +32,7 @@ MAY_IMPORT = {  # package -> the other packages its modules may import (the CLI 
     "cache": set(),
     "bench": {"stages", "transfer", "cache"},
 }
-ROUTER_REGISTRY = "issue 15 item 2 (one worker registry): the Router catch-all is typed by the modules it builds"
-KNOWN_CIRCLE_EDGES = {  # (importer, imported): why it is still there; TYPE_CHECKING imports of `Router`
-    ("router.membership", "router.runtime"): ROUTER_REGISTRY,
-    ("router.admin_ratio", "router.runtime"): ROUTER_REGISTRY,
-    ("router.server_info", "router.runtime"): ROUTER_REGISTRY,
-}
+KNOWN_CIRCLE_EDGES: dict[tuple[str, str], str] = {}  # (importer, imported): why it is still there
 
 
 @pytest.fixture(scope="module")

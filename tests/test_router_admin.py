@@ -13,10 +13,12 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from stages.launch.ports import free_port
 from tests.conftest import REPO
@@ -407,3 +409,71 @@ def test_the_admin_cli(router, prefill):
     assert (missing.returncode, missing.stderr.strip()) == (
         1, "stage admin: HTTP 404: no worker 'w99'; GET /admin/workers lists them")
     wait_metric(router.url, "epd_router_in_flight_requests", 0.0)
+
+
+# --- a stage that answers JSON that is not an object -----------------------------------------------
+async def serve_stub(routes: dict[str, object]) -> tuple[web.AppRunner, str]:
+    """A server on 127.0.0.1 answering 200 with each route's JSON (a route absent: 404). It stands for a
+    stage that answers malformed JSON, which no real stage does."""
+    def answering(answer: object) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response(answer)
+
+        return handler
+
+    app = web.Application()
+    for path, answer in routes.items():
+        app.router.add_route("*", path, answering(answer))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("info", [["a", "list"], "a string"])
+async def test_an_add_whose_server_info_is_not_an_object_is_refused_naming_it(router, decode, info):
+    models = httpx.get(f"{decode.url}/v1/models", timeout=10).json()
+    runner, url = await serve_stub({"/health": {"status": "ok"}, "/v1/models": models, "/server_info": info})
+    try:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
+            before = (await client.get(f"{router.url}/admin/workers")).json()["workers"]
+            response = await client.post(f"{router.url}/admin/workers", json={"url": url, "role": "decode"})
+            assert response.status_code == 409, response.text
+            assert response.json()["error"] == {
+                "message": f"GET {url}/server_info did not answer a JSON object", "type": "invalid_request_error",
+                "param": None, "code": "worker_misfit"}
+            assert [w["id"] for w in (await client.get(f"{router.url}/admin/workers")).json()["workers"]] == [
+                w["id"] for w in before]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_decode_whose_dial_answer_is_not_an_object_is_added_but_never_paired(router, decode):
+    """The decode's ``POST /admin/allowed_bootstrap`` answers 200 with a JSON array (it used to crash the
+    add with a 500): every pair with it is refused, naming it, and it can be removed."""
+    info = httpx.get(f"{decode.url}/server_info", timeout=10).json()
+    models = httpx.get(f"{decode.url}/v1/models", timeout=10).json()
+    runner, url = await serve_stub({"/health": {"status": "ok"}, "/v1/models": models, "/server_info": info,
+                                    "/admin/allowed_bootstrap": ["not", "an", "object"]})
+    try:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
+            listing = (await client.get(f"{router.url}/admin/workers")).json()["workers"]
+            prefills = [w["id"] for w in listing if w["role"] == "prefill"]
+            response = await client.post(f"{router.url}/admin/workers", json={"url": url, "role": "decode"})
+            assert response.status_code == 200, response.text
+            added = response.json()["worker"]["id"]
+            why = f"decode {added} ({url}) answered HTTP 200 with a JSON array, not an object"
+            assert response.json()["dial"] == {f"{p} -> {added}": f"refused, never paired: {why}" for p in prefills}
+            pairs = (await client.get(f"{router.url}/admin/pairing")).json()["pairs"]
+            assert {(pair["prefill"], pair["allowed"]) for pair in pairs if pair["decode"] == added} == {
+                (p, False) for p in prefills}
+            for i in range(4):  # never picked: every request is served by the real workers
+                assert (await asyncio.to_thread(ask, router.base_url, messages(f"stub {i}", []), stream=False,
+                                                max_tokens=2))[1]["completion_tokens"] == 2
+            response = await client.delete(f"{router.url}/admin/workers/{added}")
+            assert response.status_code == 200, response.text
+            assert [w["id"] for w in (await client.get(f"{router.url}/admin/workers")).json()["workers"]] == [
+                w["id"] for w in listing]
+    finally:
+        await runner.cleanup()

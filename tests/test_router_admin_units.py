@@ -5,7 +5,6 @@ checks and the `stage admin` table renderer. No sockets."""
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,10 +18,12 @@ from router.membership import Membership, check_split
 from router.metrics import Metrics
 from router.pairing import Pairing, PairingRules
 from router.policy import RoundRobin
+from router.registry import Registry
 from router.ratio import Hysteresis, RoleLoad, clamp_split, peak_load, recommend
 from router.sampler import router_counters
 from router.timeline import RoomLog, RoomRecord, stage_workers
-from router.workers import Pool, Worker
+from router.upstream import Upstream
+from router.workers import Worker
 from stages.timeline import RoomTimeline
 
 TOKEN = "s3cret-token-0123456789"
@@ -312,11 +313,16 @@ def test_stage_workers_keys_a_repeated_stage_by_number():
 
 # --- membership, without sockets ---------------------------------------------------------------
 def membership_of(prefills: list[Worker], decodes: list[Worker]) -> Membership:
-    pools = {"prefill": Pool("prefill", prefills, RoundRobin()), "decode": Pool("decode", decodes, RoundRobin())}
-    router = SimpleNamespace(pools=pools, workers=[*prefills, *decodes], metrics=Metrics(), history=History(60.0),
-                             pairing=Pairing(), config=RouterConfig(prefill=("http://p:1",), decode=("http://d:1",)))
-    router.metrics.watch(router.workers)
-    return Membership(router)  # type: ignore[arg-type]
+    registry = Registry("pd", {"prefill": RoundRobin(), "decode": RoundRobin()}, Metrics(),
+                        lambda: CircuitBreaker(1, 10.0))
+    for w in [*prefills, *decodes]:
+        registry.add(w)
+    config = RouterConfig(prefill=("http://p:1",), decode=("http://d:1",))
+    return Membership(config, registry, Upstream(config), Pairing(), _no_schema)
+
+
+async def _no_schema(workers: list[Worker]) -> None:
+    pass
 
 
 def test_a_new_worker_must_fit_its_peers():
@@ -325,7 +331,7 @@ def test_a_new_worker_must_fit_its_peers():
     with pytest.raises(RouterError) as error:
         membership._check_fits(worker("http://d:3", "decode", fingerprint={**FP, "block_size": 32}))
     assert (error.value.status, error.value.code, error.value.message) == (
-        409, "worker_misfit", "http://d:3 can never be paired: its fingerprint matches no prefill (against 1 "
+        409, "worker_misfit", "http://d:3 can never be paired: its fingerprint matches no prefill (against w1 "
         "http://p:1: block_size: 32 != 16)")
 
 
@@ -337,21 +343,3 @@ async def test_a_split_moves_only_switchable_workers_not_drained():
         await membership.apply_split(1, 2)
     assert (error.value.status, error.value.message) == (
         409, "1 prefill worker(s) must switch, but only 0 are switchable and not drained (resume drained ones first)")
-    membership._moving.add(x.id)  # as while it switches
-    for act in (lambda: membership.resume(x), lambda: membership.remove(x, force=True)):
-        with pytest.raises(RouterError) as error:
-            act()
-        assert error.value.code == "worker_busy" and error.value.message.startswith("1 is switching roles; ")
-
-
-def test_removing_a_worker_forgets_it():
-    p, d = worker("http://p:1", "prefill"), worker("http://d:1", "decode")
-    membership = membership_of([p], [d])
-    membership.router.pairing.refused.add((p.url, d.url))
-    d.outstanding = 1
-    with pytest.raises(RouterError):
-        membership.remove(d, force=False)
-    membership.remove(d, force=True)
-    assert membership.router.workers == [p] and membership.router.pools["decode"].workers == []
-    assert membership.router.pairing.refused == set()
-    assert 'worker="http://d:1"' not in membership.router.metrics.render().decode()

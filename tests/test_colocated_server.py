@@ -276,8 +276,9 @@ def test_bad_input_gets_an_openai_error(http, case):
     response = http.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert set(error) == {"message", "type", "param", "code", "stage"}
+    assert (error["type"], error["param"], error["code"], error["stage"]) == ("invalid_request_error", param, code,
+                                                                             "colocated")
     assert fragment in error["message"], error["message"]
     assert_healthy(http)
 

@@ -68,9 +68,11 @@ def with_room(prefill, body: dict, room: int | None = None, host: str = "127.0.0
     return {**body, "bootstrap_host": host, "bootstrap_port": prefill.bootstrap_port, "bootstrap_room": room}
 
 
-def refused(url: str, body: dict, status: int) -> dict:
+def refused(url: str, body: dict, status: int, one_stage: bool = True) -> dict:
     """POST ``body`` as stream: false and as stream: true; both must be ``status`` with the same JSON
-    error body (the stream's a plain JSON answer, not an event stream). Returns the error."""
+    error body (the stream's a plain JSON answer, not an event stream). Returns the error.
+    ``one_stage`` False (a pd router, which forwards the refusal of whichever of its prefill and
+    decode refused first): the two may differ in their ``stage`` field alone, which is then dropped."""
     answers = []
     for stream in (False, True):
         with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": stream}, timeout=30) as r:
@@ -78,9 +80,13 @@ def refused(url: str, body: dict, status: int) -> dict:
             assert r.status_code == status, (stream, r.status_code, r.text)
             assert r.headers["content-type"] == "application/json", (stream, r.headers["content-type"])
             answers.append(r.json())
+    if not one_stage:
+        assert all(a["error"]["stage"] in ("prefill", "decode") for a in answers), answers
+        answers = [{"error": {k: v for k, v in a["error"].items() if k != "stage"}} for a in answers]
     assert answers[0] == answers[1]
     error = answers[0]["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["code"] is not None
+    assert {"message", "type", "param", "code"} <= set(error) <= {"message", "type", "param", "code", "stage", "room"}
+    assert error["code"] is not None  # the typed fields (docs/protocol.md) are checked by the callers
     return error
 
 
@@ -115,13 +121,16 @@ def test_a_missing_bootstrap_field_is_400_naming_it(request, prefill, role, miss
     error = refused(server.url, body, 400)
     assert (error["param"], error["code"], error["type"]) == (missing, "missing_required_parameter",
                                                               "invalid_request_error")
+    assert (error["stage"], error.get("room")) == (role, None)
     assert error["message"] == (f"Missing required parameter: '{missing}' (a prefill or decode server needs "
                                 "bootstrap_host, bootstrap_port and bootstrap_room).")
 
 
 def test_a_prefill_the_decode_may_not_dial_is_403(prefill, decode):
-    error = refused(decode.url, with_room(prefill, chat(), host="10.0.0.1"), 403)
+    body = with_room(prefill, chat(), host="10.0.0.1")
+    error = refused(decode.url, body, 403)
     assert (error["param"], error["code"]) == ("bootstrap_host", "bootstrap_not_allowed")
+    assert (error["stage"], error["room"]) == ("decode", body["bootstrap_room"])
     assert error["message"].startswith(f"prefill 10.0.0.1:{prefill.bootstrap_port} is not allowed by "
                                        "--allowed-bootstrap")
     assert blocks_used(decode) == 0
@@ -137,6 +146,7 @@ async def test_a_room_the_prefill_holds_or_closed_is_409(prefill):
             error = await asyncio.to_thread(refused, prefill.url, body, 409)
             assert (error["code"], error["message"]) == (
                 "room_conflict", f"bootstrap room {room}: room {room}: prefill's own request arrived twice")
+            assert (error["stage"], error["room"]) == ("prefill", room)
         finally:
             held.cancel()  # the client leaves: the prefill closes the room
             await asyncio.gather(held, return_exceptions=True)
@@ -156,7 +166,8 @@ async def test_a_room_in_flight_on_the_decode_is_409(prefill, decode):
         try:
             await asyncio.to_thread(wait_for_event, decode, room, "kv_requested")  # the prefill's half never comes
             error = await asyncio.to_thread(refused, decode.url, body, 409)
-            assert (error["code"], error["param"]) == ("room_conflict", None)
+            assert (error["code"], error["param"], error["stage"], error["room"]) == ("room_conflict", None, "decode",
+                                                                                      room)
             assert error["message"] == f"bootstrap room {room}: room {room} is already in flight on this decode"
         finally:
             held.cancel()
@@ -167,7 +178,7 @@ async def test_a_room_in_flight_on_the_decode_is_409(prefill, decode):
 def test_a_pd_worker_without_a_role_is_503(prefill, switchable):
     for body in (chat(), with_room(prefill, chat())):
         error = refused(switchable.url, body, 503)
-        assert (error["code"], error["type"]) == ("no_role", "server_error")
+        assert (error["code"], error["type"], error.get("stage")) == ("no_role", "server_error", None)
 
 
 @pytest.mark.parametrize("role", ["colocated", "prefill", "decode"])
@@ -182,7 +193,7 @@ def test_bad_parameters_model_and_length_are_the_same_status_stream_or_not(reque
               400, "messages[0].content[0].image_url", "invalid_image_url")]
     for fields, status, param, code in cases:
         error = refused(server.url, {**chat(**fields), **room}, status)
-        assert (error["param"], error["code"]) == (param, code), fields
+        assert (error["param"], error["code"], error["stage"]) == (param, code, role), fields
 
 
 # --- through the router -----------------------------------------------------------------------------
@@ -194,7 +205,7 @@ def test_the_router_forwards_a_stage_refusal_of_a_stream_as_its_status(router):
              ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big[:40]}}]}]},
               400, "messages[0].content[0].image_url", "invalid_base64")]
     for fields, status, param, code in cases:
-        error = refused(router.url, chat(**fields), status)
+        error = refused(router.url, chat(**fields), status, one_stage=False)
         assert (error["param"], error["code"]) == (param, code), fields
 
 

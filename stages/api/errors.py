@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +40,9 @@ _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another ty
 # the typed fields an error body may carry inside ``error`` besides the OpenAI four; the router's
 # reader names the same (``router.verdict.TYPED_FIELDS``, held equal by tests/test_error_fields.py)
 TYPED_FIELDS = ("stage", "room", "image_key")
+# a server's role for the ``stage`` field: fixed, or read at each error (``stage serve pd``: none until
+# the router assigns one)
+Stage = str | Callable[[], str | None] | None
 
 
 class APIError(Exception):
@@ -121,15 +125,15 @@ def validation_error(errors: list[dict]) -> APIError:
     return bad_request(where + message, param=param, code="invalid_value")
 
 
-def stamped(error: APIError, stage: str | None) -> APIError:
-    """``error`` with ``stage`` as its ``stage`` field, unless it names one already (a role that
-    changes, ``stage serve pd``, sets it on each error it knows the role of)."""
+def stamped(error: APIError, stage: Stage) -> APIError:
+    """``error`` with ``stage`` (the role now, if a callable) as its ``stage`` field, unless it names
+    one already."""
     if error.stage is None:
-        error.stage = stage
+        error.stage = stage() if callable(stage) else stage
     return error
 
 
-def install_error_handlers(app: FastAPI, stage: str | None = None) -> None:
+def install_error_handlers(app: FastAPI, stage: Stage = None) -> None:
     """Every error answer of ``app`` as an OpenAI body; ``stage``: the server's role, in each body's
     ``stage`` field (``stamped``)."""
     @app.exception_handler(APIError)
@@ -143,7 +147,7 @@ def install_error_handlers(app: FastAPI, stage: str | None = None) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "server_error")
-        error = APIError(exc.status_code, str(exc.detail), code=code, stage=stage)
+        error = stamped(APIError(exc.status_code, str(exc.detail), code=code), stage)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     app.add_middleware(CatchAll, stage=stage)
@@ -153,7 +157,7 @@ class CatchAll:
     """ASGI middleware: an exception no handler took becomes a 500 OpenAI body, and the connection
     stays open for the client's next request. Re-raised only once the response has started."""
 
-    def __init__(self, app: ASGIApp, stage: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, stage: Stage = None) -> None:
         self.app = app
         self.stage = stage
 
@@ -174,6 +178,6 @@ class CatchAll:
             if started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            crash = APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error",
-                             stage=self.stage)
+            crash = stamped(APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error"),
+                            self.stage)
             await crash.response()(scope, receive, send)

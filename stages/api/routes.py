@@ -25,8 +25,8 @@ from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.chat import Preparer
-from stages.api.errors import (APIError, bad_request, engine_unavailable, install_error_handlers, overloaded, stamped,
-                               unhealthy)
+from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
+                               stamped, unhealthy)
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
@@ -49,7 +49,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None,
-               chars_per_token: int | None = None, stage: str | None = None) -> FastAPI:
+               chars_per_token: int | None = None, stage: Stage = None) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
     parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
@@ -184,7 +184,7 @@ async def _complete(call: _Call, outputs: AsyncIterator[RequestOutput]) -> JSONR
 
 
 async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage: bool,
-               stage: str | None) -> AsyncIterator[str]:
+               stage: Stage) -> AsyncIterator[str]:
     def event(body: dict) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 

@@ -168,7 +168,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,  # type: ignore[arg-type]
                      metrics=metrics, generate=slot.generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults,
-                     chars_per_token=runtime.prompts.chars_per_token)
+                     chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role)
 
     @app.get("/server_info")
     async def server_info() -> dict:

@@ -67,8 +67,8 @@ def from_answer(stage: str, url: str, status: int, raw: bytes, retry_after: str 
     """A non-2xx answer (``retry_after``: its Retry-After header); its OpenAI error body, if any,
     gives the message, the code and the typed fields."""
     error = _error_of(raw)
-    message = _text(error, "message") or raw[:200].decode(errors="replace") or f"HTTP {status}"
-    return Failure(stage, url, status, message, _text(error, "code"), raw, retry_after=retry_after,
+    message = error.get("message") if isinstance(error.get("message"), str) else raw[:200].decode(errors="replace")
+    return Failure(stage, url, status, message or f"HTTP {status}", _text(error, "code"), raw, retry_after=retry_after,
                    room=_room(error), image_key=_text(error, "image_key"))
 
 
@@ -76,8 +76,8 @@ def from_event(stage: str, url: str, body: dict) -> Failure:
     """An in-band error event (``{"error": {...}}``) that came before anything reached the client."""
     error = body.get("error") if isinstance(body.get("error"), dict) else {}
     code = _text(error, "code")
-    return Failure(stage, url, CODE_STATUS.get(code or "", 502),
-                   _text(error, "message") or "error event without a message", code, room=_room(error),
+    message = error.get("message") if isinstance(error.get("message"), str) else "error event without a message"
+    return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code, room=_room(error),
                    image_key=_text(error, "image_key"))
 
 

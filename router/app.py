@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from router.admin_app import add_admin_routes
 from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
                            stage_failed)
+from router.limits import prompt_too_long
 from router.memory import collect_after_large_bodies
 from router.modes import Call
 from router.openapi import document
@@ -132,7 +133,10 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
-    parts = await router.images.resolve(body, router.stage_limits().max_images_per_request)
+    limits = router.stage_limits()
+    if (too_long := prompt_too_long(body, limits)) is not None:
+        raise too_long
+    parts = await router.images.resolve(body, limits.max_images_per_request)
     if router.epd is None:  # no cache: every image is a miss (epd: counted by the dispatcher, by the cache's answer)
         router.metrics.images.labels(cache="miss").inc(len(parts))
     # epd: keys and sizes; large images are decoded and hashed off the event loop

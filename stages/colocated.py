@@ -46,7 +46,7 @@ def build(config: ServerConfig) -> FastAPI:
     async def server_info() -> dict:
         stats = async_engine.stats()
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
-                **model_info(engine.adapter, images="pixels"), "limits": limits_info(config),
+                **model_info(engine.adapter, images="pixels"), "limits": limits_info(config, engine.max_model_len, prompts.chars_per_token),
                 "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total}}
 
     return app

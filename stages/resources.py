@@ -23,9 +23,15 @@ def model_info(adapter: Any, images: str) -> dict:
             "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
 
 
-def limits_info(config: Any) -> dict:
+def limits_info(config: Any, max_model_len: int | None = None, chars_per_token: int | None = None) -> dict:
     """``/server_info`` ``limits`` of a stage (``config``: its ``ServerConfig``): what it refuses a request
-    for before any work. A router reads them and refuses such a request itself, before any fan-out."""
-    return {"max_body_bytes": config.max_body_bytes, "max_images_per_request": config.limits.max_images,
-            "max_image_bytes": config.limits.max_bytes, "max_image_pixels": config.limits.max_pixels,
-            "max_in_flight": config.max_in_flight}
+    for before any work. A router reads them and refuses such a request itself, before any fan-out.
+    A stage that takes text adds its context (``max_model_len`` tokens) and its tokenizer's
+    ``chars_per_token`` (``stages.text_bound``; None: no such bound), from which a text's least
+    token count follows."""
+    limits = {"max_body_bytes": config.max_body_bytes, "max_images_per_request": config.limits.max_images,
+              "max_image_bytes": config.limits.max_bytes, "max_image_pixels": config.limits.max_pixels,
+              "max_in_flight": config.max_in_flight}
+    if max_model_len is not None:
+        limits |= {"max_model_len": max_model_len, "chars_per_token": chars_per_token}
+    return limits

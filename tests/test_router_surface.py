@@ -19,7 +19,7 @@ import schemathesis
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.images import check_count
-from router.limits import StageLimits, published, tightest
+from router.limits import StageLimits, prompt_chars, prompt_too_long, published, tightest
 from router.openapi import chat_part, document
 from tests.router_helpers import data_url, messages, png
 
@@ -160,7 +160,9 @@ def test_server_info_says_what_the_router_is(router, proxy, colocated):
         "models": [card["id"] for card in get(f"{colocated.url}/v1/models")["data"]], "in_flight": 0,
         "limits": {"max_body_bytes": STAGE_MAX_BODY, "max_images_per_request": 8, "max_in_flight": 1024,
                    "max_image_bytes": 20 << 20},
-        "stage_limits": {"max_body_bytes": STAGE_MAX_BODY, "max_images_per_request": 8},
+        "stage_limits": {"max_body_bytes": STAGE_MAX_BODY, "max_images_per_request": 8,
+                         "max_model_len": stage["limits"]["max_model_len"],
+                         "chars_per_token": stage["limits"]["chars_per_token"]},
         "chat_schema_from": proxy.url}
 
 
@@ -205,6 +207,39 @@ def test_a_body_over_the_stages_cap_is_refused_by_the_router(router, proxy):
                    f"{STAGE_MAX_BODY} bytes (their --max-body-mb).",
         "type": "invalid_request_error", "param": None, "code": "request_too_large"}
     assert proxy.chats == before
+
+
+def test_a_text_that_cannot_fit_is_refused_by_the_router_as_the_stage_would(router, proxy, colocated):
+    limits = get(f"{colocated.url}/server_info")["limits"]
+    max_chars = (limits["max_model_len"] - 1) * limits["chars_per_token"]
+    assert max_chars + 200 < STAGE_MAX_BODY  # the stage's own body cap is not what refuses it
+    body = {"messages": [{"role": "system", "content": "  be brief  "},
+                         {"role": "user", "content": "x" * (max_chars - 7) + "   "}], "max_tokens": 1}
+    direct = httpx.post(f"{colocated.url}{CHAT}", json=body, timeout=30)
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == "context_length_exceeded", direct.text
+    before = proxy.chats
+    refused = httpx.post(f"{router.url}{CHAT}", json=body, timeout=30)
+    stage_error = {field: direct.json()["error"][field] for field in ("message", "type", "param", "code")}
+    assert (refused.status_code, refused.json()) == (400, {"error": stage_error})  # word for word the stage's
+    assert proxy.chats == before  # no stage saw it
+    body["messages"][1]["content"] = "x" * (max_chars - 8)  # fits by its characters: the stage decides
+    assert httpx.post(f"{router.url}{CHAT}", json=body, timeout=60).json()["error"]["code"] == "context_length_exceeded"
+    assert proxy.chats == before + 1
+
+
+def test_the_text_counted_is_what_every_template_writes():
+    assert prompt_chars([{"role": "user", "content": "  ab c \n"}, {"role": "assistant", "content": "long" * 99},
+                         {"role": "system", "content": [{"type": "text", "text": "xyz"}, {"type": "image_url"}]},
+                         {"role": "user", "content": None}, "not a message"]) == 4 + 3
+    assert prompt_chars("not a list") == prompt_chars(None) == 0
+    assert prompt_chars([{"role": "user", "content": "a" + " " * 5000}]) == 0  # a whitespace tail: the stage counts
+    limits = StageLimits(max_model_len=11, chars_per_token=2)  # at most 20 characters
+    assert prompt_too_long({"messages": [{"role": "user", "content": "x" * 20}]}, limits) is None
+    refusal = prompt_too_long({"messages": [{"role": "user", "content": "x" * 21}]}, limits)
+    assert refusal is not None and (refusal.status, refusal.code, refusal.param) == (400, "context_length_exceeded",
+                                                                                     "messages")
+    assert "hold 21 characters of text, at least 11 tokens" in refusal.message
+    assert prompt_too_long({"messages": [{"role": "user", "content": "x" * 99}]}, StageLimits(max_model_len=11)) is None
 
 
 def test_the_tightest_published_limit_counts():

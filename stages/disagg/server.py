@@ -186,7 +186,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "transfer": dataclasses.asdict(runtime.backend.stats),
         "group": disagg.group,
         **model_info(runtime.prompts.adapter, mode.value),
-        "limits": limits_info(config),
+        "limits": limits_info(config, runtime.engine.max_model_len, runtime.prompts.chars_per_token),
     }
     if disagg.cache is not None:
         info["redis_url"] = disagg.cache.safe_url

@@ -79,8 +79,9 @@ async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_
     info = await _get_json(session, worker.url + "/server_info", timeout_s)
     if info.get("role") != "encoder":
         raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --encoder")
-    fields = {name: info.get(name) for name in ("model", "encoder_id", "vision_fingerprint")}
-    lacking = sorted(name for name, value in fields.items() if not (isinstance(value, str) and value))
+    names = ("model", "encoder_id", "vision_fingerprint")
+    fields = {name: value for name in names if isinstance(value := info.get(name), str) and value}
+    lacking = sorted(set(names) - set(fields))
     if lacking:
         raise InfoError(f"{worker.url}/server_info lacks {lacking}")
     worker.models, worker.cards = (fields["model"],), ()
@@ -115,12 +116,12 @@ async def _assign_role(session: aiohttp.ClientSession, worker: Worker, timeout_s
 def _bootstrap(worker: Worker, entry: object) -> tuple[str, int]:
     """The prefill's bootstrap endpoint as a decode dials it: a wildcard bind address becomes the
     host the router reaches the prefill at."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("port"), int):
+    if not isinstance(entry, dict) or not isinstance(port := entry.get("port"), int):
         raise InfoError(f"{worker.url}/server_info has no bootstrap address")
-    host = entry.get("host") if isinstance(entry.get("host"), str) else ""
-    if host in WILDCARDS:
+    host = entry.get("host")
+    if not isinstance(host, str) or host in WILDCARDS:
         host = urlsplit(worker.url).hostname or ""
-    return host, entry["port"]
+    return host, port
 
 
 async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterConfig) -> InfoError | None:

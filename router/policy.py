@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 VIRTUAL_NODES = 64  # points per candidate on the hash ring; more points, more even spread
@@ -83,7 +83,8 @@ class CacheAware:
         self._ring_of = names
 
 
-POLICIES = {"round_robin": RoundRobin, "least_load": LeastLoad, "cache_aware": CacheAware}
+POLICIES: dict[str, Callable[[], Policy]] = {"round_robin": RoundRobin, "least_load": LeastLoad,
+                                             "cache_aware": CacheAware}
 
 
 def make_policy(name: str) -> Policy:

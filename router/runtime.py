@@ -166,7 +166,7 @@ class Router:
 
     def stage_limits(self) -> StageLimits:
         """The tightest of the limits the known workers published (``router.limits``)."""
-        return tightest(w.limits for w in self.registry if w.known)
+        return tightest(w.limits for w in self.registry if w.known and w.limits is not None)
 
     def body_cap(self) -> tuple[int, Callable[[int | str, int], RouterError]]:
         """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit), and the 413 for one
@@ -215,10 +215,9 @@ class Router:
 
 def _report_death(task: asyncio.Task) -> None:
     """Log a loop's end unless it was stopped; ``/health`` reports it from then on."""
-    if not task.cancelled() and task.exception() is not None:
-        exc = task.exception()
-        log.error("the %s died; /health answers 503 from now on", task.get_name(),
-                  exc_info=(type(exc), exc, exc.__traceback__))
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None:
+        log.error("the %s died; /health answers 503 from now on", task.get_name(), exc_info=exc)
 
 
 def _epd_planner(config: RouterConfig, encoders: Pool, pd: Planner, upstream: Upstream) -> EPDPlanner:

@@ -290,4 +290,7 @@ def test_a_pd_router_documents_its_stages_chat_schema(start_server, prefill, dec
     info = httpx.get(f"{router.url}/server_info", timeout=10).json()
     assert (info["role"], info["mode"], info["chat_schema_from"]) == ("router", "pd", prefill.url)
     assert info["workers"] == {role: {"total": 1, "known": 1, "healthy": 1} for role in ("prefill", "decode")}
-    assert info["stage_limits"] == {"max_body_bytes": 64 << 20, "max_images_per_request": 8}
+    stage = httpx.get(f"{prefill.url}/server_info", timeout=10).json()["limits"]
+    assert info["stage_limits"] == {"max_body_bytes": 64 << 20, "max_images_per_request": 8,
+                                    "max_model_len": stage["max_model_len"], "chars_per_token": stage["chars_per_token"]}
+    assert stage["max_model_len"] > 0 and stage["chars_per_token"] > 0

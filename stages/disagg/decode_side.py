@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
 from stages.config import DisaggConfig
@@ -60,7 +60,7 @@ class DecodeCoordinator:
         self.client = BootstrapClient(allow=allow, max_links=config.max_peer_links,
                                       link_idle_s=config.peer_link_idle_s, on_change=timeline.follow(EVENTS))
         self.decode_id = f"decode-{os.getpid()}"
-        self._cleanups: set[asyncio.Task] = set()
+        self._cleanups: set[asyncio.Future] = set()
         self._rooms: set[int] = set()  # rooms whose request is running here (``generate``)
 
     async def start(self) -> None:
@@ -95,7 +95,7 @@ class DecodeCoordinator:
             self._rooms.discard(room)
 
     async def _generate(self, room: int, host: str, port: int, prompt: Prompt,
-                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                        params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
         mark = self.timeline.mark
         mark(room, "queued")
         blocks = await self._reserve(prompt, params)
@@ -133,7 +133,7 @@ class DecodeCoordinator:
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:  # the blocks may still arrive: free them when they do
-            call.add_done_callback(lambda done: done.exception() is None and self._free_soon(done.result()))
+            call.add_done_callback(self._free_when_reserved)
             raise
         except MemoryError as exc:
             raise unavailable(f"the decode's KV pool has no room for this request now ({exc}); retry later") from exc
@@ -148,6 +148,10 @@ class DecodeCoordinator:
                         room, len(blocks), self.config.abort_grace_s)
             await asyncio.sleep(self.config.abort_grace_s)
         await self.engine.call(lambda engine: engine.free_blocks(blocks))
+
+    def _free_when_reserved(self, done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self._free_soon(done.result())
 
     def _free_soon(self, blocks: list[int]) -> None:
         self._track(asyncio.ensure_future(self.engine.call(lambda engine: engine.free_blocks(blocks))))

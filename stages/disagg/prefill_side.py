@@ -202,7 +202,7 @@ class PrefillCoordinator:
         self.table.fail(room, reason, time.monotonic())
         await self._answer_unpaired(entry, bad_gateway(f"bootstrap room {room}: {reason}"))
 
-    async def _answer_unpaired(self, entry: Entry, error: DisaggError) -> None:
+    async def _answer_unpaired(self, entry: Entry[_Local, KVRequest], error: DisaggError) -> None:
         """Answer the halves that arrived of a room failed before pairing (already out of the table):
         the HTTP half ``error``, the decode ``KVFailed`` with the room's reason."""
         if entry.local is not None:
@@ -212,16 +212,17 @@ class PrefillCoordinator:
             await self.server.send_failed(entry.room, entry.state.reason or str(error))
 
     # --- one paired room -------------------------------------------------------------------------
-    def _start(self, entry: Entry) -> None:
+    def _start(self, entry: Entry[_Local, KVRequest]) -> None:
         task = asyncio.create_task(self._run(entry))
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
 
-    async def _run(self, entry: Entry) -> None:
+    async def _run(self, entry: Entry[_Local, KVRequest]) -> None:
         """Prefill a paired room, write its KV into the decode's blocks and answer both halves. Any
         failure (an abort: the state ``Failed``, seen at each safe point) ends in ``_fail``; this
         prefill's blocks are freed however the room ends."""
         room, local, remote, state = entry.room, entry.local, entry.remote, entry.state
+        assert local is not None and remote is not None  # paired: both halves are here
         blocks: list[int] = []
         mark = self.timeline.mark
         try:
@@ -232,6 +233,7 @@ class PrefillCoordinator:
             if self.faults.take("prefill.exit_before_forward"):
                 os._exit(EXIT_CODE)
             last = await self._forward(state, local)
+            assert last.blocks is not None  # _forward returns only an output that holds them
             blocks = last.blocks
             mark(room, "prefilled", prompt_tokens=last.prompt_tokens)
             if self.faults.take("prefill.exit_after_forward"):

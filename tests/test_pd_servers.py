@@ -147,6 +147,25 @@ async def test_partner_never_arrives(pair):
     assert httpx.get(f"{pair.decode.url}/health").status_code == 200
 
 
+async def test_a_full_kv_pool_is_back_pressure_with_retry_after(pair):
+    """Rooms whose prefill half never comes hold the decode's blocks until the prefill expires them
+    (--pair-timeout-s 3); a request that finds no free blocks meanwhile is a 503 kv_pool_full with
+    Retry-After (a router takes it as busy, not failing), and every block comes back."""
+    info = httpx.get(f"{pair.decode.url}/server_info", timeout=10).json()
+    per_request = -(-(2000 + 16) // info["fingerprint"]["block_size"])  # 2000 completion tokens and the prompt
+    holders = -(-info["kv_blocks"]["total"] // per_request) + 1  # more than the pool holds at once
+    async with httpx.AsyncClient(timeout=60) as client:
+        answers = await asyncio.gather(*(client.post(f"{pair.decode.url}/v1/chat/completions",
+                                                     json=pair.room(chat("hold", max_tokens=2000)))
+                                         for _ in range(holders)))
+    full = [a for a in answers if a.status_code == 503]
+    assert full and all(a.status_code == 502 for a in answers if a.status_code != 503), [a.text for a in answers]
+    for answer in full:
+        assert answer.headers["retry-after"] == "1"
+        assert (answer.json()["error"]["code"], answer.json()["error"]["stage"]) == ("kv_pool_full", "decode")
+    wait_blocks_free(pair.prefill, pair.decode)
+
+
 async def test_missing_room_fields_are_a_400(pair):
     async with httpx.AsyncClient(timeout=30) as client:
         response = await client.post(f"{pair.decode.url}/v1/chat/completions", json=chat("no room"))

@@ -7,7 +7,8 @@ room's ``KVFailed`` reason) can tell a dead or slow peer from this stage's own f
     transfer_failed  502 kv_transfer_failed  a KV write failed (``transfer.base.TransferError`` only)
     timed_out        504 room_timeout        a room's deadline passed
     conflict         409 room_conflict       the room is already in flight, answered or aborted
-    unavailable      503 kv_pool_full        no KV blocks for the request now
+    unavailable      503 kv_pool_full        no KV blocks for the request now (with ``Retry-After``: back-pressure,
+                                             another decode may take it)
     internal         500 internal_error      this stage failed on its own (a bug, an engine failure)
     not_allowed      403 bootstrap_not_allowed  the request names a prefill --allowed-bootstrap does not allow
 """
@@ -20,12 +21,13 @@ class DisaggError(RuntimeError):
     image the failure is about (EPD, ``stages.disagg.embeddings``), a typed field of the answer."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None, *,
-                 image_key: str | None = None) -> None:
+                 image_key: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
         self.image_key = image_key
+        self.retry_after_s = retry_after_s  # answered as ``Retry-After``: the stage is busy, not failing
 
 
 def bad_gateway(message: str) -> DisaggError:
@@ -47,7 +49,7 @@ def conflict(message: str) -> DisaggError:
 
 
 def unavailable(message: str) -> DisaggError:
-    return DisaggError(503, message, "kv_pool_full")
+    return DisaggError(503, message, "kv_pool_full", retry_after_s=1)
 
 
 def internal(message: str) -> DisaggError:

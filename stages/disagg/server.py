@@ -52,9 +52,10 @@ def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
 
 def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
     """The answer of ``stage`` (prefill or decode) for ``room``'s failure, its typed fields set."""
+    retry = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
     return APIError(exc.status, str(exc), param=exc.param, code=exc.code,
                     type="server_error" if exc.status >= 500 else None, stage=stage, room=room,
-                    image_key=exc.image_key)
+                    image_key=exc.image_key, headers=retry)
 
 
 async def _as_api_errors(outputs: AsyncIterator[RequestOutput], stage: str,

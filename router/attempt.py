@@ -2,7 +2,8 @@
 
 ``open_answer`` sends the answering stage its body and returns a ``Head`` once the answer is under
 way: the whole body (non-stream), or the events up to the first one carrying text, a finish reason,
-usage or ``[DONE]`` (stream). Until then nothing has reached the client, so any failure, including
+usage or ``[DONE]`` (stream; ``[DONE]`` itself is never held: the dispatcher sends it once the request
+is settled, ``router.relay``). Until then nothing has reached the client, so any failure, including
 an in-band error event that a stream opens with, is a ``StageError`` the dispatcher may retry.
 The opening role chunk is held back, not sent early, for exactly that reason; it leaves with the
 first text, so the client's time to first token is unchanged.
@@ -63,7 +64,8 @@ async def _open_stream(upstream: Upstream, target: Target, response: aiohttp.Cli
                 assert event.body is not None
                 raise StageError(from_event(target.stage, target.worker.url, event.body))
             tally.see(event, now)
-            held.append(raw)
+            if event.kind is not Kind.DONE:
+                held.append(raw)
             committed = committed or event.commits
         if committed:
             return Head(target, sent_at, b"".join(held), response, splitter, tally)

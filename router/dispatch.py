@@ -26,8 +26,8 @@ ended; a stream those of the side calls that had answered when it started:
 (the request's image parts whose keys the cache held, or not, when the attempt was planned).
 
 Metrics: an attempt's stage times (every stage), TTFT and TPOT are recorded when it is settled,
-before the client's last byte (``_attempt``); the request's outcome and end-to-end time after it,
-by the app, before the handler returns.
+before the client's last byte (``_attempt``; a stream's ``[DONE]`` is held back until then); the
+request's outcome and end-to-end time after it, by the app, before the handler returns.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from router.errors import RouterError
 from router.image_refs import RefImage
 from router.metrics import Metrics
 from router.modes import Call, Plan, Planner
-from router.relay import relay_stream, send_json
+from router.relay import finish_stream, relay_stream, send_json
 from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.upstream import StageError, Upstream
@@ -136,7 +136,7 @@ class Dispatcher:
                 response, failure = await relay_stream(request, self.upstream, head, _headers(plan, sides, None, cache))
                 await self._settle(plan, sides, leases, time.perf_counter() - head.sent_at, failure)
                 self._observe_stream(tally)
-                await response.write_eof()
+                await finish_stream(response)
             else:
                 failure = None
                 await self._settle(plan, sides, leases, answer_s, failure)

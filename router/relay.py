@@ -6,6 +6,9 @@ a partial event waits for its end, so the client never sees half an event). Noth
 beyond that, and TCP_NODELAY is on at both ends (aiohttp sets it on every connection), so chunks
 leave in the order and at the pace the stage produced them.
 
+The stage's ``[DONE]`` is not relayed: the caller settles the request (every stage's time, TTFT and
+TPOT recorded) and then ends the stream with ``finish_stream``, so a client that stops reading at
+``[DONE]`` finds the request's metrics already there (docs/router.md, "When they are recorded").
 A stream that fails after it started (connection lost, deadline, or ended without ``[DONE]``) ends
 with an OpenAI error event naming the stage, then ``[DONE]``. A stage's own in-band error event is
 forwarded as it is. Errors writing to the client (it left) propagate to the caller, which closes
@@ -20,7 +23,7 @@ from aiohttp import web
 
 from router.attempt import Head
 from router.errors import stage_failed
-from router.sse import classify, error_event
+from router.sse import DONE_EVENT, Kind, classify, error_event
 from router.upstream import StageError, Upstream
 from router.verdict import Failure, from_event, unreachable
 
@@ -37,9 +40,9 @@ async def send_json(request: web.Request, head: Head, headers: dict[str, str] | 
 
 async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
                        headers: dict[str, str] | None = None) -> tuple[web.StreamResponse, Failure | None]:
-    """Send the held events, then every event the stage sends, until its stream ends. Returns the
-    client response, not yet ended (the caller settles the request, then sends the final chunk with
-    ``write_eof``), and the stage's failure after the stream started, if any (an in-band error
+    """Send the held events, then every event the stage sends but ``[DONE]``, until its stream ends.
+    Returns the client response, not yet ended (the caller settles the request, then calls
+    ``finish_stream``), and the stage's failure after the stream started, if any (an in-band error
     counts as one)."""
     assert head.response is not None and head.splitter is not None and head.tally is not None
     stage, worker = head.target.stage, head.target.worker
@@ -53,9 +56,14 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
             if not events:
                 continue
             now = time.perf_counter()
+            relayed = []
             for raw in events:
-                head.tally.see(classify(raw), now)
-            await response.write(b"".join(events))
+                event = classify(raw)
+                head.tally.see(event, now)
+                if event.kind is not Kind.DONE:
+                    relayed.append(raw)
+            if relayed:
+                await response.write(b"".join(relayed))
         if not head.tally.done:
             failure = unreachable(stage, worker.url, "the stream ended without [DONE]")
     except StageError as exc:
@@ -67,3 +75,9 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
     elif head.tally.error is not None:
         failure = from_event(stage, worker.url, head.tally.error)
     return response, failure
+
+
+async def finish_stream(response: web.StreamResponse) -> None:
+    """End a relayed stream once its request is settled: ``[DONE]``, then the final chunk."""
+    await response.write(DONE_EVENT)
+    await response.write_eof()

@@ -86,6 +86,9 @@ def classify(raw: bytes) -> Event:
     return Event(raw, Kind.OTHER, body)
 
 
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
 def error_event(body: dict) -> bytes:
-    """An in-band error event (the OpenAI error body) followed by ``[DONE]``."""
-    return b"data: " + msgspec.json.encode(body) + b"\n\ndata: [DONE]\n\n"
+    """An in-band error event (the OpenAI error body); ``DONE_EVENT`` follows it when the stream ends."""
+    return b"data: " + msgspec.json.encode(body) + b"\n\n"

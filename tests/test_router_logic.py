@@ -16,7 +16,7 @@ from router.images import check_remote, image_parts
 from router.metrics import Metrics
 from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import RoundRobin
-from router.sse import Kind, SSESplitter, classify, error_event
+from router.sse import DONE_EVENT, Kind, SSESplitter, classify, error_event
 from router.tally import Tally
 from router.timeline import RoomLog
 from router.verdict import blame, from_answer, from_event, timed_out, unreachable
@@ -96,8 +96,9 @@ def test_classify(raw, kind, commits):
     assert event.kind is kind and event.commits is commits and event.raw == raw
 
 
-def test_error_event_ends_the_stream():
-    assert error_event({"error": {"message": "m"}}) == b'data: {"error":{"message":"m"}}\n\ndata: [DONE]\n\n'
+def test_error_event_is_one_event_and_done_ends_the_stream():
+    assert error_event({"error": {"message": "m"}}) == b'data: {"error":{"message":"m"}}\n\n'
+    assert classify(DONE_EVENT).kind is Kind.DONE
 
 
 def test_tally_times_tokens_from_usage_or_text_chunks():

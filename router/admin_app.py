@@ -75,7 +75,7 @@ async def _add(request: web.Request) -> web.Response:
     url, role, group = body.get("url"), body.get("role"), body.get("group")
     if not isinstance(url, str) or not isinstance(role, str):
         raise bad_request('adding a worker takes {"url": "http://host:port", "role": ROLE, "group"?: LABEL}',
-                          code="invalid_value")
+                          param=None, code="invalid_value")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         raise bad_request("group must be a non-empty string", "group", "invalid_value")
     return web.json_response(await request.app[ROUTER].membership.add(url, role, group))
@@ -116,7 +116,7 @@ async def _set_pairing(request: web.Request) -> web.Response:
     try:
         rules = PairingRules.from_json(await _json(request))
     except ValueError as exc:
-        raise bad_request(str(exc), code="invalid_pairing") from None
+        raise bad_request(str(exc), param=None, code="invalid_pairing") from None
     router.pairing.rules = rules
     return web.json_response(_pairing_view(router))
 
@@ -147,7 +147,7 @@ async def _apply_ratio(request: web.Request) -> web.Response:
         raise RouterError(400, "colocated mode has no prefill:decode split", code="invalid_split")
     body = await _json(request)
     if set(body) != {"prefill", "decode"}:
-        raise bad_request('a split is {"prefill": n, "decode": m}', code="invalid_split")
+        raise bad_request('a split is {"prefill": n, "decode": m}', param=None, code="invalid_split")
     switched = await router.membership.apply_split(body["prefill"], body["decode"])
     current = {role: len(router.registry.pools[role].workers) for role in ("prefill", "decode")}
     return web.json_response({**current, "switched": switched})
@@ -176,9 +176,9 @@ async def _json(request: web.Request) -> dict:
     try:
         body = msgspec.json.decode(await request.read())
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+        raise bad_request("The request body must be a JSON object.", param=None, code="invalid_json")
     return body
 
 

@@ -80,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
         message = error.get("message") if isinstance(error, dict) else answer
         print(f"stage admin: HTTP {status}: {message}{FIXES.get(status, '')}", file=sys.stderr)
         return 1
-    print(json.dumps(answer, indent=2) if args.json else render(args, answer))
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif isinstance(answer, dict):
+        print(render(args, answer))
+    else:
+        print(f"stage admin: HTTP {status}: the answer is not a JSON object: {str(answer)[:200]!r}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.admin_app import add_admin_routes
@@ -70,7 +71,7 @@ def create_app(router: Router) -> web.Application:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler) -> web.StreamResponse:  # type: ignore[no-untyped-def]
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RouterError as exc:
@@ -167,11 +168,11 @@ def _parse(raw: bytes) -> dict:
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
     except RecursionError:
         raise _too_deep() from None
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+        raise bad_request("The request body must be a JSON object.", param=None, code="invalid_json")
     if not _within_depth(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return body
@@ -190,7 +191,7 @@ def _within_depth(value: dict | list, limit: int) -> bool:
 
 def _too_deep() -> RouterError:
     return bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects.",
-                       code="invalid_json")
+                       param=None, code="invalid_json")
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -174,13 +174,14 @@ class Dispatcher:
                             now, call.stream, stage_workers((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
         return self.rooms.open(record) if plan.room is not None else record
 
-    async def _head(self, plan: Plan, answer: asyncio.Future, sides: list[asyncio.Future]) -> Head:
-        pending = {answer, *sides}
+    async def _head(self, plan: Plan, answer: asyncio.Future[Head], sides: Sequence[asyncio.Future[float]]) -> Head:
+        pending: set[asyncio.Future[Head] | asyncio.Future[float]] = {answer, *sides}
         while True:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not answer and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]  # a side call failed: it is to blame
+                side_error = task.exception() if task is not answer else None
+                if side_error is not None:
+                    raise side_error  # a side call failed: it is to blame
             if answer in done:
                 error = answer.exception()
                 if error is None:
@@ -188,15 +189,17 @@ class Dispatcher:
                 if not isinstance(error, StageError):
                     raise error
                 partner = plan.partner
-                task = sides[plan.sides.index(partner)] if partner is not None else None
-                if task is not None and not task.done() and error.failure.code in PEER_CODES:
-                    await asyncio.wait([task], timeout=PEER_GRACE_S)
-                    if task.done() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]  # the prefill's own failure names the cause
-                waiting = partner is not None and task is not None and not task.done()
-                raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if waiting else None))
+                if partner is None:
+                    raise StageError(blame(error.failure, None))
+                feed = sides[plan.sides.index(partner)]
+                if not feed.done() and error.failure.code in PEER_CODES:
+                    await asyncio.wait([feed], timeout=PEER_GRACE_S)
+                    feed_error = feed.exception() if feed.done() else None
+                    if feed_error is not None:
+                        raise feed_error  # the prefill's own failure names the cause
+                raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if not feed.done() else None))
 
-    async def _settle(self, plan: Plan, sides: list[asyncio.Future], leases: list[Lease], answer_s: float,
+    async def _settle(self, plan: Plan, sides: Sequence[asyncio.Future[float]], leases: list[Lease], answer_s: float,
                       failure: Failure | None) -> None:
         """The answer is complete (``failure``: the answering stage's, after it started): every
         lease's verdict and every stage's time. Waits for the side calls still open (normally none:
@@ -248,7 +251,7 @@ class Dispatcher:
                 log.warning("%s stage %s marked unhealthy: %s", target.stage, target.worker.url, failure.message)
                 target.worker.healthy = False  # the health loop brings it back once /health answers
 
-    def _spawn(self, coro: Coroutine) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` past the end of the request (a handler the client left is being cancelled)."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -267,7 +270,7 @@ def cache_counts(images: Sequence[RefImage], cached: Collection[str]) -> tuple[i
     return hit, len(images) - hit
 
 
-def _headers(plan: Plan, sides: list[asyncio.Future], answer_s: float | None,
+def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float | None,
              cache: tuple[int, int] | None = None) -> dict[str, str]:
     """``x-epd-room``, ``x-epd-stage-times`` and (epd, ``cache``: hits and misses) ``x-epd-cache`` of
     an answer about to start (see the module doc); several encoders of one stage: the longest."""

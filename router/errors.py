@@ -37,7 +37,7 @@ def error_body(status: int, message: str, code: str, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code, **(typed or {})}}
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> RouterError:
+def bad_request(message: str, param: str | None, code: str) -> RouterError:
     return RouterError(400, message, code=code, param=param)
 
 

@@ -14,8 +14,9 @@ Units of work per role: images encoded (encoder), prompt tokens (prefill), gener
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,6 +27,7 @@ ENCODE_SECONDS = "epd_encoder_seconds_sum"
 UNITS = {"encoder": "epd_encoder_images_encoded_total", "prefill": "epd_prompt_tokens_total",
          "decode": "epd_generation_tokens_total", "colocated": "epd_generation_tokens_total"}
 QUEUE = {"encoder": "epd_encoder_queue_depth"}  # others: epd_queue_depth
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,12 @@ def _increase(before: float, after: float) -> float:
     return after - before if after >= before else after  # a counter that went down: the stage restarted
 
 
-def _pairs(items: list, start: float, key) -> list[tuple]:  # type: ignore[no-untyped-def]
+def _pairs(items: list[_T], start: float, key: Callable[[_T], float]) -> list[tuple[_T, _T]]:
     """Consecutive pairs whose later item is after ``start``."""
     return [(a, b) for a, b in zip(items, items[1:]) if key(b) > start]
 
 
-def _prune(items: deque, start: float, key) -> None:  # type: ignore[no-untyped-def]
+def _prune(items: deque[_T], start: float, key: Callable[[_T], float]) -> None:
     """Drop items older than ``start`` except the newest of them (the window's baseline)."""
     while len(items) >= 2 and key(items[1]) <= start:
         items.popleft()

@@ -16,13 +16,14 @@ import asyncio
 import gc
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 COLLECT_AFTER_BYTES = 8 << 20
 COLLECT_DELAY_S = (0.25, 2.0)  # after the answer: cancelled tasks end within an event-loop turn or two
 
 
 @web.middleware
-async def collect_after_large_bodies(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def collect_after_large_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The handler's answer; after a body of ``COLLECT_AFTER_BYTES`` or more, full collections follow."""
     try:
         return await handler(request)

@@ -65,10 +65,13 @@ class Metrics:
     def watch(self, workers: Iterable[Worker]) -> None:
         """Export each worker's health, circuit state and load (read when scraped)."""
         for w in workers:
-            labels = {"role": w.role, "worker": w.url}
-            self._health.labels(**labels).set_function(lambda w=w: float(w.healthy))
-            self._circuit.labels(**labels).set_function(lambda w=w: float(w.breaker.state))
-            self._outstanding.labels(**labels).set_function(lambda w=w: float(w.outstanding))
+            self._watch_one(w)
+
+    def _watch_one(self, w: Worker) -> None:
+        labels = {"role": w.role, "worker": w.url}
+        self._health.labels(**labels).set_function(lambda: float(w.healthy))
+        self._circuit.labels(**labels).set_function(lambda: float(w.breaker.state))
+        self._outstanding.labels(**labels).set_function(lambda: float(w.outstanding))
 
     def unwatch(self, worker: Worker) -> None:
         """Stop exporting a worker that left (removed) or changed role (watched again under the new one)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 VIRTUAL_NODES = 64  # points per candidate on the hash ring; more points, more even spread
 
@@ -29,8 +29,11 @@ class Candidate(Protocol):
     def outstanding(self) -> int: ...
 
 
+C = TypeVar("C", bound=Candidate)  # a policy hands back one of the candidates it was given, as given
+
+
 class Policy(Protocol):
-    def choose(self, candidates: Sequence[Candidate], key: str | None = None) -> Candidate:
+    def choose(self, candidates: Sequence[C], key: str | None = None) -> C:
         """One of ``candidates`` (non-empty). ``key``: the image key, for cache_aware."""
         ...
 
@@ -39,7 +42,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turn = 0
 
-    def choose(self, candidates: Sequence[Candidate], key: str | None = None) -> Candidate:
+    def choose(self, candidates: Sequence[C], key: str | None = None) -> C:
         _check(candidates)
         chosen = candidates[self._turn % len(candidates)]
         self._turn += 1
@@ -50,7 +53,7 @@ class LeastLoad:
     def __init__(self) -> None:
         self._turn = 0
 
-    def choose(self, candidates: Sequence[Candidate], key: str | None = None) -> Candidate:
+    def choose(self, candidates: Sequence[C], key: str | None = None) -> C:
         _check(candidates)
         start = self._turn % len(candidates)
         self._turn += 1
@@ -66,11 +69,11 @@ class CacheAware:
         self._points: list[int] = []
         self._owners: list[str] = []
 
-    def choose(self, candidates: Sequence[Candidate], key: str | None = None) -> Candidate:
+    def choose(self, candidates: Sequence[C], key: str | None = None) -> C:
         _check(candidates)
         if key is None:
             return self._fallback.choose(candidates)
-        by_name = {c.name: c for c in candidates}
+        by_name = {candidate.name: candidate for candidate in candidates}
         if frozenset(by_name) != self._ring_of:
             self._build(frozenset(by_name))
         index = bisect.bisect(self._points, _hash(key)) % len(self._points)

@@ -74,9 +74,13 @@ def from_answer(stage: str, url: str, status: int, raw: bytes, retry_after: str 
 
 def from_event(stage: str, url: str, body: dict) -> Failure:
     """An in-band error event (``{"error": {...}}``) that came before anything reached the client."""
-    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    error = body.get("error")
+    if not isinstance(error, dict):
+        error = {}
     code = _text(error, "code")
-    message = error.get("message") if isinstance(error.get("message"), str) else "error event without a message"
+    message = error.get("message")
+    if not isinstance(message, str):
+        message = "error event without a message"
     return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code, room=_room(error),
                    image_key=_text(error, "image_key"))
 

@@ -73,7 +73,7 @@ class Lease:
     def cancel(self) -> None:
         self._end(self.worker.breaker.cancel)
 
-    def _end(self, verdict) -> None:  # type: ignore[no-untyped-def]
+    def _end(self, verdict: Callable[[], object]) -> None:
         if self._open:
             self._open = False
             self.worker.outstanding -= 1
@@ -115,7 +115,7 @@ class Pool:
         return [w for w in self.workers if w.eligible() and w.serves(model) and w.url not in exclude]
 
     def pick(self, candidates: Sequence[Worker], key: str | None = None) -> Worker:
-        return self.policy.choose(candidates, key)  # type: ignore[return-value]
+        return self.policy.choose(candidates, key)
 
 
 def compatible(prefill: Worker, decode: Worker) -> bool:

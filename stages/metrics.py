@@ -56,7 +56,7 @@ class Metrics:
         for field, help_text in (("bytes", "Bytes of KV written to peers."), ("seconds", "Seconds spent writing KV."),
                                  ("writes", "KV writes to peers."), ("failures", "Failed KV writes.")):
             gauge = Gauge(f"epd_kv_transfer_{field}", help_text, ["backend"], registry=self.registry)
-            gauge.labels(**labels).set_function(lambda field=field: getattr(stats(), field))
+            gauge.labels(**labels).set_function(_reader(stats, field))
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
         """Called on the engine thread after each step; must never raise."""
@@ -74,6 +74,11 @@ class Metrics:
 
     def timer(self) -> RequestTimer:
         return RequestTimer(self)
+
+
+def _reader(stats: Callable[[], TransferStats], field: str) -> Callable[[], float]:
+    """Reads ``field`` of a fresh ``stats()`` each time it is called (at scrape time)."""
+    return lambda: getattr(stats(), field)
 
 
 class RequestTimer:

@@ -42,7 +42,8 @@ def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.I
     out = image_processor(images=[image.convert("RGB")], return_tensors="pt")
     grid = out.get("image_grid_thw")
     if grid is not None:
-        item = ImageInput(out["pixel_values"], tuple(int(x) for x in grid[0]), 0)
+        t, h, w = (int(x) for x in grid[0])
+        item = ImageInput(out["pixel_values"], (t, h, w), 0)
     else:
         item = ImageInput(out["pixel_values"][0], None, 0)
     return ImageInput(item.pixel_values, item.grid_thw, adapter.num_image_tokens(item))

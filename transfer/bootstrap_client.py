@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from dataclasses import dataclass
 
 import msgspec
@@ -34,6 +35,7 @@ from transfer.peer_policy import AllowList
 from transfer.rooms import Room, RoomStatus
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -284,7 +286,7 @@ class BootstrapClient:
             self.links.release(wait.link, room)
 
 
-def _resolve(future: asyncio.Future[object], value: object) -> None:
+def _resolve(future: asyncio.Future[_T], value: _T) -> None:
     if not future.done():
         future.set_result(value)
 

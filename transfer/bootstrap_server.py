@@ -104,7 +104,7 @@ class BootstrapServer:
         self._sock = _socket(self._ctx, zmq.ROUTER, self.host, self.max_message_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone D raises instead of vanishing
         self._sock.bind(_endpoint(self.host, self.port or "*"))
-        endpoint = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(endpoint.rsplit(":", 1)[1])
         self._task = asyncio.create_task(self._serve(), name=f"bootstrap-server-{self.port}")
         log.info("bootstrap server listening on %s", self.address)

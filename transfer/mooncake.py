@@ -203,7 +203,7 @@ class _WorkerPool:
                                 f"keeps running until MC_TRANSFER_TIMEOUT", in_flight=True)
         if job.error is not None:
             raise TransferError(f"{what} raised {job.error!r}") from job.error
-        return job.result  # type: ignore[return-value]
+        return job.result  # type: ignore[return-value]  # set by fn() when error is None (T may itself be None)
 
     def alive(self) -> bool:
         """False once a started worker died (never expected: a worker catches whatever its call raises)."""

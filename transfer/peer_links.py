@@ -79,7 +79,7 @@ class PeerLinks:
         self._on_disconnect = on_disconnect
         self._ctx = zmq.asyncio.Context()
         self._links: OrderedDict[str, PeerLink] = OrderedDict()  # least recently used first
-        self._retiring: set[asyncio.Future[list[object]]] = set()  # closed links whose tasks are ending
+        self._retiring: set[asyncio.Future[list[BaseException | None]]] = set()  # closed links whose tasks are ending
         self._timer: asyncio.TimerHandle | None = None
         self._monitor_ids = itertools.count()
         self._closed = False

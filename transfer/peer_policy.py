@@ -65,7 +65,7 @@ class AllowList:
         if ip is None:
             name = host.lower()
             return (name, port) in self._rules or (name, None) in self._rules
-        forms = [ip] if not (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped) else [ip, ip.ipv4_mapped]
+        forms: list[IPAddress] = [ip] if not (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped) else [ip, ip.ipv4_mapped]
         return any(self._allows_ip(form, port) for form in forms)
 
     def add(self, pattern: str) -> bool:

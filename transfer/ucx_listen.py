@@ -34,7 +34,8 @@ def interface_of(host: str) -> str:
     import psutil  # here, not at the top: the CLI imports this module and stays fast (stage --help)
 
     try:
-        wanted = {_address(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        wanted = {_address(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+                  if isinstance(info[4][0], str)}  # an IPv4 or IPv6 address; other families have none
     except OSError as exc:
         raise ValueError(f"--transfer-host {host!r} does not resolve: {exc}") from exc
     for name, addresses in psutil.net_if_addrs().items():

@@ -26,7 +26,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes | bytearray:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            raise bad_request(f"Invalid Content-Length header: {declared!r}.", code="invalid_content_length")
+            raise bad_request(f"Invalid Content-Length header: {declared!r}.", param=None, code="invalid_content_length")
         if int(declared) > max_bytes:
             raise body_too_large(int(declared), max_bytes)
         return await _read_into(request, bytearray(int(declared)))

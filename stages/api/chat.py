@@ -38,8 +38,11 @@ class ImageMode(str, enum.Enum):
 class EngineLimits(Protocol):
     """What preparing a request needs of the engine (``AsyncEngine`` has it)."""
 
-    max_model_len: int
-    vocab_size: int
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None: ...
 
@@ -65,11 +68,10 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
     """OpenAI messages -> chat-template messages; each image part becomes ``{"type": "image"}``."""
     messages = []
     for message in request.messages:
-        content = message.content
-        if isinstance(content, list):
-            content = [{"type": "text", "text": part.text} if part.type == "text" else {"type": "image"}
-                       for part in content]
-        messages.append({"role": message.role, "content": content if content is not None else ""})
+        parts = message.content
+        content: str | list[dict[str, str | None]] = "" if parts is None else parts if isinstance(parts, str) else [
+            {"type": "text", "text": part.text} if part.type == "text" else {"type": "image"} for part in parts]
+        messages.append({"role": message.role, "content": content})
     return messages
 
 

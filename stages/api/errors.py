@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,11 +74,11 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def bad_request(message: str, param: str | None, code: str) -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-def too_large(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def too_large(message: str, param: str | None, code: str) -> APIError:
     return APIError(413, message, param=param, code=code)
 
 
@@ -107,7 +108,7 @@ def param_name(loc: tuple) -> str | None:
     return name or None
 
 
-def validation_error(errors: list[dict]) -> APIError:
+def validation_error(errors: Sequence[ErrorDetails]) -> APIError:
     """The most specific of pydantic's errors: a union reports one per member, and the useful one is the
     deepest, and at equal depth the one from the member whose type matched."""
     if not errors:
@@ -115,7 +116,7 @@ def validation_error(errors: list[dict]) -> APIError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
-        return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
+        return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), param=None, code="invalid_json")
     error = max(errors, key=lambda e: (len(e.get("loc", ())), not _MISMATCH.fullmatch(e.get("type", ""))))
     param = param_name(tuple(error.get("loc", ())))
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")

@@ -51,4 +51,4 @@ def check_json_depth(raw: bytes | bytearray) -> None:
 
 def too_deep_error() -> APIError:
     return bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects.",
-                       code="invalid_json")
+                       param=None, code="invalid_json")

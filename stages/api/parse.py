@@ -93,7 +93,7 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
     except msgspec.ValidationError as exc:
         raise _shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
     if bound is not None:
         _check_text_fits(shape, bound)
     try:

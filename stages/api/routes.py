@@ -13,18 +13,18 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
-from stages.api.chat import Preparer
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
                                stamped, unhealthy)
 from stages.api.faults import add_fault_routes
@@ -41,11 +41,12 @@ from stages.supervisor import Supervisor
 from stages.text_bound import TextBound
 
 # request id, prompt, sampling parameters, the request body -> (awaited) the request's outputs
-Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], Awaitable[AsyncIterator[RequestOutput]]]
+Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # stages.api.chat.Preparer and its kin
+Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], Awaitable[AsyncGenerator[RequestOutput, None]]]
 LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
 
 
-def create_app(engine: AsyncEngine, *, model_name: str, prepare: Preparer,
+def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None,
@@ -168,7 +169,7 @@ def _engine_error(output: RequestOutput | None) -> APIError:
     return APIError(500, f"The engine failed on this request: {reason}", code="engine_error")
 
 
-async def _complete(call: _Call, outputs: AsyncIterator[RequestOutput]) -> JSONResponse:
+async def _complete(call: _Call, outputs: AsyncGenerator[RequestOutput, None]) -> JSONResponse:
     pieces: list[str] = []
     last: RequestOutput | None = None
     try:
@@ -177,13 +178,13 @@ async def _complete(call: _Call, outputs: AsyncIterator[RequestOutput]) -> JSONR
             pieces.append(last.text)
     finally:
         call.record(last)
-    if last is None or _failed(last):
+    if last is None or _failed(last) or last.finish_reason is None:
         raise _engine_error(last)
     return JSONResponse(completion(call.id, call.created, call.model, "".join(pieces), last.finish_reason.value,
                                    last.prompt_tokens, last.completion_tokens))
 
 
-async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage: bool,
+async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput, None], include_usage: bool,
                stage: Stage) -> AsyncIterator[str]:
     def event(body: dict) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
@@ -208,18 +209,18 @@ async def _sse(call: _Call, outputs: AsyncIterator[RequestOutput], include_usage
     except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
         yield event(stamped(exc, stage).body())
     finally:
-        await outputs.aclose()  # type: ignore[attr-defined]
+        await outputs.aclose()
         call.record(last)
     yield "data: [DONE]\n\n"
 
 
-async def _guarded(engine: AsyncEngine, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+async def _guarded(engine: AsyncEngine, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
     """Yield the engine's outputs for one request, raising 503 if the engine thread dies while we wait
     (nothing would ever feed the request's queue again). Closing this closes ``outputs``, which
     aborts the request in the engine if it has not finished."""
     try:
         while True:
-            step = asyncio.ensure_future(anext(outputs))  # type: ignore[call-overload]
+            step = asyncio.ensure_future(anext(outputs))
             try:
                 while not (await asyncio.wait({step}, timeout=LIVENESS_CHECK_S))[0]:
                     if not engine.alive:
@@ -234,7 +235,7 @@ async def _guarded(engine: AsyncEngine, outputs: AsyncIterator[RequestOutput]) -
                 raise engine_unavailable() from step.exception()
             yield step.result()
     finally:
-        await outputs.aclose()  # type: ignore[attr-defined]
+        await outputs.aclose()
 
 
 async def _unless_disconnected(request: Request, work: Coroutine) -> Response:
@@ -267,12 +268,12 @@ class _ClosingStreamingResponse(StreamingResponse):
 
     on_close: Callable[[], None] | None = None
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             try:
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # Starlette types the body as any async iterable; ours is always an async generator
             finally:
                 if self.on_close is not None:
                     self.on_close()

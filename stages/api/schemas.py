@@ -95,7 +95,10 @@ class ContentPart(_RequestModel):
 
     @property
     def url(self) -> str:
-        return self.image_url if isinstance(self.image_url, str) else self.image_url.url  # type: ignore[union-attr]
+        image_url = self.image_url
+        if image_url is None:
+            raise ValueError(f"a {self.type} part has no image_url")
+        return image_url if isinstance(image_url, str) else image_url.url
 
 
 class ChatMessage(_RequestModel):

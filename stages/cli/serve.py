@@ -13,6 +13,10 @@ import argparse
 import os
 import sys
 from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from cache.config import MIB, CacheConfig
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
@@ -39,7 +43,7 @@ def add_role_parsers(roles: argparse._SubParsersAction) -> None:
         parser.set_defaults(run=run)
 
 
-def _defaults(cls) -> dict:  # type: ignore[no-untyped-def]
+def _defaults(cls: type[DataclassInstance]) -> dict:
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
 

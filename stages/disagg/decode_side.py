@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from stages.config import DisaggConfig
@@ -81,7 +81,7 @@ class DecodeCoordinator:
             raise conflict(f"bootstrap room {room}: room {room} is already in flight on this decode")
 
     async def generate(self, room: int, host: str, port: int, prompt: Prompt,
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives, and
         (``check``) 403 or 409 before reserving anything. The room is this decode's from the first
         step to the last output."""

@@ -180,9 +180,10 @@ class PrefillCoordinator:
         """A room's inputs ended before it was paired: if they failed, close the room with their error
         now (the decode's KV request is refused with it when it comes; the HTTP half gets it)."""
         entry = self.table.get(room)
-        if done.cancelled() or done.exception() is None or entry is None or entry.local is not local or entry.paired:
+        failure = None if done.cancelled() else done.exception()
+        if failure is None or entry is None or entry.local is not local or entry.paired:
             return
-        error = _room_error(room, done.exception())  # type: ignore[arg-type]
+        error = _room_error(room, failure)
         log.warning("room %d failed before pairing: %s", room, error)
         self.table.fail(room, str(error), time.monotonic())
         _answer(local, error)  # the decode's half is not here: it is refused with the reason when it comes
@@ -349,7 +350,7 @@ def _answer(local: _Local, outcome: PrefillResult | DisaggError) -> None:
         local.result.set_result(outcome)
 
 
-def _room_error(room: int, exc: Exception) -> DisaggError:
+def _room_error(room: int, exc: BaseException) -> DisaggError:
     """What a failure in the prefill path is: only a transfer error is "KV transfer failed"; anything
     unexpected is a 500 naming its class and message."""
     if isinstance(exc, DisaggError):

@@ -15,8 +15,9 @@ from the cache (``stages.disagg.embeddings``) while its room pairs, the decode n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -38,16 +39,21 @@ from stages.faults import Faults, engine_hook
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
+if TYPE_CHECKING:  # imported where used (cache: an EPD prefill only)
+    from cache.store import EmbeddingCache
+    from stages.metrics import Metrics
+
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
 def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
     """The request's room and its prefill's bootstrap address; 400 naming the first field missing."""
-    for name in BOOTSTRAP_FIELDS:
-        if getattr(body, name) is None:
-            raise bad_request(f"Missing required parameter: '{name}' (a prefill or decode server needs "
-                              "bootstrap_host, bootstrap_port and bootstrap_room).", name, "missing_required_parameter")
-    return body.bootstrap_room, body.bootstrap_host, body.bootstrap_port  # type: ignore[return-value]
+    host, port, room = body.bootstrap_host, body.bootstrap_port, body.bootstrap_room
+    if host is None or port is None or room is None:
+        name = next(name for name, value in zip(BOOTSTRAP_FIELDS, (host, port, room)) if value is None)
+        raise bad_request(f"Missing required parameter: '{name}' (a prefill or decode server needs "
+                          "bootstrap_host, bootstrap_port and bootstrap_room).", name, "missing_required_parameter")
+    return room, host, port
 
 
 def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
@@ -58,8 +64,8 @@ def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
                     image_key=exc.image_key, headers=retry)
 
 
-async def _as_api_errors(outputs: AsyncIterator[RequestOutput], stage: str,
-                         room: int) -> AsyncIterator[RequestOutput]:
+async def _as_api_errors(outputs: AsyncGenerator[RequestOutput, None], stage: str,
+                         room: int) -> AsyncGenerator[RequestOutput, None]:
     """``outputs``, its DisaggError raised as the APIError the server answers (in-band once streaming)."""
     try:
         async for output in outputs:
@@ -67,7 +73,7 @@ async def _as_api_errors(outputs: AsyncIterator[RequestOutput], stage: str,
     except DisaggError as exc:
         raise _api_error(exc, stage, room) from exc
     finally:
-        await outputs.aclose()  # type: ignore[attr-defined]
+        await outputs.aclose()
 
 
 def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None):
@@ -75,7 +81,7 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
     response starts: 400 without the bootstrap fields, 409 for a room this prefill holds or closed."""
 
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
+                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
         room, _, _ = _room(body)
         try:
             coordinator.check(room)
@@ -88,7 +94,7 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
 
 
 async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None, request_id: str, room: int,
-                     prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
+                     prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
     fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
     result = await coordinator.prefill(room, prompt, params, fill)
     yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
@@ -100,7 +106,7 @@ def decode_generate(coordinator: DecodeCoordinator):
     not dial, 409 for a room in flight here."""
 
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
+                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
         room, host, port = _room(body)
         try:
             coordinator.check(room, host, port)
@@ -200,7 +206,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
     return info
 
 
-def _open_cache(config: ServerConfig, metrics):  # type: ignore[no-untyped-def]
+def _open_cache(config: ServerConfig, metrics: Metrics) -> EmbeddingCache:
     """An EPD prefill's embedding cache (connects on first use), its ``epd_cache_*`` series on ``metrics``."""
     from cache.metrics import register_cache_metrics
     from cache.store import EmbeddingCache

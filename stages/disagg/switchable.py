@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -109,7 +109,7 @@ class RoleSlot:
             await coordinator.close()
 
     async def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncIterator[RequestOutput]:
+                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
         coordinator = self.coordinator
         if coordinator is None:
             raise APIError(503, "this switchable worker has no role now (the router assigns one: POST /role)",
@@ -118,7 +118,7 @@ class RoleSlot:
                     else decode_generate(coordinator))
         return self._counted(await generate(request_id, prompt, params, body))
 
-    async def _counted(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    async def _counted(self, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
         """``outputs``, counted in flight (a role switch waits for none) from the first step to the end."""
         self._in_flight += 1
         try:
@@ -165,7 +165,7 @@ def build(config: ServerConfig) -> FastAPI:
 
     prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode)
                                    for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
-    app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,  # type: ignore[arg-type]
+    app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,
                      metrics=metrics, generate=slot.generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults,
                      chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role)

@@ -207,7 +207,7 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
         timeline.mark(room, event, at=min(at, now), **fields)
 
 
-def _parse(model: type[M], raw: bytes) -> M:
+def _parse(model: type[M], raw: bytes | bytearray) -> M:
     """``raw`` validated as ``model``; 400 as the chat route's (nesting bound included)."""
     check_json_depth(raw)
     try:

@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -124,16 +124,20 @@ class AsyncEngine:
                            allocator.num_used, allocator.num_blocks)
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                 hand_off: bool = False) -> AsyncIterator[RequestOutput]:
+                 hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Yield outputs until the request finishes. Raises ValueError for a request that can never run,
         EngineUnavailable if the engine thread is not running (then or when the request is queued).
         ``hand_off``: prefill only; the final output carries the blocks (see ``Engine.add_request``)."""
         self._check_running()
         self.engine.check_request(prompt, params)
-        return self._stream(request_id, lambda e: e.add_request(request_id, prompt, params, hand_off) and None)
+
+        def start(engine: Engine) -> None:
+            engine.add_request(request_id, prompt, params, hand_off)
+
+        return self._stream(request_id, start)
 
     def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                           first_token: int, rope_delta: int) -> AsyncIterator[RequestOutput]:
+                           first_token: int, rope_delta: int) -> AsyncGenerator[RequestOutput, None]:
         """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s.
         The engine owns ``blocks`` from the moment the command runs. Raises EngineUnavailable if the
         engine thread is not running (then the caller still owns the blocks)."""
@@ -143,7 +147,7 @@ class AsyncEngine:
         )
 
     async def _stream(self, request_id: str,
-                      start: Callable[[Engine], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
+                      start: Callable[[Engine], RequestOutput | None]) -> AsyncGenerator[RequestOutput, None]:
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
             self._raise_if_ended()

@@ -102,6 +102,8 @@ def paged_attention(
     if epd_attn is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention needs the step's AttentionMetadata (epd_attn=...)")
     meta, layer = epd_attn, module.layer_idx
+    if not isinstance(layer, int):
+        raise RuntimeError(f"{ATTENTION_NAME} attention needs a module with an int layer_idx, got {type(layer).__name__}")
     meta.pool.write(layer, meta.slot_blocks, meta.slot_offsets, key[0].transpose(0, 1), value[0].transpose(0, 1))
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
     for start, end in meta.prefill_spans:
@@ -119,6 +121,8 @@ def paged_attention(
 
 # Each: (pool, layer, group, q [B, H, D], scaling or None for 1/sqrt(D)) -> [B, H, D]
 def _decode_sdpa(pool: KVPool, layer: int, group: DecodeGroup, q: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    if group.kv_blocks is None or group.kv_offsets is None:
+        raise RuntimeError("an sdpa decode group needs its slot indices (build_decode_group(kernel='sdpa'))")
     k, v = pool.gather(layer, group.kv_blocks, group.kv_offsets)  # [B, L, KVH, D]: a copy
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scaling, enable_gqa=True

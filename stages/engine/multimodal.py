@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -64,7 +65,7 @@ class Prompt:
         if placeholders != sum(self.image_tokens):
             raise ValueError(f"prompt has {placeholders} image placeholder tokens but its images fill "
                              f"{sum(self.image_tokens)}")
-        fillers = self.embeddings if self.embeddings is not None else self.images
+        fillers: Sequence[ImageEmbedding | ImageInput] = self.embeddings if self.embeddings is not None else self.images
         if not prefill and not fillers:
             return
         if len(fillers) != len(self.image_tokens):

@@ -28,12 +28,17 @@ import dataclasses
 import io
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stages.config import TRANSFERS
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
 from stages.launch.run_logs import new_run_dir
 from stages.launch.stack import MODES, Stack, StackConfig, StackError
 from stages.modelgen import FAMILIES, SIZES
+
+if TYPE_CHECKING:  # openai is imported where used: the CLI stays fast
+    from openai.types.chat import (ChatCompletion, ChatCompletionContentPartImageParam,
+                                   ChatCompletionContentPartTextParam)
 
 DEMO_IMAGE_SIZE = 224
 QUESTION = "What is in this picture?"
@@ -84,29 +89,31 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_answer(reply, headers: dict, max_tokens: int) -> str:  # type: ignore[no-untyped-def]
+def describe_answer(reply: ChatCompletion, headers: dict, max_tokens: int) -> str:
     """The answer's lines: its text and finish_reason, what that reason means, the usage, and the
     room's per-stage times when the router sent them."""
     choice = reply.choices[0]
     meaning = FINISH_REASONS.get(choice.finish_reason, "see the OpenAI chat completions reference")
+    usage = (f"{reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens"
+             if reply.usage is not None else "not reported")
     lines = [f"answer ({choice.finish_reason}): {choice.message.content!r}",
              f"finish_reason {choice.finish_reason!r}: {meaning.format(max_tokens=max_tokens)}",
-             f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens "
-             "(a random-weight model: the words are noise, the plumbing is real)"]
+             f"usage: {usage} (a random-weight model: the words are noise, the plumbing is real)"]
     if "x-epd-room" in headers:
         lines.append(f"room {headers['x-epd-room']}: {stage_times(headers.get('x-epd-stage-times', ''))}")
     return "\n".join(lines)
 
 
-def _ask(base_url: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _ask(base_url: str, args: argparse.Namespace) -> tuple[ChatCompletion, dict[str, str]]:
     """One image+text request through the router; the parsed reply and the answer's headers."""
     import openai
 
     with openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=args.timeout) as client:
-        image = {"type": "image_url", "image_url": {"url": _data_url(demo_image())}}
+        image: ChatCompletionContentPartImageParam = {"type": "image_url", "image_url": {"url": _data_url(demo_image())}}
+        text: ChatCompletionContentPartTextParam = {"type": "text", "text": QUESTION}
         raw = client.chat.completions.with_raw_response.create(
             model=client.models.list().data[0].id, max_tokens=args.max_tokens, temperature=0,
-            messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}])
+            messages=[{"role": "user", "content": [image, text]}])
         return raw.parse(), dict(raw.headers)
 
 

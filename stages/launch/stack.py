@@ -138,7 +138,8 @@ def stage_specs(config: StackConfig, redis_url: str | None, ports: Iterator[int]
     common = ("--model", str(config.model), "--host", HOST, "--threads", str(config.threads), *config.stage_args)
     specs = []
     for index, role in enumerate(STAGE_ROLES[config.mode]):
-        port, flags, other = next(ports), [], ()
+        port, flags = next(ports), []
+        other: tuple[int, ...] = ()
         if role != "encoder" and config.kv_cache_mib is not None:  # the encoder has no KV pool
             flags += ["--kv-cache-mib", str(config.kv_cache_mib)]
         if (device := config.device_of(index)) is not None:

@@ -29,6 +29,8 @@ class Recipe:
 
     def config(self, vocab: int):
         if self.family == "llava":
+            if self.vision is None or self.text is None:
+                raise ValueError("a llava recipe names its vision tower and its text model")
             return llava.config(self.size, self.tokens, vocab, self.vision, self.text)
         return qwen.BUILDERS[self.family](self.size, self.tokens, vocab)
 

@@ -1,5 +1,7 @@
 """Image processor configs (written as preprocessor_config.json; no video processor is written)."""
 
+from typing import Any
+
 from .sizes import Size
 
 
@@ -8,7 +10,7 @@ def qwen(size: Size, patch: int, mean_std_half: bool):
     from transformers import Qwen2VLImageProcessorPil
 
     factor = patch * 2
-    extra = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if mean_std_half else {}
+    extra: dict[str, Any] = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if mean_std_half else {}
     return Qwen2VLImageProcessorPil(
         size={
             "shortest_edge": size.vision.min_image_tokens * factor * factor,

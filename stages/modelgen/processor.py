@@ -8,15 +8,22 @@ processor sidesteps that: `ProcessorMixin` takes its sub-processor list from the
 Meant for tests and reference checks (e.g. parity with `model.generate()`); serving builds prompts itself.
 """
 
+from __future__ import annotations
+
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # transformers is imported where used
+    from transformers import ProcessorMixin
 
 
 @cache
-def image_only(processor_cls: type) -> type:
+def image_only(processor_cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
     """`processor_cls` (Qwen2VLProcessor and friends) with the video processor left out."""
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+    def __init__(self: ProcessorMixin, image_processor: object = None, tokenizer: object = None,
+                 chat_template: str | None = None, **kwargs: Any) -> None:
         processor_cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})

@@ -21,7 +21,10 @@ class SpecialTokens:
     vision_end: str | None = None
     stop: tuple[str, ...] = ()  # further end tokens for generation_config.eos_token_id
 
-    def id(self, token: str) -> int:
+    def id(self, token: str | None) -> int:
+        """The id of ``token``; ValueError if it is None (this family has no such token) or not in ``tokens``."""
+        if token is None:
+            raise ValueError("this family has no such special token")
         return self.tokens.index(token)
 
     @property

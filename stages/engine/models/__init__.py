@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from stages.engine.models.base import PARTS, ModelAdapter
@@ -46,20 +46,20 @@ def load_adapter(path: str | Path, dtype: torch.dtype, attn_implementation: str,
     parts = tuple(part for part in PARTS if part in parts)
     config = AutoConfig.from_pretrained(path)
     adapter_cls = adapter_class(config)
-    model_cls = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
+    model_cls: type[PreTrainedModel] = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]  # type: ignore[assignment]  # transformers types every auto mapping's values as the tokenizers' (slow, fast) pair
     dropped = adapter_cls.modules_of(tuple(part for part in PARTS if part not in parts))
     if dropped:
-        model_cls = _without(model_cls, dropped)
+        model_cls = _without(model_cls, dropped)  # type: ignore[arg-type]  # a class is hashable: mypy takes nn.Module's instance __hash__ for the class's
     model = model_cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     if torch.device(device).type != "cpu":
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers declares PreTrainedModel.to as @wraps(nn.Module.to), which mypy reads as unbound
     model.eval()
     model.config.get_text_config()._attn_implementation = attn_implementation
     return adapter_cls(model, parts)
 
 
 @functools.cache
-def _without(model_cls: type, dropped: tuple[str, ...]) -> type:
+def _without(model_cls: type[PreTrainedModel], dropped: tuple[str, ...]) -> type[PreTrainedModel]:
     """``model_cls`` whose instances set the submodules at ``dropped`` (dotted paths) to None as soon
     as they are built: from_pretrained then neither allocates nor loads them, ignores their checkpoint
     keys, and ties no weight that involves them. Same name and module as ``model_cls``, so transformers
@@ -68,7 +68,7 @@ def _without(model_cls: type, dropped: tuple[str, ...]) -> type:
     def gone(name: str) -> bool:
         return any(name == path or name.startswith(path + ".") for path in dropped)
 
-    def __init__(self, config: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: PreTrainedModel, config: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
         model_cls.__init__(self, config, *args, **kwargs)
         for path in dropped:
             parent, _, name = path.rpartition(".")

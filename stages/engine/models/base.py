@@ -15,10 +15,12 @@ whichever half is loaded.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from stages.engine.config import PARTS, TEXT, VISION
 from stages.engine.multimodal import ImageEmbedding, ImageInput
@@ -38,17 +40,32 @@ class SizeRule(ABC):
         """Its ``grid_thw`` after the processor (None for families without one)."""
 
 
+class TextModel(Protocol):
+    """The decoder stack of a Hugging Face language model, as the runner drives it."""
+
+    embed_tokens: nn.Module
+    rotary_emb: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
+
+
+class VisionLanguageModel(Protocol):
+    """The inner Hugging Face model (``model``) of a vision-language family, as the adapters call it."""
+
+    def get_image_features(self, pixel_values: torch.Tensor, **kwargs: Any) -> BaseModelOutputWithPooling: ...
+
+
 class ModelAdapter(ABC):
     family: ClassVar[str]
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter serves
     vision_modules: ClassVar[tuple[str, ...]]  # dotted paths of the vision half in the HF model
     text_modules: ClassVar[tuple[str, ...]] = ("model.language_model", "lm_head")
 
-    def __init__(self, model: nn.Module, parts: tuple[str, ...] = PARTS) -> None:
+    def __init__(self, model: PreTrainedModel, parts: tuple[str, ...] = PARTS) -> None:
         self.model = model
         self.parts = parts
-        self.config = model.config
-        self.text_config = model.config.get_text_config()
+        self.config: PretrainedConfig = model.config
+        self.text_config: PretrainedConfig = model.config.get_text_config()
 
     @classmethod
     def modules_of(cls, parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -70,19 +87,36 @@ class ModelAdapter(ABC):
         language model's (for ``cache.keys.vision_fingerprint``)."""
         return {k: v for k, v in self.config.to_dict().items() if k != "text_config"}
 
+    def submodule(self, path: str) -> nn.Module:
+        """The loaded module at the dotted ``path`` of the Hugging Face model."""
+        return self.model.get_submodule(path)
+
+    def image_features(self, pixel_values: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, BaseModelOutputWithPooling]:
+        """The inner model's ``get_image_features``: the projected embeddings (its ``pooler_output``;
+        RuntimeError if it returned none) and the whole output."""
+        out = cast(VisionLanguageModel, self.submodule("model")).get_image_features(pixel_values, **kwargs)
+        if out.pooler_output is None:
+            raise RuntimeError(f"this {self.family} model's get_image_features returned no pooler_output")
+        return out.pooler_output, out
+
     def _require(self, part: str) -> None:
         if part not in self.parts:
             raise RuntimeError(f"this {self.family} adapter was loaded without its {part} half (parts={self.parts})")
 
     # --- parts -----------------------------------------------------------------------------
     @property
-    @abstractmethod
-    def text_model(self) -> nn.Module:
-        """The decoder stack: has ``embed_tokens``, ``layers``, ``norm`` and ``rotary_emb``."""
+    def text_model(self) -> TextModel:
+        """The decoder stack (``model.language_model``): has ``embed_tokens``, ``layers``, ``norm``
+        and ``rotary_emb``."""
+        return cast(TextModel, self.submodule("model.language_model"))
 
     @property
-    def lm_head(self) -> nn.Module:
-        return self.model.lm_head
+    def lm_head(self) -> nn.Linear:
+        """The output projection (a plain linear layer in every family served)."""
+        head = self.submodule("lm_head")
+        if not isinstance(head, nn.Linear):
+            raise TypeError(f"this {self.family} model's lm_head is a {type(head).__name__}, not a Linear layer")
+        return head
 
     @property
     @abstractmethod

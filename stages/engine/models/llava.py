@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from stages.engine.config import VISION
 from stages.engine.models.base import ModelAdapter, SizeRule
@@ -30,10 +29,6 @@ class LlavaAdapter(ModelAdapter):
     family = "llava"
     model_types = ("llava",)
     vision_modules = ("model.vision_tower", "model.multi_modal_projector")
-
-    @property
-    def text_model(self) -> nn.Module:
-        return self.model.model.language_model
 
     @property
     def image_token_id(self) -> int:
@@ -67,9 +62,9 @@ class LlavaAdapter(ModelAdapter):
         self._require(VISION)
         if not images:
             return []
-        out = self.model.model.get_image_features(
-            pixel_values=torch.stack([im.pixel_values for im in images]).to(self.device),
+        embeds, _ = self.image_features(
+            torch.stack([im.pixel_values for im in images]).to(self.device),
             vision_feature_layer=self.config.vision_feature_layer,
             vision_feature_select_strategy=self.config.vision_feature_select_strategy,
         )
-        return [ImageEmbedding(embeds=embeds, grid_thw=None) for embeds in out.pooler_output]
+        return [ImageEmbedding(embeds=one, grid_thw=None) for one in embeds]

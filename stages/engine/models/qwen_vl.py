@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
-from torch import nn
 
 from stages.engine.config import VISION
 from stages.engine.models.base import ModelAdapter, SizeRule
@@ -34,14 +33,16 @@ class QwenSizes(SizeRule):
         return math.prod(self.grid(width, height)) // self.merge_size**2
 
 
+class _RopeModel(Protocol):
+    """The inner Qwen-VL model's M-RoPE position rule."""
+
+    def get_rope_index(self, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class QwenVLAdapter(ModelAdapter):
     family = "qwen_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     vision_modules = ("model.visual",)  # the tower, its patch merger (the projector) and Qwen3-VL's deepstack mergers
-
-    @property
-    def text_model(self) -> nn.Module:
-        return self.model.model.language_model
 
     @property
     def image_token_id(self) -> int:
@@ -61,6 +62,8 @@ class QwenVLAdapter(ModelAdapter):
         return len(getattr(self.config.vision_config, "deepstack_visual_indexes", None) or ())
 
     def num_image_tokens(self, image: ImageInput) -> int:
+        if image.grid_thw is None:
+            raise ValueError(f"a {self.family} image needs its grid_thw")
         return math.prod(image.grid_thw) // self.merge_size**2
 
     def size_rule(self, image_processor: Any) -> QwenSizes:
@@ -74,8 +77,8 @@ class QwenVLAdapter(ModelAdapter):
         if not images:
             return []
         device = self.device
-        out = self.model.model.get_image_features(
-            pixel_values=torch.cat([im.pixel_values for im in images]).to(device),
+        pooled, out = self.image_features(
+            torch.cat([im.pixel_values for im in images]).to(device),
             image_grid_thw=torch.tensor([im.grid_thw for im in images], device=device),
         )
         deepstack = getattr(out, "deepstack_features", None)
@@ -85,12 +88,12 @@ class QwenVLAdapter(ModelAdapter):
                 grid_thw=im.grid_thw,
                 deepstack=torch.stack([layer[i] for layer in deepstack]) if deepstack else None,
             )
-            for i, (im, embeds) in enumerate(zip(images, out.pooler_output))
+            for i, (im, embeds) in enumerate(zip(images, pooled))
         ]
 
     def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
         ids = torch.tensor([token_ids], device="cpu")  # host-side index arithmetic: see the base class
-        positions, delta = self.model.model.get_rope_index(
+        positions, delta = cast(_RopeModel, self.submodule("model")).get_rope_index(
             ids,
             mm_token_type_ids=(ids == self.image_token_id).int(),
             image_grid_thw=torch.tensor(grids, device="cpu") if grids else None,
@@ -100,7 +103,10 @@ class QwenVLAdapter(ModelAdapter):
     def layer_hook(self, layer: int, hidden: torch.Tensor, image_rows: torch.Tensor, embeddings: list[ImageEmbedding]) -> torch.Tensor:
         if not embeddings or embeddings[0].deepstack is None or layer >= embeddings[0].deepstack.shape[0]:
             return hidden
-        features = torch.cat([e.deepstack[layer] for e in embeddings]).to(hidden.device, hidden.dtype)
+        rows = [e.deepstack[layer] for e in embeddings if e.deepstack is not None]
+        if len(rows) != len(embeddings):
+            raise ValueError("some of the step's image embeddings carry deepstack features and some do not")
+        features = torch.cat(rows).to(hidden.device, hidden.dtype)
         hidden = hidden.clone()
         hidden[0, image_rows] = hidden[0, image_rows] + features
         return hidden

@@ -107,7 +107,7 @@ def paced_server(model_name: str, cores: list[int], ttft_ms: float, itl_ms: floa
                  cores, log_path, url=f"http://127.0.0.1:{port}")
 
 
-def expected(args, workload: dict) -> dict | None:  # type: ignore[no-untyped-def]
+def expected(args, workload: dict) -> dict | None:
     """What a perfect client measures against the paced server (None for the real one): TTFT and TPOT
     as set, E2E = TTFT + (mean tokens - 1) * ITL, throughput = concurrency / E2E."""
     if args.server != "paced":
@@ -125,7 +125,7 @@ class Run:
     prints a line containing ``ready_marker`` (None: at once). ``finish()`` waits for it (``os.wait4``: the
     CPU seconds of the tool and of every process it spawned and waited for) and returns its numbers."""
 
-    def __init__(self, cmd: list[str], folder: Path, parse, timeout_s: float,  # type: ignore[no-untyped-def]
+    def __init__(self, cmd: list[str], folder: Path, parse, timeout_s: float,
                  ready_marker: str | None = None) -> None:
         self.folder, self.parse, self.timeout_s, self.t0 = folder, parse, timeout_s, time.perf_counter()
         self.started = threading.Event()
@@ -160,7 +160,7 @@ class Run:
                 "wall_s": round(time.perf_counter() - self.t0, 1)}
 
 
-def _wait4(pid: int, deadline: float):  # type: ignore[no-untyped-def]
+def _wait4(pid: int, deadline: float):
     """``os.wait4`` of a child, polled until ``deadline`` (then TimeoutError)."""
     while time.perf_counter() < deadline:
         waited, status, usage = os.wait4(pid, os.WNOHANG)
@@ -170,7 +170,7 @@ def _wait4(pid: int, deadline: float):  # type: ignore[no-untyped-def]
     raise TimeoutError
 
 
-def start_ours(args, url: str, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
+def start_ours(args, url: str, workload: Path, folder: Path) -> Run:
     """``stage bench serve`` on the workload: its first ``--warmup`` requests untimed, then all of them."""
     load = (["--request-rate", str(args.request_rate), "--burstiness", "inf"] if args.request_rate else
             ["--max-concurrency", str(args.concurrency)])
@@ -189,7 +189,7 @@ def parse_ours(folder: Path) -> dict:
             "completed": r["completed"], "failed": r["failed"], "duration_s": r["duration"]}
 
 
-def start_aiperf(args, url: str, model: Path, workload: Path, folder: Path) -> Run:  # type: ignore[no-untyped-def]
+def start_aiperf(args, url: str, model: Path, workload: Path, folder: Path) -> Run:
     """aiperf on the same requests, sampled in order, its first ``--warmup`` as its warm-up phase;
     ``started`` is set when its profiling phase starts."""
     load = (["--request-rate", str(args.request_rate), "--arrival-pattern", "constant"] if args.request_rate else
@@ -216,7 +216,7 @@ def parse_aiperf(folder: Path) -> dict:
             "duration_s": d["benchmark_duration"]["avg"]}
 
 
-def run_round(args, index: int, server: Child, model: Path, files: tuple[Path, Path],  # type: ignore[no-untyped-def]
+def run_round(args, index: int, server: Child, model: Path, files: tuple[Path, Path],
               folder: Path) -> dict:
     """One round. ``sequential``: one tool after the other, the order alternating by round. ``side-by-side``:
     aiperf starts; when its profiling phase starts, ours starts; both run at once on the same server, each
@@ -278,7 +278,7 @@ def print_table(comparison: dict) -> None:
 
 
 # --- main --------------------------------------------------------------------------------------
-def build_parser():  # type: ignore[no-untyped-def]
+def build_parser():
     p = make_parser(__doc__, "bench.check_against_aiperf")
     add_model_args(p)
     p.add_argument("--requests", type=int, default=64, help="timed requests per client run")

@@ -135,7 +135,7 @@ class EPD:
         return httpx.get(f"{server.url}/server_info", timeout=10).json()
 
     def blocks_used(self) -> tuple[int, int]:
-        return tuple(self.info(s)["kv_blocks"]["used"] for s in (self.prefill, self.decode))  # type: ignore[return-value]
+        return tuple(self.info(s)["kv_blocks"]["used"] for s in (self.prefill, self.decode))
 
     def stop(self) -> None:
         for server in (self.prefill, self.decode, *(e.server for e in self.encoders)):

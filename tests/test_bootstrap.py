@@ -89,7 +89,7 @@ ALL_MESSAGES = [
 
 @pytest.mark.parametrize("msg", ALL_MESSAGES, ids=lambda m: type(m).__name__)
 def test_codec_round_trip(msg: object) -> None:
-    data = encode(msg)  # type: ignore[arg-type]
+    data = encode(msg)
     assert isinstance(data, bytes)
     back = decode(data)
     assert back == msg and type(back) is type(msg)
@@ -180,8 +180,8 @@ def test_check_compatible_pure() -> None:
     )
     # Another model explains its other shapes; only the model is named.
     other = dataclasses.replace(FP, model="llama-1", num_layers=32, head_dim=128)
-    assert check_compatible(FP, other).startswith("model differs:")  # type: ignore[union-attr]
-    assert "layer count" not in check_compatible(FP, other)  # type: ignore[operator]
+    assert check_compatible(FP, other).startswith("model differs:")
+    assert "layer count" not in check_compatible(FP, other)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_check_compatible_pure() -> None:
 
 @asynccontextmanager
 async def prefill(fp: Fingerprint = FP, **kw: object) -> AsyncIterator[BootstrapServer]:
-    server = BootstrapServer(fp, HOST, 0, **kw)  # type: ignore[arg-type]
+    server = BootstrapServer(fp, HOST, 0, **kw)
     await server.start()
     try:
         yield server
@@ -278,7 +278,7 @@ async def test_handshake_in_any_order(order: str) -> None:
             await client.request_kv(HOST, server.port, kv_request(room))
         elif order == "decode_first":
             await client.request_kv(HOST, server.port, kv_request(room))
-            assert client.state(room).status.name == "WaitingForInput"  # type: ignore[union-attr]
+            assert client.state(room).status.name == "WaitingForInput"
             await owner.http(room)
         else:
             await asyncio.gather(client.request_kv(HOST, server.port, kv_request(room)), owner.http(room))

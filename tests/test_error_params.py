@@ -110,7 +110,7 @@ def test_a_stage_param_is_mapped_to_the_clients_path(param, stage, encoded, expe
 
 def test_the_forwarded_body_changes_only_in_its_param():
     worker = type("W", (), {"url": "http://e:1"})()
-    targets = [Target("encoder", worker, encode_body(7, [IMAGES[1], IMAGES[0]]), "/v1/encode")]  # type: ignore[arg-type]
+    targets = [Target("encoder", worker, encode_body(7, [IMAGES[1], IMAGES[0]]), "/v1/encode")]
     raw = b'{"error":{"message":"bad","type":"invalid_request_error","param":"images[1]","code":"invalid_image"}}'
     seen = as_client_sees(Failure("encoder", "http://e:1", 400, "bad", "invalid_image", raw), IMAGES, targets)
     assert httpx.Response(400, content=seen.raw).json() == {"error": {

@@ -107,7 +107,7 @@ def test_failure_needs_a_reason() -> None:
 def test_table_pairs_local_first() -> None:
     table: RoomTable[str, str] = RoomTable()
     assert table.add_local(5, "http", now=1.0) is None
-    assert 5 in table and table.get(5).state.status is S.Bootstrapping  # type: ignore[union-attr]
+    assert 5 in table and table.get(5).state.status is S.Bootstrapping
     entry = table.add_remote(5, "kvreq", now=2.0)
     assert entry is not None and entry.paired
     assert (entry.room, entry.local, entry.remote) == (5, "http", "kvreq")
@@ -216,7 +216,7 @@ def test_remove_with_reason_closes_even_an_absent_room() -> None:
 def test_remove_remembers_a_failed_rooms_reason() -> None:
     table: RoomTable[str, str] = RoomTable()
     table.add_local(1, "a", 0.0)
-    table.get(1).state.fail("prefill out of memory", 1.0)  # type: ignore[union-attr]
+    table.get(1).state.fail("prefill out of memory", 1.0)
     table.remove(1)
     assert table.closed_reason(1) == "prefill out of memory"
 
@@ -234,7 +234,7 @@ def test_table_gives_its_rooms_the_listener_and_pairs_through_the_state() -> Non
     seen: list[tuple[int, RoomStatus]] = []
     table: RoomTable[str, str] = RoomTable(on_change=lambda state: seen.append((state.room, state.status)))
     table.add_remote(5, "kvreq", now=1.0)
-    assert not table.get(5).paired  # type: ignore[union-attr]
+    assert not table.get(5).paired
     entry = table.add_local(5, "http", now=2.0)
     assert entry is not None and entry.paired
     entry.state.fail("decode aborted", 3.0)
@@ -246,9 +246,9 @@ def test_expire_reads_the_status_a_room_failed_by_its_owner_is_not_expired_again
     table: RoomTable[str, str] = RoomTable()
     table.add_local(1, "http", now=0.0)
     table.add_local(2, "http", now=0.0)
-    table.get(2).state.fail("its inputs failed", 0.5)  # type: ignore[union-attr]
+    table.get(2).state.fail("its inputs failed", 0.5)
     assert [e.room for e in table.expire(now=10.0, deadline_s=1.0)] == [1]
-    assert table.get(2).state.reason == "its inputs failed"  # type: ignore[union-attr]
+    assert table.get(2).state.reason == "its inputs failed"
 
 
 def test_fail_fails_the_state_removes_the_room_and_refuses_a_late_half_with_the_reason() -> None:
@@ -268,7 +268,7 @@ def test_fail_fails_the_state_removes_the_room_and_refuses_a_late_half_with_the_
 def test_fail_keeps_the_first_reason_of_a_room_already_failed() -> None:
     table: RoomTable[str, str] = RoomTable()
     table.add_local(1, "http", now=0.0)
-    table.get(1).state.fail("first", 1.0)  # type: ignore[union-attr]
+    table.get(1).state.fail("first", 1.0)
     entry = table.fail(1, "second", 2.0)
     assert entry is not None and entry.state.reason == "first" and table.closed_reason(1) == "first"
 
@@ -281,16 +281,16 @@ def test_the_timeline_follows_a_room_status_and_names_its_events() -> None:
     assert timeline.snapshot(1) == ([], S.Bootstrapping)  # a status with no event name: only kept
     table.add_remote(1, "kvreq", now=0.1)
     timeline.mark(1, "prefilled", prompt_tokens=9)  # a plain event: no status change
-    table.get(1).state.advance(S.Transferring, 0.2)  # type: ignore[union-attr]
-    table.get(1).state.advance(S.Success, 0.3)  # type: ignore[union-attr]
-    table.get(1).state.fail("too late", 0.4)  # type: ignore[union-attr]  # refused: neither kept nor marked
-    events, status = timeline.snapshot(1)  # type: ignore[misc]
+    table.get(1).state.advance(S.Transferring, 0.2)
+    table.get(1).state.advance(S.Success, 0.3)
+    table.get(1).state.fail("too late", 0.4)  # refused: neither kept nor marked
+    events, status = timeline.snapshot(1)
     assert [e["event"] for e in events] == ["paired", "prefilled", "ready_sent"] and status is S.Success
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
 
     table.add_remote(2, "kvreq", now=1.0)
     table.fail(2, "decode aborted: gone", 1.5)
-    events, status = timeline.snapshot(2)  # type: ignore[misc]
+    events, status = timeline.snapshot(2)
     assert status is S.Failed and [(e["event"], e["reason"]) for e in events] == [("failed", "decode aborted: gone")]
     timeline.mark(3, "queued", images=1)  # a room without a state (the encoder's)
-    assert timeline.snapshot(3)[1] is None and timeline.snapshot(4) is None  # type: ignore[index]
+    assert timeline.snapshot(3)[1] is None and timeline.snapshot(4) is None

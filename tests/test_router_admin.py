@@ -428,7 +428,7 @@ async def serve_stub(routes: dict[str, object]) -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
 @pytest.mark.parametrize("info", [["a", "list"], "a string"])

@@ -123,7 +123,7 @@ def key_of(epd: EPD, data: bytes) -> str:
     return image_key(data, epd.fingerprint)
 
 
-def wait_until(check, within_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(check, within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
     while not check():
         assert time.monotonic() < deadline, "still not so"
@@ -170,7 +170,7 @@ def test_stage_times_cache_and_room_in_the_answer_headers(router):
     names = [*(f'epd_router_stage_seconds_count{{stage="{s}"}}' for s in stages),
              *(f'epd_router_images_total{{cache="{c}"}}' for c in ("hit", "miss"))]
 
-    def counted(ask_once) -> list[float]:  # type: ignore[no-untyped-def]
+    def counted(ask_once) -> list[float]:
         before = [metric(router.url, name) for name in names]
         ask_once()
         return [metric(router.url, name) - seen for name, seen in zip(names, before)]

@@ -38,7 +38,7 @@ def body_with(*images: bytes, text: str = "hi") -> dict:
     return {"model": "m", "messages": messages(text, [data_url(im) for im in images]), "max_tokens": 4}
 
 
-def refs_of(body: dict, max_bytes: int = 1 << 20):  # type: ignore[no-untyped-def]
+def refs_of(body: dict, max_bytes: int = 1 << 20):
     return ref_images(image_parts(body), FP, max_bytes)
 
 
@@ -170,7 +170,7 @@ def test_cache_counts_each_image_part():
 
 
 # --- the planner against a real Redis ---------------------------------------------------------
-def worker(url: str, role: str, **kw) -> Worker:  # type: ignore[no-untyped-def]
+def worker(url: str, role: str, **kw) -> Worker:
     w = Worker(url, role, CircuitBreaker(3, 10.0), healthy=True, known=True, models=("m",), **kw)
     if role in ("prefill", "decode"):
         w.fingerprint = KV_FP
@@ -197,11 +197,11 @@ class Planned:
         self.planner = EPDPlanner(self.encoders, pd, self.cache, self.upstream, self.config)
         self.planner.fingerprint = FP
 
-    async def plan(self, body: dict, exclude=()) -> Plan:  # type: ignore[no-untyped-def]
+    async def plan(self, body: dict, exclude=()) -> Plan:
         return await self.planner.plan(Call(body, False, "m", 0.0, tuple(refs_of(body))), exclude)
 
     def owner(self, data: bytes) -> Worker:
-        return CacheAware().choose(self.encoders.workers, image_key(data, FP))  # type: ignore[return-value]
+        return CacheAware().choose(self.encoders.workers, image_key(data, FP))
 
     async def close(self) -> None:
         await self.upstream.close()
@@ -292,7 +292,7 @@ async def test_abort_posts_to_reached_encoders_and_releases_the_claims_of_unreac
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    live = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    live = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     planned = Planned(redis_url)
     planned.encoders.members[:] = [encoder(live), encoder("http://127.0.0.1:2")]
     planned.encoders.workers[1].encoder_id = "enc-dead"
@@ -315,7 +315,7 @@ async def test_abort_posts_to_reached_encoders_and_releases_the_claims_of_unreac
         await runner.cleanup()
 
 
-def _tensor():  # type: ignore[no-untyped-def]
+def _tensor():
     import torch
 
     return torch.zeros(2, 8)

@@ -287,7 +287,7 @@ async def test_a_breaker_that_opens_while_planning_sends_the_request_elsewhere()
         released.append(urls)
 
     class Planner:
-        async def plan(self, call: Call, exclude) -> Plan:  # type: ignore[no-untyped-def]
+        async def plan(self, call: Call, exclude) -> Plan:
             excluded.append(set(exclude))
             if exclude:
                 raise RouterError(503, "no prefill", code="no_healthy_worker")
@@ -298,9 +298,9 @@ async def test_a_breaker_that_opens_while_planning_sends_the_request_elsewhere()
 
     metrics = Metrics()
     config = RouterConfig(prefill=(P,), decode=(D,))
-    dispatcher = Dispatcher(config, Planner(), None, metrics, RoomLog(8))  # type: ignore[arg-type]
+    dispatcher = Dispatcher(config, Planner(), None, metrics, RoomLog(8))
     with pytest.raises(RouterError) as error:
-        await dispatcher.handle(None, Call({}, False, None, 0.0))  # type: ignore[arg-type]
+        await dispatcher.handle(None, Call({}, False, None, 0.0))
     assert (error.value.status, error.value.code) == (503, "no_healthy_worker")
     assert excluded == [set(), {"http://p:1"}]
     await asyncio.gather(*dispatcher._background)

@@ -77,7 +77,7 @@ async def test_a_burst_past_the_stages_limits_gets_only_200s_and_503s_with_retry
     _assert_recovered(epd, router)
 
 
-def _assert_recovered(epd: EPD, router) -> None:  # type: ignore[no-untyped-def]
+def _assert_recovered(epd: EPD, router) -> None:
     """Every server healthy, every circuit closed, KV blocks back to 0, and a plain request answered."""
     for server in (router, epd.prefill, epd.decode, *(e.server for e in epd.encoders)):
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200, server.url

@@ -118,7 +118,7 @@ class Up:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
+        for line in self.proc.stdout:
             self._new.put(line.rstrip("\n"))
         self._new.put(None)
 
@@ -131,7 +131,7 @@ class Up:
                 raise AssertionError(f"no {prefix!r} line within {within_s} s; so far: {self.lines}") from None
             if line is None:
                 raise AssertionError(f"stage up ended (code {self.proc.wait(5)}) before {prefix!r}: {self.lines}\n"
-                                     f"{self.proc.stderr.read()}")  # type: ignore[union-attr]
+                                     f"{self.proc.stderr.read()}")
             self.lines.append(line)
             if line.startswith(prefix):
                 return line
@@ -146,7 +146,7 @@ class Up:
         while rest is not None:
             self.lines.append(rest)
             rest = self._new.get(timeout=5)
-        return code, self.proc.stderr.read()  # type: ignore[union-attr]
+        return code, self.proc.stderr.read()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -72,14 +72,14 @@ def group_pids(pgid: int) -> list[int]:
 
 def thread_cpu(pid: int, top: int = 8) -> list[list]:
     """The process's busiest threads since it started: [name, CPU seconds], from /proc/PID/task."""
-    rows = []
+    rows: list[tuple[str, float]] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name, fields = read_stat(task / "stat")
-            rows.append([name, round(stat_cpu_s(fields), 2)])
+            rows.append((name, round(stat_cpu_s(fields), 2)))
         except (OSError, ValueError):
             continue
-    return sorted(rows, key=lambda r: -r[1])[:top]
+    return [list(row) for row in sorted(rows, key=lambda r: -r[1])[:top]]
 
 
 def process_cpu() -> dict[int, tuple[str, float, int]]:

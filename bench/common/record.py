@@ -35,7 +35,7 @@ NOT_CONFIGURATION = frozenset({"out", "summary_dir", "cache_dir", "py_spy", "pee
                                "request_timeout"})  # flags that do not change what is measured
 DEFAULT = "default"
 MAX_NAME = 64  # characters of a configuration in a summary's file name
-FIELDS = {"benchmark": str, "configuration": str, "command": str, "date": str, "commit": (str, type(None)),
+FIELDS: dict[str, type | tuple[type, ...]] = {"benchmark": str, "configuration": str, "command": str, "date": str, "commit": (str, type(None)),
           "dirty": (bool, type(None)), "machine": dict, "load_1m": dict, "duration_s": (int, float),
           "full_results": str, "figures": list}
 MACHINE_FIELDS = ("cpu", "cpu_count", "mem_gib")

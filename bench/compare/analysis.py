@@ -85,10 +85,10 @@ def unit_costs(role: str, series: dict[str, float], cpu_s: float) -> dict[str, f
     if images:
         busy = series["epd_encoder_seconds_sum"]
         out.update(ms_per_image=round(busy * 1e3 / images, 2), cpu_ms_per_image=round(cpu_s * 1e3 / images, 2))
-    if role == "prefill" and prompt:
+    if role == "prefill" and prompt and busy is not None:
         out.update(ms_per_1k_prompt_tokens=round(busy * 1e6 / prompt, 1),
                    cpu_ms_per_1k_prompt_tokens=round(cpu_s * 1e6 / prompt, 1))
-    if role in ("decode", "colocated") and steps:
+    if role in ("decode", "colocated") and steps and busy is not None:
         out.update(ms_per_step=round(busy * 1e3 / steps, 2), tokens_per_step=round((generated or 0.0) / steps, 2))
         if role == "decode" and generated:
             out["cpu_ms_per_output_token"] = round(cpu_s * 1e3 / generated, 2)

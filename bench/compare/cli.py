@@ -126,7 +126,7 @@ def build_config(args: argparse.Namespace, model: Path) -> CompareConfig:
                          startup_timeout_s=args.startup_timeout_s, progress=not args.no_progress)
 
 
-def measure(config: CompareConfig, allowed: set[int], record) -> int:  # type: ignore[no-untyped-def]
+def measure(config: CompareConfig, allowed: set[int], record) -> int:
     """Every round of every deployment, then the pooling, the analysis, the printed table and the files;
     the summary (``record``) only when every request of every deployment completed."""
     from bench.compare import analysis, plots, report as text
@@ -183,7 +183,7 @@ def pool_rounds(config: CompareConfig, rounds: dict[str, list[dict]], errors: di
     return deployments, samples
 
 
-def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) -> dict:  # type: ignore[no-untyped-def]
+def build_report(config: CompareConfig, deployments: dict[str, dict], analysis) -> dict:
     """The JSON: machine, config (with the pinning), each deployment's results, ratios, work, goals."""
     import math
     from datetime import datetime

@@ -70,7 +70,7 @@ def merge_probes(probes: list[dict]) -> dict:
     return {"machine": machine, "roles": roles}
 
 
-def _sources(each) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]
+def _sources(each) -> dict[str, dict[str, int]]:
     total: dict[str, Counter] = {"input": Counter(), "output": Counter()}
     for sources in each:
         for side, counted in sources.items():

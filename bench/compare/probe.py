@@ -68,7 +68,7 @@ class Probe:
     def done(self) -> dict:
         """``machine`` (CpuMeter's dict) and ``roles``: role -> {"cpu_s", "series"} over the interval."""
         machine = self.meter.done()
-        roles = {role: {"cpu_s": round(self._cpu(role) - self.cpu0[role], 3)} for role in self.pids}
+        roles: dict[str, dict[str, float | dict[str, float]]] = {role: {"cpu_s": round(self._cpu(role) - self.cpu0[role], 3)} for role in self.pids}
         for role, url in self.urls.items():
             roles.setdefault(role, {})["series"] = delta(self.series0[role], scrape(url))
         return {"machine": machine, "roles": roles}

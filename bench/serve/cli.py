@@ -158,7 +158,7 @@ def first_model(url: str) -> str:
         raise RuntimeError(f"no model id in {url}/v1/models ({type(exc).__name__}: {exc})") from None
 
 
-def _configs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _configs(args: argparse.Namespace):
     count = Mix().num_requests if args.num_requests is None else args.num_requests
     mix = Mix(num_requests=count, images_per_request=parse_weighted("--images-per-request", args.images_per_request, int),
               image_sizes=parse_weighted("--image-sizes", args.image_sizes, parse_size),
@@ -195,7 +195,7 @@ def _recorder(args: argparse.Namespace):  # -> bench.common.record.Recorder
     return Recorder("serve", args.label, shlex.join(["stage", *sys.argv[1:]]), Path(args.summary_dir))
 
 
-def _write(out: Path, results: list[tuple[dict, dict]], args: argparse.Namespace, record) -> None:  # type: ignore[no-untyped-def]
+def _write(out: Path, results: list[tuple[dict, dict]], args: argparse.Namespace, record) -> None:
     """result.json (one run's dict, or a sweep's runs) with the machine, the plots, and with ``record``
     the summary too."""
     from bench.serve import plots

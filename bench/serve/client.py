@@ -11,6 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import aiohttp
 
@@ -74,14 +75,14 @@ def _outcome(tally: StreamTally, start: float, end: float) -> Outcome:
     finish reason (cut off)."""
     times = tally.token_times
     usage = tally.usage or {}
-    common = dict(start=start, latency=end - start, ttft=times[0] - start if times else None,
-                  itl=[b - a for a, b in zip(times, times[1:])], text=tally.text, chunks=len(times),
-                  prompt_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"))
+    outcome = partial(Outcome, start=start, latency=end - start, ttft=times[0] - start if times else None,
+                      itl=[b - a for a, b in zip(times, times[1:])], text=tally.text, chunks=len(times),
+                      prompt_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"))
     if tally.error is not None:
-        return Outcome(False, error=f"error in the stream: {tally.error}", **common)
+        return outcome(False, error=f"error in the stream: {tally.error}")
     if not tally.done and tally.finish_reason is None:
-        return Outcome(False, error="the stream ended before [DONE] or a finish reason", **common)
-    return Outcome(True, **common)
+        return outcome(False, error="the stream ended before [DONE] or a finish reason")
+    return outcome(True)
 
 
 def _reason(error: OSError) -> str:

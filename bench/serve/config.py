@@ -117,7 +117,7 @@ def _check_weights(flag: str, pairs: tuple) -> None:
 
 
 # --- flag parsing (pure; ValueError names the flag) --------------------------------------------
-def parse_weighted(flag: str, text: str, parse_value) -> tuple:  # type: ignore[no-untyped-def]
+def parse_weighted(flag: str, text: str, parse_value) -> tuple:
     """``"A:w,B:w"`` (a value without ``:w`` weighs 1) -> ((parse_value(A), w), ...)."""
     pairs = []
     for part in text.split(","):

@@ -56,7 +56,7 @@ def count(outcomes: list[Outcome], requests: list[Request], tokenizer_dir: str |
     return Counts(inputs, outputs, {side: dict(counter) for side, counter in sources.items()})
 
 
-def load_tokenizer(path: str):  # type: ignore[no-untyped-def]
+def load_tokenizer(path: str):
     """``transformers.AutoTokenizer`` from a local directory; ValueError names --tokenizer."""
     from transformers import AutoTokenizer
 

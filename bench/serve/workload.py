@@ -71,7 +71,7 @@ def synthesize(mix: Mix) -> list[Request]:
     return requests
 
 
-def _weighted(rng: random.Random, pairs: tuple):  # type: ignore[no-untyped-def]
+def _weighted(rng: random.Random, pairs: tuple):
     values, weights = zip(*pairs)
     return rng.choices(values, weights=weights)[0]
 

@@ -28,6 +28,8 @@ from tests.generated_models import model_dir
 
 CRASH = "engine thread died: RuntimeError: injected engine crash"
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+# "at once": far below any call's own deadline (30 s here), with room for a loaded core to schedule us
+ANSWERED_S = 5.0
 
 
 class Hook:
@@ -84,8 +86,8 @@ async def test_a_dead_engine_thread_answers_every_waiting_caller_at_once(engine,
     hook.crash.set()
     hook.release.set()
     started = time.monotonic()
-    done, pending = await asyncio.wait(calls + queued + rest, timeout=1.0)
-    assert not pending and time.monotonic() - started < 1.0
+    done, pending = await asyncio.wait(calls + queued + rest, timeout=ANSWERED_S)
+    assert not pending and time.monotonic() - started < ANSWERED_S
     for call in calls:
         with pytest.raises(EngineUnavailable, match=f"the engine is not running: {CRASH}"):
             call.result()
@@ -101,7 +103,7 @@ async def test_a_dead_engine_thread_answers_every_waiting_caller_at_once(engine,
         async_engine.generate("late", prompt, GREEDY)
     with pytest.raises(EngineUnavailable, match=CRASH):
         async_engine.generate_prefilled("late", prompt, GREEDY, [0], first_token=1, rope_delta=0)
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < ANSWERED_S
 
 
 async def test_calls_racing_the_engine_thread_death_all_get_an_answer(engine):
@@ -117,9 +119,10 @@ async def test_calls_racing_the_engine_thread_death_all_get_an_answer(engine):
             tasks.append(asyncio.ensure_future(async_engine.call(lambda e: 1, timeout_s=30)))
             await asyncio.sleep(0)
         died = time.monotonic()
-        done, pending = await asyncio.wait(tasks, timeout=1.0)
+        # each call's own deadline is 30 s: answered within ANSWERED_S means the death answered it
+        done, pending = await asyncio.wait(tasks, timeout=ANSWERED_S)
         assert not pending, f"round {round_}: {len(pending)} calls left waiting after the engine died"
-        assert time.monotonic() - died < 1.0
+        assert time.monotonic() - died < ANSWERED_S
         answers = {task.result() if task.exception() is None else type(task.exception()) for task in tasks}
         assert answers <= {1, EngineUnavailable}
         with pytest.raises(EngineUnavailable, match=CRASH):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import random
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -120,15 +121,26 @@ def crash(server: ServerProcess) -> Callable[[Pooled], httpx.Response]:
     return send
 
 
-def overloaded(server: ServerProcess, through: str, attempts: int = 5) -> Callable[[Pooled], httpx.Response]:
-    """A 503: another client's request holds the only slot (the engine stalls), then ours arrives. If
-    ours got there first (then the other one is the 503), the race is run again, a bounded number of
-    times; each of our 200s is itself a normal request on the same connection."""
+def slot_taken(server: ServerProcess, within_s: float = 10.0) -> None:
+    """Wait until ``server``'s only slot is held: admission is decided before the body is read, so a
+    body that is not JSON gets 503 while the slot is taken and 400 at once (no engine work) while free."""
+    deadline = time.monotonic() + within_s
+    while httpx.post(f"{server.url}/v1/chat/completions", content=b"{", timeout=10).status_code != 503:
+        assert time.monotonic() < deadline, f"the other request did not take the slot within {within_s} s"
+        time.sleep(0.01)
+
+
+def overloaded(server: ServerProcess, through: str, attempts: int = 3) -> Callable[[Pooled], httpx.Response]:
+    """A 503: another client's request holds the only slot (the engine stalls), then ours arrives once
+    the slot is seen taken. If ours still got there first (the stall ended before it arrived), the
+    race is run again, a bounded number of times; each of our 200s is itself a normal request on the
+    same connection."""
     def send(conn: Pooled) -> httpx.Response:
         for _ in range(attempts):
             arm(server, "engine.stall", 1, STALL_S)
             with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=60) as other:
                 held = pool.submit(other.post, f"{through}/v1/chat/completions", json=HELLO)
+                slot_taken(server)
                 response = conn.send("POST", "/v1/chat/completions", json=HELLO)
                 statuses = sorted([response.status_code, held.result(timeout=60).status_code])
             assert statuses == [200, 503], statuses

@@ -118,9 +118,13 @@ def test_compare_config_refusals_name_the_flag(kw, message):
         CompareConfig(model=Path("m"), out=Path("o"), **kw)
 
 
+# every other role on a core this process may use, so that only core 999 is refused (whatever taskset allows)
+_AVAILABLE_PINS = [f"--pin={role}={min(os.sched_getaffinity(0))}" for role in PIN_ROLES if role != "decode"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--pin", "decode"], "--pin: cannot read 'decode' (expected ROLE=CORES, e.g. decode=1 or prefill=0-1)"),
-    (["--pin", "decode=999"], "--pin: core 999 is not available to this process (available: "),
+    ([*_AVAILABLE_PINS, "--pin", "decode=999"], "--pin: core 999 is not available to this process (available: "),
     (["--rates", "text_only"], "--rates: cannot read 'text_only' (expected NAME=VALUE)"),
     (["--rates", "text_only=fast"], "--rates: text_only must be a number, got 'fast'"),
     (["--image-size", "big"], "--image-size: expected WxH, e.g. 448x448, got 'big'"),

@@ -127,14 +127,14 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _read_call(request: web.Request, router: Router, started: float) -> Call:
-    body = _parse(await _read_body(request, *router.body_cap()))
+    limits = router.stage_limits()  # the tightest over the workers, once per request
+    body = _parse(await _read_body(request, *router.body_cap(limits)))
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
-    limits = router.stage_limits()
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
     parts = await router.images.resolve(body, limits.max_images_per_request)

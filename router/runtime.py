@@ -168,17 +168,17 @@ class Router:
         """The tightest of the limits the known workers published (``router.limits``)."""
         return tightest(w.limits for w in self.registry if w.known and w.limits is not None)
 
-    def body_cap(self) -> tuple[int, Callable[[int | str, int], RouterError]]:
-        """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit), and the 413 for one
-        over it (naming whose limit it is)."""
-        stage = self.stage_limits().max_body_bytes
+    def body_cap(self, limits: StageLimits) -> tuple[int, Callable[[int | str, int], RouterError]]:
+        """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit in ``limits``, from
+        ``stage_limits``), and the 413 for one over it (naming whose limit it is)."""
+        stage = limits.max_body_bytes
         if stage is not None and stage < self.config.max_body_bytes:
             return stage, stage_body_too_large
         return self.config.max_body_bytes, body_too_large
 
-    def max_images(self) -> int:
+    def max_images(self, limits: StageLimits) -> int:
         """The most images a chat request may have: ``--max-images-per-request``, or the stages' tighter limit."""
-        stage = self.stage_limits().max_images_per_request
+        stage = limits.max_images_per_request
         return min(self.config.max_images_per_request, stage or self.config.max_images_per_request)
 
     def image_refs(self, parts: list[ImagePart]) -> tuple[RefImage, ...]:

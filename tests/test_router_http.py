@@ -350,7 +350,9 @@ async def test_chunks_arrive_at_the_pace_the_stage_makes_them(router, colocated)
     gaps = [b - a for a, b in zip(routed, routed[1:])]
     assert min(gaps) > 0.03, gaps  # one chunk per stalled step: nothing was held back and sent in a burst
     lag = [r - d for d, r in zip(direct, routed)][1:]  # the first text follows each one's own prefill step
-    assert max(lag) - min(lag) < 0.02, lag  # a steady offset: each chunk passed on as it came, none held back
+    # a steady offset: each chunk passed on as it came; one held back a step would move by 60 ms, so
+    # half a step is the bound (20 ms failed once on a loaded machine)
+    assert max(lag) - min(lag) < 0.03, lag
 
 
 async def test_client_leaving_mid_stream_aborts_the_request(router, colocated):

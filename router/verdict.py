@@ -6,8 +6,9 @@ event before anything reached the client, a connection it could not open or lost
 counts it, a retry avoids it, and the client's error names it.
 
 What a stage's error is about is read from its body's typed fields (``TYPED_FIELDS`` inside
-``error``: ``stage``, ``room``, ``image_key``, with ``code``), never from its message: the message is
-prose for people, and rewording it changes nothing here (docs/protocol.md "Typed error fields").
+``error``: ``stage``, ``room``, ``image_key``, ``peer_code``, with ``code``), never from its message:
+the message is prose for people, and rewording it changes nothing here (docs/protocol.md "Typed
+error fields").
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ SHARED_CODES = frozenset({"cache_unavailable"})
 # encoder's failure, or the cache's answer the router planned on going stale (epd)
 IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached"})
 # the typed fields of a stage's error body besides the OpenAI four (``stages.api.errors.TYPED_FIELDS``,
-# held equal by tests/test_error_fields.py); ``Failure`` keeps ``room`` and ``image_key``
-TYPED_FIELDS = ("stage", "room", "image_key")
+# held equal by tests/test_error_fields.py); ``Failure`` keeps ``room``, ``image_key`` and ``peer_code``
+TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
 # the HTTP status an in-band error code stands for (a stream's status is already 200)
 CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
                "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
@@ -47,6 +48,7 @@ class Failure:
     retry_after: str | None = None  # the stage's Retry-After header
     room: int | None = None  # the error body's ``room`` field: the bootstrap room it is about
     image_key: str | None = None  # the error body's ``image_key`` field: the image it is about
+    peer_code: str | None = None  # the error body's ``peer_code`` field: a decode's prefill's own code
 
     @property
     def busy(self) -> bool:
@@ -69,7 +71,7 @@ def from_answer(stage: str, url: str, status: int, raw: bytes, retry_after: str 
     error = _error_of(raw)
     message = error.get("message") if isinstance(error.get("message"), str) else raw[:200].decode(errors="replace")
     return Failure(stage, url, status, message or f"HTTP {status}", _text(error, "code"), raw, retry_after=retry_after,
-                   room=_room(error), image_key=_text(error, "image_key"))
+                   room=_room(error), image_key=_text(error, "image_key"), peer_code=_text(error, "peer_code"))
 
 
 def from_event(stage: str, url: str, body: dict) -> Failure:
@@ -82,7 +84,7 @@ def from_event(stage: str, url: str, body: dict) -> Failure:
     if not isinstance(message, str):
         message = "error event without a message"
     return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code, room=_room(error),
-                   image_key=_text(error, "image_key"))
+                   image_key=_text(error, "image_key"), peer_code=_text(error, "peer_code"))
 
 
 def unreachable(stage: str, url: str, detail: str) -> Failure:
@@ -99,11 +101,16 @@ def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
     ``partner``: (stage, url) of the answering stage's partner (the prefill that feeds a decode)
     if its own call has not answered yet, else None. When the answering stage says its partner
     failed or never came and the partner has not answered, the partner is to blame; otherwise the
-    answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)"""
+    answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)
+
+    The partner's failure keeps the answer's ``room`` and ``image_key``, and its code is the
+    partner's own as the answer reports it (``peer_code``), else the answer's: a decode whose prefill
+    failed on an image (``encode_failed`` ...) is then charged by ``blame_encoder`` as the prefill's
+    own answer would be, even when the decode's answer comes first."""
     if answer.code in PEER_CODES and partner is not None:
         stage, url = partner
-        return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}", answer.code,
-                       room=answer.room)
+        return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}",
+                       answer.peer_code or answer.code, room=answer.room, image_key=answer.image_key)
     return answer
 
 

@@ -20,7 +20,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from transfer.bootstrap_client import BootstrapClient
+from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import BootstrapClosed, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import (
@@ -81,8 +81,10 @@ ALL_MESSAGES = [
     Ping(nonce=99),
     Accepted(room=1),
     Rejected(room=1, reason="block size differs"),
+    Rejected(room=1, reason="image not cached", code="image_not_cached", image_key="ab" * 32),
     KVReady(room=1, first_token=42, rope_delta=-3, prompt_tokens=20),
     KVFailed(room=1, reason="prefill out of memory"),
+    KVFailed(room=1, reason="the encoder failed", code="encode_failed", image_key="cd" * 32),
     Pong(nonce=99, fingerprint=FP),
 ]
 
@@ -117,6 +119,28 @@ def test_garbage_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
         decode(data)
     assert not isinstance(info.value, VersionMismatch)
+
+
+class _KVFailedV1(msgspec.Struct, tag="KVFailed", frozen=True, kw_only=True):
+    """``KVFailed`` as version 1 first defined it, before ``code`` and ``image_key``."""
+
+    version: int = PROTOCOL_VERSION
+    sent_at: float = 0.0
+    room: int
+    reason: str
+
+
+def test_the_typed_failure_fields_keep_version_1_frames_readable_both_ways() -> None:
+    """``code`` / ``image_key`` are optional: a frame without them (an older peer) decodes with None,
+    and a frame with them decodes under the older definition, which ignores them. So the protocol
+    version stays 1."""
+    assert PROTOCOL_VERSION == 1
+    old = msgspec.msgpack.encode(_KVFailedV1(room=3, reason="boom"))
+    assert decode(old) == KVFailed(room=3, reason="boom", code=None, image_key=None)
+    bare = msgspec.msgpack.encode({"type": "Rejected", "version": 1, "room": 4, "reason": "no"})
+    assert decode(bare) == Rejected(room=4, reason="no")
+    new = encode(KVFailed(room=3, reason="boom", code="encode_failed", image_key="ab" * 32))
+    assert msgspec.msgpack.decode(new, type=_KVFailedV1) == _KVFailedV1(room=3, reason="boom")
 
 
 def test_other_version_is_a_version_mismatch_with_room() -> None:
@@ -324,6 +348,7 @@ async def test_fingerprint_mismatch_is_rejected_with_the_fix(field: str, value: 
             await client.request_kv(HOST, server.port, kv_request(5, fp=theirs), accept_timeout_s=5)
         assert str(info.value) == f"prefill {HOST}:{server.port} rejected room 5: {expected}"
         assert info.value.room == 5 and not isinstance(info.value, HandshakeTimeout)
+        assert isinstance(info.value, PrefillFailed) and info.value.code is None  # a refusal of its own: no code
         assert client.state(5) is None and server.rooms == frozenset()
         assert await client.abort(5, "cleanup") is True  # rejected: blocks are safe at once
 
@@ -438,8 +463,37 @@ async def test_prefill_failure_reaches_wait_ready() -> None:
         with pytest.raises(HandshakeError) as info:
             await client.wait_ready(31, timeout_s=5)
         assert str(info.value) == f"prefill {HOST}:{server.port} failed room 31: prefill out of memory"
+        assert isinstance(info.value, PrefillFailed) and (info.value.code, info.value.image_key) == (None, None)
         assert await server.send_ready(31, first_token=1, rope_delta=0, prompt_tokens=20) is False  # answered
         assert await client.abort(31, "cleanup", settle_timeout_s=0.1) is True
+
+
+@aio
+async def test_the_prefills_code_and_image_reach_wait_ready_as_typed_fields() -> None:
+    key = "ef" * 32
+    async with prefill() as server, decode_client() as client:
+        await client.request_kv(HOST, server.port, kv_request(32))
+        assert isinstance(await server.recv(), KVRequest)
+        assert await server.send_failed(32, "The encoder failed on image x", code="encode_failed", image_key=key)
+        with pytest.raises(PrefillFailed) as info:
+            await client.wait_ready(32, timeout_s=5)
+        assert (info.value.room, info.value.code, info.value.image_key) == (32, "encode_failed", key)
+        assert str(info.value) == f"prefill {HOST}:{server.port} failed room 32: The encoder failed on image x"
+        assert await client.abort(32, "cleanup", settle_timeout_s=0.1) is True
+
+
+@aio
+async def test_a_rejection_carries_the_prefills_code_and_image() -> None:
+    key = "0a" * 32
+    async with raw_router() as (sock, port), decode_client() as client:
+        pending = asyncio.create_task(client.request_kv(HOST, port, kv_request(33)))
+        identity, _ = await asyncio.wait_for(sock.recv_multipart(), 5)
+        refusal = Rejected(room=33, reason="not cached", code="image_not_cached", image_key=key)
+        await sock.send_multipart([identity, encode(refusal)])
+        with pytest.raises(PrefillFailed) as info:
+            await asyncio.wait_for(pending, 5)
+        assert (info.value.code, info.value.image_key) == ("image_not_cached", key)
+        assert str(info.value) == f"prefill {HOST}:{port} rejected room 33: not cached"
 
 
 @aio

@@ -21,7 +21,7 @@ from PIL import Image as PILImage
 from cache.config import MIB, CacheConfig
 from cache.embedded import EmbeddedRedis
 from cache.store import EmbeddingCache
-from router.verdict import blame_encoder, from_answer, from_event
+from router.verdict import blame, blame_encoder, from_answer, from_event
 from stages.engine.models import load_adapter
 from stages.prompt import PromptBuilder
 from tests.devices import DEVICE
@@ -169,14 +169,21 @@ async def test_a_key_neither_cached_nor_being_encoded_fails_at_once_on_both_halv
 
 async def test_a_prefill_that_failed_alone_refuses_its_decode_half_with_the_reason(epd, fresh):
     """The prefill's half fails before the decode's arrives: the room is closed with that error, and
-    the decode's KV request, when it comes, is refused with it at once (its blocks freed)."""
-    body = epd.body([Image.random(64, 64, seed=6)], "what is it", 8)
+    the decode's KV request, when it comes, is refused with it at once (its blocks freed), its code
+    and image in the decode's answer (``peer_code``, ``image_key``)."""
+    image = Image.random(64, 64, seed=6)
+    body = epd.body([image], "what is it", 8)
     async with httpx.AsyncClient(timeout=30) as client:
-        error_of(await client.post(f"{epd.prefill.url}/v1/chat/completions", json=body), 400, "image_not_cached")
+        prefill = error_of(await client.post(f"{epd.prefill.url}/v1/chat/completions", json=body), 400,
+                           "image_not_cached")
         started = time.monotonic()
         decode = await client.post(f"{epd.decode.url}/v1/chat/completions", json=body)
     assert time.monotonic() - started < 2.0
-    assert "is not in the embedding cache" in error_of(decode, 502, "peer_failed")["message"]
+    error = error_of(decode, 502, "peer_failed")
+    assert "is not in the embedding cache" in error["message"]
+    assert (error["stage"], error["room"], error["peer_code"], error["image_key"]) == (
+        "decode", body["bootstrap_room"], "image_not_cached", prefill["image_key"])
+    assert prefill["image_key"] == epd.key(image)
 
 
 async def test_an_encoder_failure_wakes_the_prefill_with_it(epd, fresh):
@@ -201,9 +208,10 @@ def reworded(response: httpx.Response, message: str) -> bytes:
 
 
 async def test_a_failed_encode_is_charged_to_its_encoder_by_the_fields_whatever_the_message(epd, fresh):
-    """The second encoder fails the image: E, P and D name their stage and the room, E and P the
-    image; the router's verdict on P's answer, its message replaced by one naming another image,
-    charges that encoder."""
+    """The second encoder fails the image: E, P and D name their stage and the room, all three the
+    image, D its prefill's code (``peer_code``); the router's verdict on P's answer, and on D's with
+    the prefill not answered yet, their messages replaced by one naming another image, charges that
+    encoder."""
     image, decoy = Image.random(64, 64, seed=8), "0" * 64
     encoder = epd.encoders[1]
     arm(encoder, "encoder.stall", delay_s=1.0)
@@ -215,12 +223,15 @@ async def test_a_failed_encode_is_charged_to_its_encoder_by_the_fields_whatever_
     prefill = error_of(answers.prefill, 502, "encode_failed")
     decode = error_of(answers.decode, 502, "peer_failed")
     assert (encoded["stage"], prefill["stage"], decode["stage"]) == ("encoder", "prefill", "decode")
-    assert encoded["image_key"] == prefill["image_key"] == key and "image_key" not in decode
+    assert encoded["image_key"] == prefill["image_key"] == decode["image_key"] == key
+    assert decode["peer_code"] == prefill["code"] == "encode_failed" and "peer_code" not in prefill
     assert isinstance(prefill["room"], int) and encoded["room"] == prefill["room"] == decode["room"]
+    sent = {key: encoder.url, decoy: epd.encoders[0].url}
     failure = from_answer("prefill", epd.prefill.url, 502, reworded(answers.prefill, f"unrelated, image {decoy}"))
-    verdict = blame_encoder(failure, {key: encoder.url, decoy: epd.encoders[0].url})
-    assert (verdict.stage, verdict.url, verdict.status, verdict.code, verdict.room, verdict.image_key) == (
-        "encoder", encoder.url, 502, "encode_failed", prefill["room"], key)
+    first = from_answer("decode", epd.decode.url, 502, reworded(answers.decode, f"unrelated, image {decoy}"))
+    for verdict in (blame_encoder(failure, sent), blame_encoder(blame(first, ("prefill", epd.prefill.url)), sent)):
+        assert (verdict.stage, verdict.url, verdict.status, verdict.code, verdict.room, verdict.image_key) == (
+            "encoder", encoder.url, 502, "encode_failed", prefill["room"], key)
 
 
 async def test_an_uncached_image_is_charged_by_the_fields_in_answers_and_in_band_events(epd, fresh):
@@ -234,15 +245,17 @@ async def test_an_uncached_image_is_charged_by_the_fields_in_answers_and_in_band
         streamed = await epd.chat(client, {**epd.body([image], "what is it", 4), "stream": True})
     prefill = error_of(answers[0], 400, "image_not_cached")
     assert (prefill["stage"], prefill["room"], prefill["image_key"]) == ("prefill", body["bootstrap_room"], key)
-    assert error_of(answers[1], 502, "peer_failed")["stage"] == "decode"
+    decode = error_of(answers[1], 502, "peer_failed")
+    assert (decode["stage"], decode["peer_code"], decode["image_key"]) == ("decode", "image_not_cached", key)
     failure = from_answer("prefill", epd.prefill.url, 400, reworded(answers[0], "something else entirely"))
     assert blame_encoder(failure, {key: epd.encoders[1].url}).url == epd.encoders[1].url
     unsent = blame_encoder(failure, {key: ""})
     assert (unsent.stage, unsent.url, unsent.status, unsent.client_fault) == ("encoder", "", 502, False)
     events = [json.loads(line[6:]) for r in streamed for line in r.text.splitlines()
               if line.startswith("data: {") and '"error"' in line]
-    assert [(e["error"]["stage"], e["error"]["code"], e["error"].get("image_key")) for e in events] == [
-        ("prefill", "image_not_cached", key), ("decode", "peer_failed", None)]
+    assert [(e["error"]["stage"], e["error"]["code"], e["error"].get("peer_code"), e["error"].get("image_key"))
+            for e in events] == [("prefill", "image_not_cached", None, key),
+                                 ("decode", "peer_failed", "image_not_cached", key)]
     event = from_event("prefill", epd.prefill.url, {"error": {**events[0]["error"], "message": "reworded"}})
     assert blame_encoder(event, {key: epd.encoders[0].url}).url == epd.encoders[0].url
 

@@ -87,6 +87,7 @@ async def test_a_failed_kv_write_is_a_transfer_error_on_both_sides(pair, referen
     assert error(p)["message"] == expected and error(p)["code"] == "kv_transfer_failed"
     assert d.status_code == 502, d.text
     assert error(d)["message"].endswith(expected) and error(d)["code"] == "peer_failed"
+    assert (error(d)["stage"], error(d)["peer_code"], "image_key" in error(d)) == ("decode", "kv_transfer_failed", False)
     wait_blocks_free(pair.prefill, pair.decode)
     await still_serves(pair, reference)
 
@@ -103,6 +104,7 @@ async def test_an_unexpected_exception_is_a_500_naming_it_not_a_transfer_failure
     assert "KV transfer failed" not in p.text
     assert d.status_code == 502, d.text
     assert error(d)["message"].endswith(expected)
+    assert (error(d)["code"], error(d)["peer_code"]) == ("peer_failed", "internal_error")  # the prefill's own code
     wait_blocks_free(pair.prefill, pair.decode)
     await still_serves(pair, reference)
 

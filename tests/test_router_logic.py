@@ -4,6 +4,7 @@ URL checks, worker pairing and picking, the stream tally. No sockets."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -167,6 +168,26 @@ def test_blame_goes_to_the_unfinished_partner_only_for_peer_errors():
     assert blame(peer, None) is peer  # the prefill answered fine: the decode is to blame
     own = from_event("decode", D, {"error": {"message": "engine died", "code": "engine_error"}})
     assert blame(own, ("prefill", P)) is own
+
+
+def test_blame_moved_to_the_prefill_takes_its_code_and_image_from_the_decodes_fields():
+    """The decode names its prefill's code (``peer_code``) and image (``image_key``): the prefill's
+    failure has that code and image, the room kept; without ``peer_code`` the decode's code stays."""
+    key = "ab" * 32
+    raw = json.dumps({"error": {"message": "prefill failed room 9: x", "type": "server_error", "param": None,
+                                         "code": "peer_failed", "stage": "decode", "room": 9, "image_key": key,
+                                         "peer_code": "encode_failed"}}).encode()
+    answer = from_answer("decode", D, 502, raw)
+    assert (answer.code, answer.peer_code, answer.image_key, answer.room) == ("peer_failed", "encode_failed", key, 9)
+    blamed = blame(answer, ("prefill", P))
+    assert (blamed.stage, blamed.url, blamed.status, blamed.code, blamed.room, blamed.image_key, blamed.peer_code) == (
+        "prefill", P, 502, "encode_failed", 9, key, None)
+    assert blamed.message == "the decode stage reports: prefill failed room 9: x"
+    assert blame(answer, None) is answer  # the prefill answered: the decode's own failure, fields as they came
+    timeout = from_event("decode", D, {"error": {"message": "no KV", "code": "room_timeout", "room": 9,
+                                                 "peer_code": "", "image_key": 5}})
+    assert (timeout.peer_code, timeout.image_key) == (None, None)  # empty or wrongly typed: no field
+    assert (blame(timeout, ("prefill", P)).code, blame(timeout, ("prefill", P)).image_key) == ("room_timeout", None)
 
 
 # --- images ----------------------------------------------------------------------------------

@@ -38,6 +38,17 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
+class PrefillFailed(HandshakeError):
+    """P refused (``Rejected``) or failed (``KVFailed``) the room. ``code`` and ``image_key`` are
+    P's typed fields from that message (the code and image P answers its own client with), None
+    when P sent none; ``reason`` is P's prose, prefixed with which prefill and room."""
+
+    def __init__(self, room: int, reason: str, *, code: str | None = None, image_key: str | None = None) -> None:
+        super().__init__(room, reason)
+        self.code = code
+        self.image_key = image_key
+
+
 @dataclass
 class _Wait:
     room: int
@@ -93,7 +104,8 @@ class BootstrapClient:
         """Send ``request`` to P and wait until P accepts it.
 
         Raises ``PeerNotAllowed`` (nothing dialed) when ``allow`` does not allow ``p_host:p_port``,
-        ``HandshakeError`` with P's reason on ``Rejected`` or when all ``max_links`` links are busy,
+        ``PrefillFailed`` (a ``HandshakeError``) with P's reason and typed fields on ``Rejected``,
+        ``HandshakeError`` when all ``max_links`` links are busy,
         ``HandshakeTimeout`` when P did not accept within ``accept_timeout_s``.
         """
         room = request.room
@@ -135,8 +147,9 @@ class BootstrapClient:
             raise
 
     async def wait_ready(self, room: int, timeout_s: float) -> KVReady:
-        """P's ``KVReady`` for ``room``; raises ``HandshakeError`` on ``KVFailed``, a lost connection
-        or a closed client, ``HandshakeTimeout`` after ``timeout_s``."""
+        """P's ``KVReady`` for ``room``; raises ``PrefillFailed`` (P's reason and typed fields) on
+        ``KVFailed`` (or ``Rejected``), ``HandshakeError`` on a lost connection or a closed client,
+        ``HandshakeTimeout`` after ``timeout_s``."""
         wait = self._waits.get(room)
         if wait is None:
             raise HandshakeError(room, f"room {room} is not in flight on this decode (never requested, or finished)")
@@ -256,10 +269,11 @@ class BootstrapClient:
             _resolve(wait.accepted, None)
             _resolve(wait.ready, msg)
             _resolve(wait.settled, None)
-        elif isinstance(msg, Rejected):
-            self._end(wait, HandshakeError(room, f"prefill {link.address} rejected room {room}: {msg.reason}"), True)
-        elif isinstance(msg, KVFailed):
-            self._end(wait, HandshakeError(room, f"prefill {link.address} failed room {room}: {msg.reason}"), True)
+        elif isinstance(msg, Rejected | KVFailed):
+            did = "rejected" if isinstance(msg, Rejected) else "failed"
+            error = PrefillFailed(msg.room, f"prefill {link.address} {did} room {room}: {msg.reason}", code=msg.code,
+                                  image_key=msg.image_key)
+            self._end(wait, error, True)
         else:
             log.warning("from prefill %s: unexpected %s", link.address, type(msg).__name__)
 

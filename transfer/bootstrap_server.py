@@ -130,9 +130,12 @@ class BootstrapServer:
         msg = KVReady(room=room, first_token=first_token, rope_delta=rope_delta, prompt_tokens=prompt_tokens)
         return await self._answer(room, msg)
 
-    async def send_failed(self, room: int, reason: str) -> bool:
-        """Tell D that ``room`` failed (or acknowledge its ``Abort``). False if D is gone or unknown."""
-        return await self._answer(room, KVFailed(room=room, reason=reason))
+    async def send_failed(self, room: int, reason: str, *, code: str | None = None,
+                          image_key: str | None = None) -> bool:
+        """Tell D that ``room`` failed (or acknowledge its ``Abort``). False if D is gone or unknown.
+        ``code`` and ``image_key``: the failure's typed fields (``KVFailed``), as P answers its own
+        client; None when it has none."""
+        return await self._answer(room, KVFailed(room=room, reason=reason, code=code, image_key=image_key))
 
     async def close(self) -> None:
         if self._closed:

@@ -3,7 +3,9 @@
 Every message is a small frozen msgspec ``Struct`` in one tagged union, serialized as msgpack by one
 codec (``encode`` / ``decode``). Nothing here is pickled and nothing is decoded by position: a frame
 is a msgpack map whose ``type`` key names the struct, so fields can be added with defaults without
-breaking older peers of the same protocol version.
+breaking older peers of the same protocol version (msgspec ignores a field it does not know and fills
+a missing one from its default; ``Rejected.code`` / ``image_key`` and ``KVFailed``'s were added so,
+within version 1).
 
 Grouped by the process that receives them:
 
@@ -215,10 +217,18 @@ class Accepted(_Message, frozen=True, kw_only=True):
 
 
 class Rejected(_Message, frozen=True, kw_only=True):
-    """P refused D's ``KVRequest``; P will not touch D's blocks for ``room``."""
+    """P refused D's ``KVRequest``; P will not touch D's blocks for ``room``.
+
+    ``reason`` is prose for people. ``code`` and ``image_key`` are the typed fields of P's failure
+    (the error code and, for an image's failure in EPD, its content key; docs/protocol.md "Typed
+    error fields"), None when P has none: its own validation refusals (version, fingerprint, blocks,
+    full) have no code. Optional with defaults, so frames with or without them decode on either side
+    of one protocol version (an older peer ignores them; a newer one reads None from an older)."""
 
     room: int
     reason: str
+    code: str | None = None
+    image_key: str | None = None
 
 
 class KVReady(_Message, frozen=True, kw_only=True):
@@ -235,10 +245,15 @@ class KVReady(_Message, frozen=True, kw_only=True):
 
 
 class KVFailed(_Message, frozen=True, kw_only=True):
-    """P failed ``room`` (or acknowledges D's ``Abort``); P no longer writes into D's blocks."""
+    """P failed ``room`` (or acknowledges D's ``Abort``); P no longer writes into D's blocks.
+
+    ``code`` and ``image_key``: the typed fields of P's failure, as P answers its own client (e.g.
+    ``encode_failed`` and the image's key), None when unknown; optional as in ``Rejected``."""
 
     room: int
     reason: str
+    code: str | None = None
+    image_key: str | None = None
 
 
 class Pong(_Message, frozen=True, kw_only=True):

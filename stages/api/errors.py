@@ -5,8 +5,9 @@ every non-2xx response (ours, FastAPI's 404/405, pydantic's validation errors, c
 
 plus, inside ``error``, the typed fields (``TYPED_FIELDS``) an error between our servers carries
 where it knows them: ``stage`` (the role that answers: prefill, decode, encoder), ``room`` (the
-bootstrap room) and ``image_key`` (the image the error is about). The router reads these, never
-the message (``router/verdict.py``; docs/protocol.md "Typed error fields").
+bootstrap room), ``image_key`` (the image the error is about) and ``peer_code`` (a decode reporting
+its prefill's failure, ``peer_failed``: the prefill's own code). The router reads these, never the
+message (``router/verdict.py``; docs/protocol.md "Typed error fields").
 
 An unexpected exception is answered by ``CatchAll``, a middleware inside Starlette's
 ``ServerErrorMiddleware``: that one re-raises after its handler answers, and uvicorn then closes the
@@ -40,19 +41,20 @@ _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another ty
 
 # the typed fields an error body may carry inside ``error`` besides the OpenAI four; the router's
 # reader names the same (``router.verdict.TYPED_FIELDS``, held equal by tests/test_error_fields.py)
-TYPED_FIELDS = ("stage", "room", "image_key")
+TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
 # a server's role for the ``stage`` field: fixed, or read at each error (``stage serve pd``: none until
 # the router assigns one)
 Stage = str | Callable[[], str | None] | None
 
 
 class APIError(Exception):
-    """Raised anywhere under a route; becomes an OpenAI-style error response. ``stage``, ``room``
-    and ``image_key`` (``TYPED_FIELDS``) are in the body when given, and absent when None."""
+    """Raised anywhere under a route; becomes an OpenAI-style error response. ``stage``, ``room``,
+    ``image_key`` and ``peer_code`` (``TYPED_FIELDS``) are in the body when given, in that order
+    after the OpenAI four, and absent when None."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str,
                  type: str | None = None, headers: dict[str, str] | None = None, stage: str | None = None,
-                 room: int | None = None, image_key: str | None = None) -> None:
+                 room: int | None = None, image_key: str | None = None, peer_code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
@@ -63,10 +65,11 @@ class APIError(Exception):
         self.stage = stage
         self.room = room
         self.image_key = image_key
+        self.peer_code = peer_code
 
     def body(self) -> dict:
-        typed = {name: value for name, value in zip(TYPED_FIELDS, (self.stage, self.room, self.image_key))
-                 if value is not None}
+        values = (self.stage, self.room, self.image_key, self.peer_code)
+        typed = {name: value for name, value in zip(TYPED_FIELDS, values, strict=True) if value is not None}
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
                           **typed}}
 

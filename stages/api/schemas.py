@@ -270,6 +270,8 @@ class ErrorDetail(_Strict):
     stage: str | None = Field(None, description="The role that answers: colocated, prefill, decode or encoder.")
     room: int | None = Field(None, description="The bootstrap room the error is about.")
     image_key: str | None = Field(None, description="The content key of the image the error is about.")
+    peer_code: str | None = Field(None, description="A decode reporting its prefill's failure (peer_failed): "
+                                  "the prefill's own code for it.")
 
 
 class ErrorBody(_Strict):

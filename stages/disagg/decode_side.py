@@ -6,7 +6,9 @@ room: it reserves KV blocks for the whole request, sends the prefill's bootstrap
 ``kv_timeout_s``, and hands the request to the engine, which decodes from the first token on.
 
 If anything fails before the hand-over (rejected handshake, prefill failure or death, timeout,
-client disconnect), the room is aborted at the prefill and the blocks are freed once the prefill
+client disconnect), the request fails (a prefill's ``Rejected`` / ``KVFailed``: 502 ``peer_failed``
+carrying the prefill's ``code`` as ``peer_code`` and its ``image_key``), the room is aborted at the
+prefill and the blocks are freed once the prefill
 confirms that nothing more will be written into them. Without that confirmation they are held for
 ``abort_grace_s`` first, so a late write can never land in another request's KV.
 
@@ -34,7 +36,7 @@ from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
 from transfer.base import TransferBackend
-from transfer.bootstrap_client import BootstrapClient
+from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
 from transfer.messages import Fingerprint, KVRequest
 from transfer.peer_policy import AllowList
@@ -112,6 +114,9 @@ class DecodeCoordinator:
             self._clean_up_later(room, blocks, _reason(exc))
             if isinstance(exc, HandshakeTimeout):
                 raise timed_out(f"bootstrap room {room}: {exc}") from exc
+            if isinstance(exc, PrefillFailed):  # the prefill's own code and image travel on
+                raise bad_gateway(f"bootstrap room {room}: {exc}", peer_code=exc.code,
+                                  image_key=exc.image_key) from exc
             if isinstance(exc, HandshakeError):
                 raise bad_gateway(f"bootstrap room {room}: {exc}") from exc
             raise

@@ -1,7 +1,8 @@
 """Errors of a disaggregated request, each with the HTTP status the stage server answers.
 
 Each kind says what failed, so a client (and the other stage, which gets the message as the
-room's ``KVFailed`` reason) can tell a dead or slow peer from this stage's own failure:
+room's ``KVFailed`` reason, and its code and image key as that message's ``code`` and ``image_key``)
+can tell a dead or slow peer from this stage's own failure:
 
     bad_gateway      502 peer_failed         the other stage failed, refused or went away
     transfer_failed  502 kv_transfer_failed  a KV write failed (``transfer.base.TransferError`` only)
@@ -18,21 +19,26 @@ from __future__ import annotations
 
 class DisaggError(RuntimeError):
     """A room failed. ``status`` is what the stage server answers its client; ``image_key``: the
-    image the failure is about (EPD, ``stages.disagg.embeddings``), a typed field of the answer."""
+    image the failure is about (EPD, ``stages.disagg.embeddings``), a typed field of the answer;
+    ``peer_code``: a decode reporting its prefill's failure (``peer_failed``), the prefill's own code
+    for it, a typed field of the answer too (None when the prefill sent none)."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None, *,
-                 image_key: str | None = None, retry_after_s: int | None = None) -> None:
+                 image_key: str | None = None, retry_after_s: int | None = None,
+                 peer_code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
         self.image_key = image_key
         self.retry_after_s = retry_after_s  # answered as ``Retry-After``: the stage is busy, not failing
+        self.peer_code = peer_code
 
 
-def bad_gateway(message: str) -> DisaggError:
-    """The other stage failed or went away."""
-    return DisaggError(502, message, "peer_failed")
+def bad_gateway(message: str, *, peer_code: str | None = None, image_key: str | None = None) -> DisaggError:
+    """The other stage failed or went away; ``peer_code`` and ``image_key``: the other stage's own
+    code and image for its failure, when it sent them (the room's ``KVFailed`` / ``Rejected``)."""
+    return DisaggError(502, message, "peer_failed", image_key=image_key, peer_code=peer_code)
 
 
 def transfer_failed(room: int, reason: str) -> DisaggError:

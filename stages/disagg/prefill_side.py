@@ -24,9 +24,13 @@ failed, and its runner stops at its next safe point (before the forward pass end
 before ``KVReady``); a write already in flight is finished first, so ``KVFailed`` is only sent once
 nothing more can land in the decode's blocks (the decode may then reuse them).
 
-A failure is reported as what it is, to the HTTP half and (as the ``KVFailed`` reason) to the
-decode: a ``TransferError`` from the write is "KV transfer failed" (502); any other unexpected
-exception is a 500 naming its class and message (``stages.disagg.errors``). The prefill's
+A failure is reported as what it is, to the HTTP half and (as the ``KVFailed`` reason, with the
+same error's ``code`` and ``image_key`` as that message's typed fields) to the decode: a
+``TransferError`` from the write is "KV transfer failed" (502); any other unexpected exception is a
+500 naming its class and message (``stages.disagg.errors``). A room closed with an error before the
+decode's half came (its inputs failed, it expired, it was aborted) keeps that error
+(``_closed_errors``, the last ``CLOSED_ERRORS`` rooms), so the decode's late ``KVRequest`` is
+refused with its code and image too. The prefill's
 deadlines are its own: ``pair_timeout_s`` for the other half, ``prefill_timeout_s`` once paired.
 """
 
@@ -36,6 +40,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +64,7 @@ log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 0.5
 EVENTS = {RoomStatus.WaitingForInput: "paired", RoomStatus.Success: "ready_sent", RoomStatus.Failed: "failed"}
 IN_FLIGHT_SLACK_S = 5.0  # after a write timed out with bytes possibly in flight, wait this much longer
+CLOSED_ERRORS = 4096  # rooms closed with an error before their decode came: their errors kept for it
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class PrefillCoordinator:
         self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
         self.table: RoomTable[_Local, KVRequest] = RoomTable(on_change=timeline.follow(EVENTS))
         self._runs: set[asyncio.Task] = set()  # the runners of paired rooms (``close`` cancels them)
+        # rooms closed with an error before the decode's half came -> that error (``_keep_error``)
+        self._closed_errors: OrderedDict[int, DisaggError] = OrderedDict()
 
     @property
     def bootstrap_port(self) -> int:
@@ -165,7 +173,8 @@ class PrefillCoordinator:
             try:
                 entry = self.table.add_remote(message.room, message, time.monotonic())
             except (DuplicateRoom, RoomClosed) as exc:
-                await self.server.send_failed(message.room, str(exc))
+                error = self._closed_errors.pop(message.room, None) if isinstance(exc, RoomClosed) else None
+                await self._send_failed(message.room, str(exc), error)
                 continue
             if entry is not None:
                 self._start(entry)
@@ -186,6 +195,7 @@ class PrefillCoordinator:
         error = _room_error(room, failure)
         log.warning("room %d failed before pairing: %s", room, error)
         self.table.fail(room, str(error), time.monotonic())
+        self._keep_error(room, error)
         _answer(local, error)  # the decode's half is not here: it is refused with the reason when it comes
 
     async def _abort(self, room: int, reason: str) -> None:
@@ -210,7 +220,23 @@ class PrefillCoordinator:
             entry.local.stop_inputs()
             _answer(entry.local, error)
         if entry.remote is not None:
-            await self.server.send_failed(entry.room, entry.state.reason or str(error))
+            await self._send_failed(entry.room, entry.state.reason or str(error), error)
+        else:
+            self._keep_error(entry.room, error)
+
+    def _keep_error(self, room: int, error: DisaggError) -> None:
+        """Keep the error ``room`` was closed with before its decode's half came, for that half
+        (``_receive``); the oldest go first beyond ``CLOSED_ERRORS``."""
+        self._closed_errors[room] = error
+        self._closed_errors.move_to_end(room)
+        while len(self._closed_errors) > CLOSED_ERRORS:
+            self._closed_errors.popitem(last=False)
+
+    async def _send_failed(self, room: int, reason: str, error: DisaggError | None) -> None:
+        """The decode's ``KVFailed`` for ``room``: ``reason``, and ``error``'s code and image key as
+        its typed fields (the ones this prefill answers its own client with; none without ``error``)."""
+        await self.server.send_failed(room, reason, code=error.code if error is not None else None,
+                                      image_key=error.image_key if error is not None else None)
 
     # --- one paired room -------------------------------------------------------------------------
     def _start(self, entry: Entry[_Local, KVRequest]) -> None:
@@ -295,7 +321,7 @@ class PrefillCoordinator:
         if isinstance(exc, TransferError) and exc.in_flight:
             # the library may still be writing into the decode's blocks: answer only once it cannot
             await asyncio.sleep(self.backend.config.timeout_s + IN_FLIGHT_SLACK_S)
-        await self.server.send_failed(room, str(error))
+        await self._send_failed(room, str(error), error)
 
     async def _free(self, room: int, blocks: list[int]) -> None:
         try:

@@ -61,7 +61,7 @@ def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
     retry = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
     return APIError(exc.status, str(exc), param=exc.param, code=exc.code,
                     type="server_error" if exc.status >= 500 else None, stage=stage, room=room,
-                    image_key=exc.image_key, headers=retry)
+                    image_key=exc.image_key, peer_code=exc.peer_code, headers=retry)
 
 
 async def _as_api_errors(outputs: AsyncGenerator[RequestOutput, None], stage: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stages.launch.instance import INSTANCE_ID
+from stages.launch.instance import instance_id
 
 
 def rss_bytes() -> int:
@@ -20,7 +20,7 @@ def model_info(adapter: Any, images: str) -> dict:
     (``adapter.parts``), their parameter count, how it takes images, its resident memory now, and this
     process's start id (``stages.launch.instance``)."""
     return {"parts": list(adapter.parts), "num_parameters": adapter.num_parameters, "images": images,
-            "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
+            "rss_bytes": rss_bytes(), "instance_id": instance_id()}
 
 
 def limits_info(config: Any, max_model_len: int | None = None, chars_per_token: int | None = None) -> dict:

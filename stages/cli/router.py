@@ -10,7 +10,7 @@ import dataclasses
 import sys
 
 from router.cli import add_router_args, router_config
-from stages.launch.instance import INSTANCE_ID
+from stages.launch.instance import instance_id
 from stages.launch.ports import bind
 
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags and bind ``--port`` before importing the server, so a bad flag or a port in
     use is one line on stderr and exit code 2, at once; then serve until SIGINT/SIGTERM."""
     try:
-        config = dataclasses.replace(router_config(args), instance_id=INSTANCE_ID)
+        config = dataclasses.replace(router_config(args), instance_id=instance_id())
         sock = bind(config.host, config.port)
     except ValueError as exc:  # stages.launch.ports.PortError included
         print(f"stage serve router: error: {exc}", file=sys.stderr)

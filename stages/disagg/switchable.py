@@ -39,7 +39,7 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import Faults, engine_hook
-from stages.launch.instance import INSTANCE_ID
+from stages.launch.instance import instance_id
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
@@ -179,7 +179,7 @@ def build(config: ServerConfig) -> FastAPI:
                     "transfer_backend": disagg.transfer, "group": disagg.group,
                     "fingerprint": dataclasses.asdict(runtime.fingerprint),
                     "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
-                    "instance_id": INSTANCE_ID}
+                    "instance_id": instance_id()}
         mode = ImageMode.PIXELS if isinstance(coordinator, PrefillCoordinator) else ImageMode.SIZES
         return {**stage_info(config, runtime, coordinator, mode), "switchable": True, "roles": list(ROLES)}
 

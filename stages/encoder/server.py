@@ -133,7 +133,7 @@ def build(config: ServerConfig) -> FastAPI:
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
                        faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
-    from stages.launch.instance import INSTANCE_ID
+    from stages.launch.instance import instance_id
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)
@@ -152,7 +152,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
 
     @app.get("/server_info", **SERVER_INFO_ROUTE)
     async def server_info() -> dict:
-        return {**info, "rss_bytes": rss_bytes(), "instance_id": INSTANCE_ID}
+        return {**info, "rss_bytes": rss_bytes(), "instance_id": instance_id()}
 
     @app.get("/metrics", **METRICS_ROUTE)
     async def prometheus() -> Response:

@@ -38,8 +38,9 @@ def git_commit() -> str | None:
 
 
 def git_dirty() -> bool | None:
-    """Whether ``git status --porcelain`` lists anything (None outside a checkout)."""
-    out = _git("status", "--porcelain")
+    """Whether ``git status --porcelain`` lists anything beside ``bench/summaries/`` (None outside a
+    checkout): the summaries are the runs' own output, so a run after another is not made dirty by it."""
+    out = _git("status", "--porcelain", "--", ".", ":(exclude)bench/summaries")
     return bool(out.strip()) if out is not None else None
 
 

@@ -5,8 +5,10 @@
     qwen2_5_vl, qwen3_vl, llava, llava_siglip_qwen2), built once per machine and generator version.
 
 ``start_server(role, *flags, timeout_s=180) -> ServerProcess``   (module scope)
-    Runs ``python -m stages.cli serve ROLE *flags --port <free port>``, waits for /health, and stops
-    it when the module's tests are done. A stage server that runs a model gets ``--device`` from
+    Runs ``stage serve ROLE *flags --port <free port>`` (a stage server: a fork of a pre-imported
+    interpreter, ``tests/server_forks.py``; the router, or any with ``EPD_TEST_FRESH_SERVERS=1``: a
+    fresh ``python -m stages.cli``), waits
+    for /health, and stops it when the module's tests are done. A stage server that runs a model gets ``--device`` from
     ``EPD_TEST_DEVICE`` (tests/devices.py) unless ``flags`` name one. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
     (``url + "/v1"``, for the openai client), ``server.log()`` (its output so far).
 
@@ -31,11 +33,19 @@ import pytest
 from stages.launch.health import wait_healthy
 from stages.launch.ports import free_port
 from stages.launch.processes import stop_process
+from tests import server_forks
 from tests.devices import DEVICE
 
 REPO = Path(__file__).resolve().parents[1]
 START_ATTEMPTS = 2  # a free port can be taken between probing it and the server binding it
 MODEL_ROLES = ("colocated", "prefill", "decode", "encoder")  # the roles that take --device
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker more than the cores this process may use, at most
+    4. Most of a test's time is spent waiting on servers (deadlines, health, a peer's answer), so a
+    core keeps more than one file busy; beyond 4, servers starting at once crowd 2 cores."""
+    return min(4, len(os.sched_getaffinity(0)) + 1)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +58,7 @@ def tiny_model() -> Callable[[str], Path]:
 @dataclass
 class ServerProcess:
     url: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | server_forks.ForkedProcess  # the Popen subset: pid, poll, wait, send_signal, kill
     log_path: Path
 
     @property
@@ -72,10 +82,15 @@ def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: d
         flags = [*flags, "--device", DEVICE]
     for attempt in range(START_ATTEMPTS):
         port = free_port()
-        with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "stages.cli", "serve", role, *flags, "--port", str(port)],
-                cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        argv = ["serve", role, *flags, "--port", str(port)]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        if not server_forks.forked(role):
+            with open(log_path, "wb") as log_file:
+                proc: subprocess.Popen | server_forks.ForkedProcess = subprocess.Popen(
+                    [sys.executable, "-m", "stages.cli", *argv], cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                    env=full_env)
+        else:
+            proc = server_forks.start(argv, log_path, full_env)
         server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
         try:
             wait_healthy(server.url, proc, timeout_s)

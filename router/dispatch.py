@@ -17,7 +17,9 @@ verdict for its breaker: success, failure (it was to blame) or none.
 Blame in epd mode: a prefill failing on an image the router put in the attempt (the encode
 failed, timed out, or the cache entry went away) is charged to that image's encoder
 (``verdict.blame_encoder``); a decode reporting its prefill's failure waits up to
-``PEER_GRACE_S`` for the prefill's own answer, which names the cause.
+``PEER_GRACE_S`` for the prefill's own answer, which names the cause, and a prefill reporting an
+image's failure waits as long for the encoder's own answer (``_encoder_behind``: an encoder that
+refused the image as busy makes the request's answer a 503 with Retry-After, not a 502).
 
 The answer carries ``x-epd-room`` (the attempt's room), ``x-epd-stage-times`` (seconds of each
 call, sent to its last byte: a JSON answer every stage's, as it is sent once every side call has
@@ -51,7 +53,7 @@ from router.relay import finish_stream, relay_stream, send_json
 from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.upstream import StageError, Upstream
-from router.verdict import PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
+from router.verdict import IMAGE_CODES, PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.workers import Lease, lease_all
 
 log = logging.getLogger(__name__)
@@ -178,10 +180,10 @@ class Dispatcher:
         pending: set[asyncio.Future[Head] | asyncio.Future[float]] = {answer, *sides}
         while True:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            for task in sorted(done, key=lambda t: t is not answer and plan.sides[sides.index(t)].stage != "encoder"):
                 side_error = task.exception() if task is not answer else None
-                if side_error is not None:
-                    raise side_error  # a side call failed: it is to blame
+                if side_error is not None:  # a side call failed: it is to blame (an encoder's own answer first)
+                    raise await _encoder_behind(plan, sides, side_error)
             if answer in done:
                 error = answer.exception()
                 if error is None:
@@ -196,8 +198,9 @@ class Dispatcher:
                     await asyncio.wait([feed], timeout=PEER_GRACE_S)
                     feed_error = feed.exception() if feed.done() else None
                     if feed_error is not None:
-                        raise feed_error  # the prefill's own failure names the cause
-                raise StageError(blame(error.failure, (partner.stage, partner.worker.url) if not feed.done() else None))
+                        raise await _encoder_behind(plan, sides, feed_error)  # the prefill's own failure names the cause
+                blamed = blame(error.failure, (partner.stage, partner.worker.url) if not feed.done() else None)
+                raise await _encoder_behind(plan, sides, StageError(blamed))
 
     async def _settle(self, plan: Plan, sides: Sequence[asyncio.Future[float]], leases: list[Lease], answer_s: float,
                       failure: Failure | None) -> None:
@@ -287,3 +290,21 @@ def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float
     if cache is not None:
         headers["x-epd-cache"] = f"hit={cache[0]} miss={cache[1]}"
     return headers
+
+
+async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: BaseException) -> BaseException:
+    """``error``, or the encoder's own failure behind it: a prefill failing on an image this attempt
+    sent to an encoder (``IMAGE_CODES``, its ``image_key``) reports that encoder's failure, and the
+    encoder's own answer, at most ``PEER_GRACE_S`` behind, names the cause (a 503 busy is
+    back-pressure, not the encoder's fault). Whichever of the two the event loop hands over first."""
+    if not isinstance(error, StageError) or error.failure.stage != "prefill" or error.failure.code not in IMAGE_CODES:
+        return error
+    url = plan.images.get(error.failure.image_key or "")
+    index = next((i for i, side in enumerate(plan.sides) if side.stage == "encoder" and side.worker.url == url), None)
+    if index is None:
+        return error
+    encoder = sides[index]
+    if not encoder.done():
+        await asyncio.wait([encoder], timeout=PEER_GRACE_S)
+    own = encoder.exception() if encoder.done() and not encoder.cancelled() else None
+    return own if isinstance(own, StageError) else error

@@ -15,7 +15,7 @@ from cache.keys import image_key
 from cache.store import EmbeddingCache
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.dispatch import _headers, cache_counts
+from router.dispatch import _encoder_behind, _headers, cache_counts
 from router.epd import EPDPlanner
 from router.errors import RouterError
 from router.image_refs import encode_body, ref_images, with_refs
@@ -23,7 +23,7 @@ from router.images import image_parts
 from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import CacheAware, RoundRobin
 from router.runtime import Router, StartupError
-from router.upstream import Upstream
+from router.upstream import StageError, Upstream
 from router.verdict import Failure, blame_encoder, from_answer, from_event
 from router.workers import Pool, Worker
 from tests.redis_fixtures import make_config, redis_server, redis_url  # noqa: F401
@@ -336,3 +336,44 @@ async def test_startup_refuses_encoders_that_disagree_on_the_fingerprint():
     assert router._vision_fingerprint() == FP
     await router.close()
 
+
+
+# -- a prefill's image failure waits for the encoder's own answer (dispatch._encoder_behind) --------------
+
+
+def _image_plan() -> tuple[Plan, dict[str, Worker]]:
+    workers = {role: worker(f"http://{role}:1", role) for role in ("encoder", "prefill", "decode")}
+    plan = Plan(Target("decode", workers["decode"], b""),
+                (Target("encoder", workers["encoder"], b""), Target("prefill", workers["prefill"], b"")),
+                room=7, images={"k" * 64: "http://encoder:1"})
+    return plan, workers
+
+
+def _failed(failure: Failure) -> asyncio.Future:
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(StageError(failure))
+    return future
+
+
+async def test_a_prefills_image_failure_gives_way_to_the_encoders_own_busy_answer():
+    plan, _ = _image_plan()
+    reported = StageError(Failure("prefill", "http://prefill:1", 502, "the image failed", "encode_failed",
+                                  image_key="k" * 64))
+    encoder = asyncio.get_running_loop().create_future()
+    busy = Failure("encoder", "http://encoder:1", 503, "busy", "server_overloaded", retry_after="1")
+    asyncio.get_running_loop().call_later(0.05, encoder.set_exception, StageError(busy))
+    cause = await _encoder_behind(plan, [encoder, _failed(reported.failure)], reported)
+    assert isinstance(cause, StageError) and cause.failure is busy
+
+
+async def test_a_prefills_image_failure_stands_when_the_encoder_answered_well_or_not_at_all():
+    plan, _ = _image_plan()
+    reported = StageError(Failure("prefill", "http://prefill:1", 502, "the image failed", "encode_failed",
+                                  image_key="k" * 64))
+    answered = asyncio.get_running_loop().create_future()
+    answered.set_result(0.01)
+    assert await _encoder_behind(plan, [answered, _failed(reported.failure)], reported) is reported
+    other_key = StageError(Failure("prefill", "http://prefill:1", 502, "x", "encode_failed", image_key="f" * 64))
+    assert await _encoder_behind(plan, [answered, _failed(other_key.failure)], other_key) is other_key
+    not_image = StageError(Failure("prefill", "http://prefill:1", 500, "x", "internal_error"))
+    assert await _encoder_behind(plan, [answered, _failed(not_image.failure)], not_image) is not_image

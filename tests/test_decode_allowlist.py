@@ -14,6 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(240)
 LINKS = 8
+BATCH = 20  # requests sent at once
 
 
 def chat(port: int, host: str = "127.0.0.1") -> dict:
@@ -68,9 +69,9 @@ def test_a_disallowed_prefill_is_403_and_never_dialed(decode):
 async def send_all(decode, ports: list[int]) -> list[int]:
     statuses: list[int] = []
     async with httpx.AsyncClient(timeout=30) as client:
-        for batch in range(0, len(ports), 20):
+        for batch in range(0, len(ports), BATCH):
             responses = await asyncio.gather(*(client.post(f"{decode.url}/v1/chat/completions", json=chat(port))
-                                               for port in ports[batch:batch + 20]))
+                                               for port in ports[batch:batch + BATCH]))
             statuses += [r.status_code for r in responses]
     return statuses
 
@@ -95,6 +96,8 @@ async def test_two_hundred_unused_ports_leave_sockets_and_threads_flat(decode):
     assert len(info(decode)["peer_links"]["open"]) <= LINKS
     await settle(decode, pid, before_fds + 2)
     assert open_fds(pid) <= before_fds + 2, (before_fds, open_fds(pid))
-    assert threads(pid) <= before_threads, (before_threads, threads(pid))
+    # the HTTP layer's worker pool may still grow towards the batch's 20 concurrent requests when a
+    # batch overlaps more than the warm-up's did (a busy machine); a thread per dialed port is +200
+    assert threads(pid) < before_threads + BATCH, (before_threads, threads(pid))
     assert info(decode)["kv_blocks"]["used"] == 0
     assert httpx.get(f"{decode.url}/health", timeout=10).status_code == 200

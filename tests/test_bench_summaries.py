@@ -147,3 +147,23 @@ def test_a_run_that_failed_its_checks_or_measured_nothing_writes_no_summary(tmp_
     nothing = Recorder.of_script("epd_cache", parser, parser.parse_args([]), [])
     assert nothing.finish(tmp_path / "e.json", {"summary": {}}, []) is None  # no figures measured
     assert not (tmp_path / "summaries").exists()
+
+
+def test_a_checkout_is_dirty_for_any_change_but_the_runs_own_summaries(tmp_path, monkeypatch):
+    from bench.common import machine
+
+    def git(*argv: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv], cwd=tmp_path, check=True,
+                       capture_output=True, timeout=30)
+
+    git("init", "-q")
+    (tmp_path / "bench" / "summaries").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "start")
+    monkeypatch.setattr(machine, "REPO", tmp_path)
+    assert machine.git_dirty() is False
+    (tmp_path / "bench" / "summaries" / "kv_transfer.json").write_text("{}")
+    assert machine.git_dirty() is False  # an earlier run's summary
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert machine.git_dirty() is True

@@ -10,7 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_libs=()
-for lib in libibverbs1 librdmacm1; do
+libs=(libibverbs1 librdmacm1)
+# the test suite's multi-host rig (tests/multihost/) filters a host's ports with nft
+[ "${1:-}" = "test" ] && libs+=(nftables)
+for lib in "${libs[@]}"; do
   dpkg -s "$lib" >/dev/null 2>&1 || need_libs+=("$lib")
 done
 if [ ${#need_libs[@]} -gt 0 ]; then

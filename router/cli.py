@@ -54,6 +54,12 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="deadline of one call to a stage, to its last byte")
     r.add_argument("--connect-timeout-s", type=float, default=_D["connect_timeout_s"],
                    help="deadline of opening a connection to a stage")
+    r.add_argument("--stream-idle-timeout-s", type=float, default=_D["stream_idle_timeout_s"],
+                   help="an upstream stream that sends no byte this long (the stages' keep-alives included: give "
+                        "more than their --stream-keepalive-s) ends the client's stream with upstream_idle_timeout")
+    r.add_argument("--upstream-host-timeout-s", type=float, default=_D["upstream_host_timeout_s"],
+                   help="TCP keepalive / TCP_USER_TIMEOUT on upstream connections: a stage's host silent at the TCP "
+                        "level this long (vanished, link down) fails the call, stream or not")
     r.add_argument("--retries", type=int, default=_D["retries"],
                    help="fresh attempts after a stage failed before anything reached the client")
     r.add_argument("--health-interval-s", type=float, default=_D["health_interval_s"], help="between health checks")

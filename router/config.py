@@ -41,6 +41,12 @@ class RouterConfig:
     max_in_flight: int = 1024  # requests held at once; beyond: 503 + Retry-After
     upstream_timeout_s: float = 600.0  # deadline of one upstream call, from sending to its last byte
     connect_timeout_s: float = 5.0  # deadline of opening a connection to a stage
+    # an open upstream stream that sends no byte (keep-alive comments included) this long is cut: the stages
+    # send ": keep-alive" after --stream-keepalive-s (2 s) of silence, so only a stalled or vanished stage is
+    stream_idle_timeout_s: float = 6.0
+    # TCP keepalive and TCP_USER_TIMEOUT on every upstream connection: a stage's host that stops answering at
+    # the TCP level (no ACK to a probe or to data) fails the call after about this long, stream or not
+    upstream_host_timeout_s: float = 5.0
     retries: int = 1  # fresh attempts after a failure that reached the client with nothing
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
@@ -76,7 +82,10 @@ class RouterConfig:
                 raise ValueError(f"--policy-{role} must be one of {choices}, got {getattr(self, f'policy_{role}')!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
-        for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "health_interval_s",
+        if not self.upstream_host_timeout_s >= 2:
+            raise ValueError(f"--upstream-host-timeout-s must be >= 2, got {self.upstream_host_timeout_s}")
+        for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "stream_idle_timeout_s",
+                     "health_interval_s",
                      "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
                      "ratio_window_s", "drain_timeout_s", "cache_ttl_s", "cache_op_timeout_s", "claim_lease_s"):
             if not getattr(self, name) > 0:

@@ -39,6 +39,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(async_engine, model_name=config.model_name,
                      prepare=Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS), metrics=metrics,
                      lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
+                     stream_keepalive_s=config.stream_keepalive_s,
                      supervisor=supervisor, faults=faults, chars_per_token=prompts.chars_per_token,
                      stage="colocated")
 

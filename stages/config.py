@@ -47,7 +47,13 @@ class ImageLimits:
 class DisaggConfig:
     """What a prefill or decode server adds to a colocated one. Deadlines are per side: the prefill's
     ``pair_timeout_s``, ``prefill_timeout_s`` and ``embedding_timeout_s``; the decode's
-    ``pair_timeout_s``, ``accept_timeout_s``, ``kv_timeout_s`` and ``abort_grace_s``.
+    ``pair_timeout_s``, ``accept_timeout_s``, ``kv_timeout_s``, ``peer_idle_timeout_s`` and ``abort_grace_s``.
+
+    Liveness: the prefill sends each decode a heartbeat every ``peer_heartbeat_s`` naming the rooms it
+    holds for it; the decode fails a room (504 ``room_timeout`` naming the prefill) once its prefill has
+    been silent ``peer_idle_timeout_s``, however long the room's total bound ``kv_timeout_s`` still runs:
+    a prefill host that vanished costs seconds, a slow but live prefill is never cut before
+    ``kv_timeout_s``. Keep ``peer_idle_timeout_s`` several heartbeats long.
 
     ``cache`` (``--redis-url``) switches the server to EPD mode: it takes image references
     (``image_ref`` parts) instead of pixels. The prefill reads their embeddings from that cache,
@@ -62,7 +68,9 @@ class DisaggConfig:
     prefill_timeout_s: float = 30.0  # prefill: room paired -> KV written and KVReady sent (queueing + forward + write)
     kv_timeout_s: float = 30.0  # decode: KV request sent -> KV ready (queueing + prefill + transfer)
     accept_timeout_s: float = 5.0  # decode: KV request sent -> accepted or rejected by the prefill
-    abort_grace_s: float = 30.0  # decode: hold an aborted room's blocks this long if the prefill never confirms
+    peer_idle_timeout_s: float = 5.0  # decode: fail a room whose prefill sent nothing (no heartbeat) this long
+    peer_heartbeat_s: float = 1.0  # prefill: heartbeat to each decode holding rooms, this often
+    abort_grace_s: float = 30.0  # decode: an aborted room's blocks wait this long for the prefill's last word
     allowed_bootstrap: tuple[str, ...] = ()  # decode: prefills it may dial (host:port or CIDR); () = loopback
     max_peer_links: int = 64  # decode: cached links to prefills
     peer_link_idle_s: float = 60.0  # decode: close a link to a prefill after this long without a room
@@ -77,7 +85,7 @@ class DisaggConfig:
         if self.transfer == "nixl":
             ucx_params(self.transfer_config)  # UCX listens on --transfer-host's interface: ValueError if none holds it
         for name in ("pair_timeout_s", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s", "abort_grace_s",
-                     "peer_link_idle_s", "embedding_timeout_s"):
+                     "peer_link_idle_s", "embedding_timeout_s", "peer_idle_timeout_s", "peer_heartbeat_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.max_peer_links <= 0:
@@ -132,6 +140,7 @@ class ServerConfig:
     limits: ImageLimits = field(default_factory=ImageLimits)
     max_body_mb: float = 64.0  # whole request body; checked from Content-Length and while reading
     max_waiting: int = 256  # requests admitted beyond --max-num-seqs; more get 503 + Retry-After
+    stream_keepalive_s: float = 2.0  # an open chat stream silent this long gets an SSE comment (": keep-alive")
     debug_faults: bool = False  # serve /debug/faults (fault points for tests); loopback only
     log_level: str = "info"
     disagg: DisaggConfig | None = None
@@ -152,6 +161,8 @@ class ServerConfig:
             raise ValueError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if not self.stream_keepalive_s > 0:
+            raise ValueError(f"--stream-keepalive-s must be > 0, got {self.stream_keepalive_s}")
         if self.debug_faults and not is_loopback(self.host):
             raise ValueError(f"--debug-faults is refused on a server bound to {self.host!r}: fault points are for "
                              "tests on loopback only (bind 127.0.0.1 or drop --debug-faults)")

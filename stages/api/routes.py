@@ -44,13 +44,17 @@ from stages.text_bound import TextBound
 Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # stages.api.chat.Preparer and its kin
 Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], Awaitable[AsyncGenerator[RequestOutput, None]]]
 LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
+# an SSE comment: SSE clients (the openai client included) skip it; it tells the router's idle deadline
+# (--stream-idle-timeout-s) that a stream with nothing to say yet is alive (docs/protocol.md "Keep-alives")
+KEEPALIVE = ": keep-alive\n\n"
 
 
 def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None,
-               chars_per_token: int | None = None, stage: Stage = None) -> FastAPI:
+               chars_per_token: int | None = None, stage: Stage = None,
+               stream_keepalive_s: float = 2.0) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
     parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
@@ -65,7 +69,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     whose text cannot fit the context get 400 before they are built (``stages.api.parse``).
     ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. With ``faults``
     enabled, ``/debug/faults`` arms fault points. ``stage``: the server's role, the ``stage`` field of
-    every error it answers (``stages.api.errors.stamped``)."""
+    every error it answers (``stages.api.errors.stamped``). A stream that has sent nothing for
+    ``stream_keepalive_s`` (waiting for the KV, a slow step) sends ``KEEPALIVE``, and again each
+    ``stream_keepalive_s`` of silence after it."""
     metrics = metrics or Metrics()
     supervisor = supervisor or Supervisor()
     supervisor.watch_thread("engine thread", lambda: engine.alive)
@@ -132,7 +138,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:
-            events = _sse(call, outputs, body.include_usage, stage)
+            events = _sse(call, _ticking(outputs, stream_keepalive_s), body.include_usage, stage)
             return _ClosingStreamingResponse(events, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _unless_disconnected(request, _complete(call, outputs))
@@ -184,8 +190,11 @@ async def _complete(call: _Call, outputs: AsyncGenerator[RequestOutput, None]) -
                                    last.prompt_tokens, last.completion_tokens))
 
 
-async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput, None], include_usage: bool,
+async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None], include_usage: bool,
                stage: Stage) -> AsyncIterator[str]:
+    """The events of one stream: the role chunk, a chunk per output with text, the finish chunk, the
+    usage chunk if asked for, an in-band error if the engine failed, then ``[DONE]``. ``outputs``
+    yields None when it has been silent for the keep-alive interval (``_ticking``): ``KEEPALIVE``."""
     def event(body: dict) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
@@ -196,7 +205,11 @@ async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput, None], includ
     last: RequestOutput | None = None
     try:
         yield piece({"role": "assistant", "content": ""})
-        async for last in outputs:
+        async for output in outputs:
+            if output is None:
+                yield KEEPALIVE
+                continue
+            last = output
             call.timer.tokens(last.completion_tokens)
             if _failed(last):
                 raise _engine_error(last)
@@ -212,6 +225,26 @@ async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput, None], includ
         await outputs.aclose()
         call.record(last)
     yield "data: [DONE]\n\n"
+
+
+async def _ticking(outputs: AsyncGenerator[RequestOutput, None],
+                   interval_s: float) -> AsyncGenerator[RequestOutput | None, None]:
+    """``outputs``, with a None each time ``interval_s`` passes without one (the step in flight is
+    kept, not cancelled). Closing this closes ``outputs``."""
+    step: asyncio.Future | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(outputs))
+            while not (await asyncio.wait({step}, timeout=interval_s))[0]:
+                yield None
+            if isinstance(step.exception(), StopAsyncIteration):
+                return
+            yield step.result()
+    finally:
+        if step is not None and not step.done():
+            step.cancel()
+            await asyncio.wait({step})
+        await outputs.aclose()
 
 
 async def _guarded(engine: AsyncEngine, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:

@@ -80,6 +80,9 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--max-body-mb", type=float, default=server["max_body_mb"], help="request body size cap (413)")
     g.add_argument("--max-waiting", type=int, default=server["max_waiting"],
                    help="requests held beyond --max-num-seqs; more get 503 with Retry-After")
+    g.add_argument("--stream-keepalive-s", type=float, default=server["stream_keepalive_s"],
+                   help="a chat stream that has sent nothing this long gets an SSE comment (': keep-alive'), so "
+                        "the router's --stream-idle-timeout-s can tell a slow stage from a vanished one")
     g.add_argument("--debug-faults", action="store_true",
                    help="serve /debug/faults to arm fault points (stages/faults.py); refused off loopback")
     g.add_argument("--log-level", default=server["log_level"], choices=["debug", "info", "warning", "error"],
@@ -104,6 +107,9 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
         g.add_argument("--bootstrap-port", type=int, default=8998, help="bootstrap endpoint port (0: any)")
         g.add_argument("--prefill-timeout-s", type=float, default=d["prefill_timeout_s"],
                        help="room paired -> KV written and ready sent, at most")
+        g.add_argument("--peer-heartbeat-s", type=float, default=d["peer_heartbeat_s"],
+                       help="send each decode a heartbeat naming its rooms here this often (keep it well below "
+                            "the decodes' --peer-idle-timeout-s)")
     if role == "prefill":  # EPD only, which a switchable worker does not run
         g.add_argument("--embedding-timeout-s", type=float, default=d["embedding_timeout_s"],
                        help="EPD mode: request arrival -> every image embedding it references read from the "
@@ -117,8 +123,12 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="KV request sent -> KV ready, at most")
         g.add_argument("--accept-timeout-s", type=float, default=d["accept_timeout_s"],
                        help="KV request sent -> accepted by the prefill, at most")
+        g.add_argument("--peer-idle-timeout-s", type=float, default=d["peer_idle_timeout_s"],
+                       help="fail a room whose prefill has sent nothing (no heartbeat, no answer) this long; "
+                            "--kv-timeout-s stays the room's total bound")
         g.add_argument("--abort-grace-s", type=float, default=d["abort_grace_s"],
-                       help="hold an aborted room's blocks this long when the prefill cannot confirm")
+                       help="an aborted room's blocks wait this long for the prefill's last word (freed as soon "
+                            "as it comes)")
         g.add_argument("--allowed-bootstrap", action="append", default=None, metavar="HOST:PORT|CIDR",
                        help="prefill bootstrap addresses this decode may dial (repeatable; port may be *); "
                             "default: loopback only")
@@ -194,7 +204,8 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     if role in DISAGG_ROLES:
         side = {name: getattr(args, name) for name in (
             "bootstrap_host", "bootstrap_port", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s",
-            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "group")
+            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "group",
+            "peer_idle_timeout_s", "peer_heartbeat_s")
             if hasattr(args, name)}
         side["admin_token"] = getattr(args, "admin_token", None) or os.environ.get(TOKEN_ENV) or None
         disagg = DisaggConfig(
@@ -210,7 +221,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
         max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
-        log_level=args.log_level, disagg=disagg, encoder=encoder)
+        stream_keepalive_s=args.stream_keepalive_s, log_level=args.log_level, disagg=disagg, encoder=encoder)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -162,7 +162,8 @@ def build(config: ServerConfig) -> FastAPI:
     prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode)
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare, metrics=metrics,
                      generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
-                     max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults,
+                     max_in_flight=config.max_in_flight,
+                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
                      chars_per_token=runtime.prompts.chars_per_token, stage=config.role)
 
     @app.get("/server_info")

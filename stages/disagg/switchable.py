@@ -167,7 +167,8 @@ def build(config: ServerConfig) -> FastAPI:
                                    for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,
                      metrics=metrics, generate=slot.generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
-                     max_in_flight=config.max_in_flight, supervisor=supervisor, faults=faults,
+                     max_in_flight=config.max_in_flight,
+                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
                      chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role)
 
     @app.get("/server_info")

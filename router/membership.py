@@ -141,7 +141,7 @@ class Membership:
         error = body["error"] if isinstance(body.get("error"), dict) else {}
         if status == 403 and error.get("code") == "admin_disabled":
             return ("not registered (the decode's admin API is disabled): its --allowed-bootstrap must allow "
-                    f"{host}:{port}")
+                    f"{_host_port(host, port)}")
         refused.add((prefill.url, decode.url))
         log.warning("decode %s did not allow prefill %s:%d: %s; they are never paired", decode.url, host, port,
                     error.get("message"))
@@ -254,4 +254,10 @@ def worker_json(worker: Worker) -> dict:
     return {"id": worker.id, "role": worker.role, "url": worker.url, "healthy": worker.healthy,
             "known": worker.known, "circuit": worker.breaker.state.name.lower(), "outstanding": worker.outstanding,
             "group": worker.group, "draining": worker.draining, "switchable": worker.switchable,
-            "bootstrap": f"{worker.bootstrap[0]}:{worker.bootstrap[1]}" if worker.bootstrap else None}
+            "bootstrap": _host_port(*worker.bootstrap) if worker.bootstrap else None}
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 literal bracketed (as ``transfer.addresses.host_port``, which the router may
+    not import)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

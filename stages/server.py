@@ -15,6 +15,7 @@ import socket
 
 from stages.launch.ports import bind, probe
 from stages.config import ServerConfig
+from transfer.addresses import host_port
 
 log = logging.getLogger(__name__)
 BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", "decode": "stages.disagg.server",
@@ -41,7 +42,7 @@ def serve(config: ServerConfig, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=5,
                                            access_log=False, loop="asyncio"))  # not uvloop (the router's)
-    log.info("%s server for model %r listening on http://%s:%d", config.role, config.model_name, host, port)
+    log.info("%s server for model %r listening on http://%s", config.role, config.model_name, host_port(host, port))
     try:
         server.run(sockets=[sock])
     finally:

@@ -33,6 +33,8 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from transfer.addresses import host_port
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 << 20  # a KVRequest for a 1M-token prompt in 16-token blocks is ~0.6 MiB
@@ -61,7 +63,7 @@ class BootstrapClosed(ConnectionError):
 
 
 def _endpoint(host: str, port: int | str) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return f"tcp://{host_port(host, port)}"
 
 
 def _socket(ctx: zmq.asyncio.Context, kind: int, host: str, max_message_bytes: int) -> zmq.asyncio.Socket:

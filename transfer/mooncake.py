@@ -44,6 +44,7 @@ from typing import Generic, TypeVar
 import msgspec
 from mooncake.engine import TransferEngine
 
+from transfer.addresses import host_port
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
 
@@ -75,7 +76,7 @@ class MooncakeDescriptor(RegionDescriptor, frozen=True, kw_only=True):
     @property
     def session_id(self) -> str:
         """Mooncake's name for the target: where its P2P handshake listens."""
-        return f"{self.host}:{self.rpc_port}"
+        return host_port(self.host, self.rpc_port)
 
 
 class MooncakeBackend(TransferBackend):

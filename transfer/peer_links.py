@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from transfer.addresses import host_port
 from transfer.bootstrap_common import HandshakeError, _endpoint, _receive, _socket
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class PeerLinks:
         """The link to ``host:port`` (cached or new, now the most recently used), busy with ``room``
         (or with one ping when ``room`` is None) until ``release``. The caller checked that the
         address is allowed. Raises ``HandshakeError`` when all ``max_links`` links are busy."""
-        address = f"{host}:{port}"
+        address = host_port(host, port)
         link = self._links.get(address)
         if link is not None:
             self._links.move_to_end(address)

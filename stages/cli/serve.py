@@ -225,12 +225,15 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``stage serve ROLE``: validate the flags, check the model directory and take the ports before
-    importing torch, so those mistakes are one line on stderr and exit code 2, at once."""
+    """``stage serve ROLE``: validate the flags, check that every address it binds or hands out is this
+    machine's (``stages.addresses``), check the model directory and take the ports before importing
+    torch, so those mistakes are one line on stderr and exit code 2, at once."""
+    from stages.addresses import check_addresses
     from stages.server import claim_ports, serve
 
     try:
         config = server_config(args, args.role)
+        check_addresses(config, "--transfer-host" if getattr(args, "transfer_host", None) else "--host")
         check_model_dir(config.engine.model, tokenizer=args.role != "encoder")
         sock = claim_ports(config)  # stages.launch.ports.PortError (a ValueError) names the port and its flag
         config.engine.torch_device  # noqa: B018 - resolves --device (imports torch): no GPU there is an error here

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 
 from stages.api.errors import APIError
 from stages.api.json_depth import check_json_depth
+from transfer.addresses import host_port
 from transfer.peer_policy import AllowList
 
 DISABLED = ("admin API disabled: start the server with --admin-token or the EPD_ADMIN_TOKEN environment variable "
@@ -56,7 +57,7 @@ def add_bootstrap_route(app: FastAPI, token: str | None, allow: Callable[[], All
         if allow_list.allows(host, port):
             return {"added": False, "allowed": list(allow_list.patterns())}
         try:
-            allow_list.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            allow_list.add(host_port(host, port))
         except ValueError as exc:
             raise APIError(400, str(exc), param="host", code="invalid_value") from None
         return {"added": True, "allowed": list(allow_list.patterns())}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import socket
 
+from transfer.addresses import host_port
+
 
 class PortError(ValueError):
     """A port could not be taken; the message names the address, the port and the flag to change."""
@@ -42,9 +44,9 @@ def probe(host: str, port: int, flag: str) -> None:
 def refusal(host: str, port: int, flag: str, exc: OSError) -> str:
     """The one line a failed bind of ``host:port`` is answered with (pure)."""
     if exc.errno == errno.EADDRINUSE:
-        return (f"{flag} {port}: {host}:{port} is already in use by another process; stop it or give another "
+        return (f"{flag} {port}: {host_port(host, port)} is already in use by another process; stop it or give another "
                 f"{flag} (0: any free port)")
-    return f"cannot listen on {host}:{port} (--host {host}, {flag} {port}): {exc.strerror or exc}"
+    return f"cannot listen on {host_port(host, port)} (--host {host}, {flag} {port}): {exc.strerror or exc}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -17,14 +17,17 @@ router's memory tests measure. Each fork freezes what it inherited (``gc.freeze`
 so a full garbage collection in it (the router's, or any server's) does not walk, and copy, every
 inherited page.
 
-``start(argv, log_path, env) -> ForkedProcess``: the server runs in the background; ``ForkedProcess``
-has the part of ``subprocess.Popen`` the tests use. ``EPD_TEST_FRESH_SERVERS=1`` makes
+``start(argv, log_path, env, netns=None) -> ForkedProcess``: the server runs in the background;
+``ForkedProcess`` has the part of ``subprocess.Popen`` the tests use. ``netns``: the name of a network
+namespace (``/var/run/netns/<name>``, ``ip netns add``) the fork enters before anything else, so
+every socket it opens is that namespace's (the multi-host rig, ``tests/multihost/rig.py``). ``EPD_TEST_FRESH_SERVERS=1`` makes
 ``tests.conftest.launch`` start fresh interpreters instead, to rule the fork out.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -50,6 +53,9 @@ PRELOAD = [
     "transformers.models.clip.modeling_clip", "transformers.models.siglip.modeling_siglip",
     "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
 ]
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/var/run/netns")
 
 _context_lock = threading.Lock()
 _context: multiprocessing.context.ForkServerContext | None = None
@@ -101,13 +107,29 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def start(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> ForkedProcess:
+def start(argv: Sequence[str], log_path: Path, env: Mapping[str, str], netns: str | None = None) -> ForkedProcess:
     """Fork ``stage ARGV`` off the pre-imported interpreter, with ``env`` as its whole environment,
-    stdout and stderr to ``log_path`` (truncated), the repository as its working directory. Returns
-    at once; the caller waits for health and stops it (``stages.launch.processes.stop_process``)."""
-    process = _forkserver().Process(target=_run, args=(list(argv), str(log_path), dict(env)), daemon=False)
+    stdout and stderr to ``log_path`` (truncated), the repository as its working directory, and, if
+    ``netns`` is given, inside that network namespace (entered first thing; the fork exits 71 with
+    the reason in its log if it cannot). Returns at once; the caller waits for health and stops it
+    (``stages.launch.processes.stop_process``)."""
+    process = _forkserver().Process(target=_run, args=(list(argv), str(log_path), dict(env), netns), daemon=False)
     process.start()
     return ForkedProcess(process, ["stage", *argv])
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into network namespace ``name`` (``/var/run/netns/<name>``) with
+    setns(2): sockets it opens from now on, and threads it starts, are that namespace's. Needs
+    CAP_SYS_ADMIN; raises OSError naming the namespace otherwise."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(NETNS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def _forkserver() -> multiprocessing.context.ForkServerContext:
@@ -120,11 +142,18 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
         return _context
 
 
-def _run(argv: list[str], log_path: str, env: dict[str, str]) -> None:
-    """In the fork: become what ``stage ARGV`` would be (environment, working directory, argv,
-    stdout and stderr on the log, line-buffered), die with the forkserver, run the command, and
-    leave as an interpreter does (atexit handlers; multiprocessing's children skip them)."""
+def _run(argv: list[str], log_path: str, env: dict[str, str], netns: str | None = None) -> None:
+    """In the fork: enter ``netns`` if given, become what ``stage ARGV`` would be (environment,
+    working directory, argv, stdout and stderr on the log, line-buffered), die with the forkserver,
+    run the command, and leave as an interpreter does (atexit handlers; multiprocessing's children
+    skip them)."""
     gc.freeze()  # before anything here allocates: what the forkserver imported is never walked again
+    netns_error = None
+    if netns is not None:  # the fork has one thread (checked below): all it will open is the namespace's
+        try:
+            enter_netns(netns)
+        except OSError as exc:
+            netns_error = str(exc)
     from cache.embedded import die_with_parent
 
     forkserver = os.getppid()
@@ -138,6 +167,9 @@ def _run(argv: list[str], log_path: str, env: dict[str, str]) -> None:
         print(f"tests.server_forks: the forkserver has {threads} threads after its imports; "
               f"set {FRESH_ENV}=1 and find the import that starts one", file=sys.stderr)
         os._exit(70)
+    if netns_error is not None:
+        print(f"tests.server_forks: {netns_error}", file=sys.stderr)
+        os._exit(71)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     os.environ.clear()

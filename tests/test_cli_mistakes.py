@@ -186,6 +186,39 @@ def test_stage_up_refuses_a_server_of_another_process_on_a_childs_port(model, tm
         other.stop()
 
 
+# --- addresses on no interface of this machine ------------------------------------------------------
+ELSEWHERE = "198.51.100.7"  # TEST-NET-2: on no interface of any test machine
+NOT_HERE = "{flag} '{host}' is on no network interface of this machine; give one of its addresses ({why})"
+
+
+@pytest.mark.parametrize("role, flags, flag, why", [
+    ("colocated", ("--host", ELSEWHERE), "--host", "the HTTP server listens on it"),
+    ("encoder", ("--host", ELSEWHERE, "--redis-url", "redis://127.0.0.1:1/0"), "--host",
+     "the HTTP server listens on it"),
+    ("decode", ("--transfer-host", ELSEWHERE), "--transfer-host", "peers dial it for the KV"),
+    ("prefill", ("--transfer-host", ELSEWHERE, "--bootstrap-port", "0"), "--transfer-host",
+     "peers dial it for the KV"),
+    ("prefill", ("--bootstrap-host", ELSEWHERE, "--bootstrap-port", "0"), "--bootstrap-host",
+     "decodes dial it for the KV handshake"),
+    ("pd", ("--bootstrap-host", ELSEWHERE, "--bootstrap-port", "0"), "--bootstrap-host",
+     "decodes dial it for the KV handshake"),
+])
+def test_an_address_on_no_interface_is_one_line_naming_its_flag(role, flags, flag, why, model):
+    assert_one_line(("serve", role, "--model", str(model), "--port", "0", *flags),
+                    f"stage serve {role}: error: " + NOT_HERE.format(flag=flag, host=ELSEWHERE, why=why))
+
+
+def test_mooncake_refuses_an_ipv6_only_transfer_host_naming_the_flag_that_set_it(model):
+    """Mooncake's handshake dials IPv4 only; the transfer host defaults to --host, so the line names
+    --host when --transfer-host was not given."""
+    why = ("has no IPv4 address, and Mooncake's handshake dials IPv4 only; give an IPv4 --transfer-host (HTTP "
+           "and the bootstrap may stay on IPv6) or use --transfer nixl")
+    assert_one_line(("serve", "decode", "--model", str(model), "--port", "0", "--host", "::1"),
+                    f"stage serve decode: error: --host '::1' {why}")
+    assert_one_line(("serve", "prefill", "--model", str(model), "--port", "0", "--bootstrap-port", "0",
+                     "--transfer-host", "::1"), f"stage serve prefill: error: --transfer-host '::1' {why}")
+
+
 # --- help, defaults, logs --------------------------------------------------------------------
 def test_stage_serve_help_has_a_line_for_every_role():
     done = subprocess.run([sys.executable, "-m", "stages.cli", "serve", "--help"], cwd=REPO, capture_output=True,

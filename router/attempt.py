@@ -64,7 +64,7 @@ async def _open_stream(upstream: Upstream, target: Target, response: aiohttp.Cli
                 assert event.body is not None
                 raise StageError(from_event(target.stage, target.worker.url, event.body))
             tally.see(event, now)
-            if event.kind is not Kind.DONE:
+            if event.kind not in (Kind.DONE, Kind.COMMENT):  # a keep-alive held back would say nothing
                 held.append(raw)
             committed = committed or event.commits
         if committed:

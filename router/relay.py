@@ -9,8 +9,10 @@ leave in the order and at the pace the stage produced them.
 The stage's ``[DONE]`` is not relayed: the caller settles the request (every stage's time, TTFT and
 TPOT recorded) and then ends the stream with ``finish_stream``, so a client that stops reading at
 ``[DONE]`` finds the request's metrics already there (docs/router.md, "When they are recorded").
-A stream that fails after it started (connection lost, deadline, or ended without ``[DONE]``) ends
-with an OpenAI error event naming the stage, then ``[DONE]``. A stage's own in-band error event is
+A stream that fails after it started (connection lost, deadline, no byte for
+``--stream-idle-timeout-s``, or ended without ``[DONE]``) ends with an OpenAI error event naming the
+stage, then ``[DONE]``, and its upstream connection is closed. The stages' ``: keep-alive`` comments
+are forwarded as they come (they keep a client's own idle timer alive; SSE clients skip them). A stage's own in-band error event is
 forwarded as it is. Errors writing to the client (it left) propagate to the caller, which closes
 the stage's response (``Head.response``), aborting the request there.
 """
@@ -68,7 +70,10 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
             failure = unreachable(stage, worker.url, "the stream ended without [DONE]")
     except StageError as exc:
         failure = exc.failure
-    head.response.release()  # read to its end: the connection goes back to the pool
+    if failure is None:
+        head.response.release()  # read to its end: the connection goes back to the pool
+    else:
+        head.response.close()  # cut or broken mid-stream: the stage aborts the request on the closed connection
     if failure is not None:
         await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code,
                                                       room=failure.room, image_key=failure.image_key).body()))

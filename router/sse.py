@@ -1,8 +1,8 @@
 """Server-sent events from a stage, split and read just enough to relay them. Pure.
 
 The router forwards the stage's bytes unchanged; it only needs to know, per event, whether it is
-the opening role chunk, a chunk with generated text, a usage chunk, an in-band error or the final
-``[DONE]``.
+the opening role chunk, a chunk with generated text, a usage chunk, an in-band error, the final
+``[DONE]`` or a comment (the stages' ``: keep-alive``, forwarded once the answer is under way).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ class Kind(Enum):
     USAGE = "usage"  # the usage chunk (choices == [])
     ERROR = "error"  # {"error": {...}}: the stage failed after the stream started
     DONE = "done"  # data: [DONE]
-    OTHER = "other"  # comments, keep-alives, anything else
+    COMMENT = "comment"  # only comment lines (": keep-alive"): not an event to an SSE client; the tally skips it
+    OTHER = "other"  # anything else
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ class SSESplitter:
 
 def classify(raw: bytes) -> Event:
     """What one complete event is (see ``Kind``)."""
-    data = b"".join(line[5:].lstrip(b" ") for line in raw.splitlines() if line.startswith(b"data:"))
+    lines = raw.splitlines()
+    data = b"".join(line[5:].lstrip(b" ") for line in lines if line.startswith(b"data:"))
     if not data:
-        return Event(raw, Kind.OTHER)
+        fields = [line for line in lines if line]
+        return Event(raw, Kind.COMMENT if fields and all(line.startswith(b":") for line in fields) else Kind.OTHER)
     if data == b"[DONE]":
         return Event(raw, Kind.DONE)
     try:

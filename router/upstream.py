@@ -7,16 +7,26 @@ checks it on a live connection.
 
 Every failure to reach a stage, or a connection lost or a deadline passed while reading its
 answer, becomes a ``StageError`` carrying a ``Failure`` that names the stage.
+
+Deadlines (docs/router.md "Deadlines"): ``--connect-timeout-s`` to open a connection;
+``--upstream-timeout-s`` for a whole call; ``--stream-idle-timeout-s`` between two reads of an open
+stream (the stages send ``: keep-alive`` comments while they have nothing to say, so only a stalled
+or vanished stage trips it); ``--upstream-host-timeout-s``: TCP keepalive probes and
+``TCP_USER_TIMEOUT`` on every connection, so a host that vanished (no RST: its link is down) fails
+any call on it, JSON or stream, after about that long.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import math
+import socket
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
 from router.config import RouterConfig
-from router.verdict import Failure, timed_out, unreachable
+from router.verdict import Failure, idle, timed_out, unreachable
 from router.workers import Worker
 
 CHAT_PATH = "/v1/chat/completions"
@@ -45,7 +55,8 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S,
+                                         socket_factory=probing_sockets(self.config.upstream_host_timeout_s))
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
 
@@ -85,14 +96,19 @@ class Upstream:
 
     async def chunks(self, stage: str, worker: Worker, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """The body of ``response`` as it arrives, each piece as soon as the socket gives it. Raises
-        StageError on a lost connection or deadline."""
+        StageError on a lost connection or deadline, and ``upstream_idle_timeout`` when no byte came
+        for ``--stream-idle-timeout-s`` (the caller closes the response)."""
         iterator = response.content.iter_any()
+        idle_s = self.config.stream_idle_timeout_s
         while True:
             try:
-                data = await anext(iterator)
+                async with asyncio.timeout(idle_s) as deadline:
+                    data = await anext(iterator)
             except StopAsyncIteration:
                 return
             except (aiohttp.ClientError, TimeoutError) as exc:
+                if deadline.expired():
+                    raise StageError(idle(stage, worker.url, idle_s)) from None
                 raise self.error(stage, worker, exc) from None
             yield data
 
@@ -104,6 +120,29 @@ class Upstream:
         if isinstance(exc, aiohttp.ClientPayloadError):
             return StageError(unreachable(stage, worker.url, "the connection closed before the answer was complete"))
         return StageError(unreachable(stage, worker.url, f"{type(exc).__name__}: {exc}".rstrip(": ")))
+
+
+def probing_sockets(host_timeout_s: float) -> Callable[[tuple], socket.socket]:
+    """aiohttp's ``socket_factory``: TCP sockets that give up on a peer silent at the TCP level for about
+    ``host_timeout_s``: keepalive probes from 1 s of idleness, one a second, and the connection dropped
+    (ETIMEDOUT) after ``host_timeout_s - 1`` unanswered ones; ``TCP_USER_TIMEOUT`` does the same for
+    data sent and never acknowledged. A live peer answers probes from its kernel, so a busy or slow
+    stage is never cut by this (a stalled process is: ``--stream-idle-timeout-s``)."""
+    probes = max(1, math.ceil(host_timeout_s) - 1)
+
+    def make(addr_info: tuple) -> socket.socket:
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere only the OS's own keepalive timing applies
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(host_timeout_s * 1000))
+        return sock
+
+    return make
 
 
 async def _sliced(body: bytes) -> AsyncIterator[memoryview]:

@@ -96,6 +96,13 @@ def timed_out(stage: str, url: str, deadline_s: float, flag: str) -> Failure:
     return Failure(stage, url, 504, f"{url} did not answer within {deadline_s:g} s ({flag})", "upstream_timeout")
 
 
+def idle(stage: str, url: str, idle_s: float) -> Failure:
+    """An open stream that sent no byte, keep-alives included, for ``idle_s``: the stage (or its host)
+    is stalled or gone. Marked unreachable: the worker is unhealthy until its /health answers again."""
+    return Failure(stage, url, 504, f"{url} sent nothing for {idle_s:g} s on an open stream, keep-alives included "
+                                    "(--stream-idle-timeout-s)", "upstream_idle_timeout", unreachable=True)
+
+
 def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
     """The failure to act on when the answering stage failed before the client got anything.
     ``partner``: (stage, url) of the answering stage's partner (the prefill that feeds a decode)

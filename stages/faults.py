@@ -29,6 +29,9 @@ POINTS: dict[str, str] = {
     "engine.stall": "the engine thread sleeps delay_s before its next step",
     "http.crash": "the next chat or encode request raises RuntimeError once its body is parsed: an unexpected "
                   "exception, answered 500 internal_error on a connection that stays open",
+    "stream.slow_token": "each output of a chat stream (decode, colocated) is held delay_s before it is sent, one "
+                         "use per output; the event loop runs meanwhile, so keep-alive comments flow: a slow but "
+                         "live stage",
     "encoder.stall": "the encoder thread sleeps delay_s after taking a batch, before its vision-tower call "
                      "(work arriving meanwhile stays queued)",
     "encoder.crash": "the next vision-tower call raises RuntimeError (its images fail; the encoder stays up)",

@@ -138,6 +138,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:
+            if faults is not None and faults.enabled:
+                outputs = _slowed(outputs, faults)
             events = _sse(call, _ticking(outputs, stream_keepalive_s), body.include_usage, stage)
             return _ClosingStreamingResponse(events, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -225,6 +227,19 @@ async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None],
         await outputs.aclose()
         call.record(last)
     yield "data: [DONE]\n\n"
+
+
+async def _slowed(outputs: AsyncGenerator[RequestOutput, None],
+                  faults: Faults) -> AsyncGenerator[RequestOutput, None]:
+    """Fault point ``stream.slow_token``: each output held its ``delay_s`` first."""
+    try:
+        async for output in outputs:
+            slow = faults.take("stream.slow_token")
+            if slow is not None:
+                await asyncio.sleep(slow.delay_s)
+            yield output
+    finally:
+        await outputs.aclose()
 
 
 async def _ticking(outputs: AsyncGenerator[RequestOutput, None],

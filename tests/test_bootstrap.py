@@ -33,6 +33,7 @@ from transfer.messages import (
     KVRequest,
     Ping,
     Pong,
+    Heartbeat,
     ProtocolError,
     Rejected,
     VersionMismatch,
@@ -86,6 +87,7 @@ ALL_MESSAGES = [
     KVFailed(room=1, reason="prefill out of memory"),
     KVFailed(room=1, reason="the encoder failed", code="encode_failed", image_key="cd" * 32),
     Pong(nonce=99, fingerprint=FP),
+    Heartbeat(rooms=[1, 2**63 - 1]),
 ]
 
 
@@ -130,14 +132,14 @@ class _KVFailedV1(msgspec.Struct, tag="KVFailed", frozen=True, kw_only=True):
     reason: str
 
 
-def test_the_typed_failure_fields_keep_version_1_frames_readable_both_ways() -> None:
+def test_the_typed_failure_fields_keep_older_frames_readable_both_ways() -> None:
     """``code`` / ``image_key`` are optional: a frame without them (an older peer) decodes with None,
-    and a frame with them decodes under the older definition, which ignores them. So the protocol
-    version stays 1."""
-    assert PROTOCOL_VERSION == 1
+    and a frame with them decodes under the older definition, which ignores them. So they changed
+    no protocol version (version 2 is ``Heartbeat``'s)."""
+    assert PROTOCOL_VERSION == 2
     old = msgspec.msgpack.encode(_KVFailedV1(room=3, reason="boom"))
     assert decode(old) == KVFailed(room=3, reason="boom", code=None, image_key=None)
-    bare = msgspec.msgpack.encode({"type": "Rejected", "version": 1, "room": 4, "reason": "no"})
+    bare = msgspec.msgpack.encode({"type": "Rejected", "version": PROTOCOL_VERSION, "room": 4, "reason": "no"})
     assert decode(bare) == Rejected(room=4, reason="no")
     new = encode(KVFailed(room=3, reason="boom", code="encode_failed", image_key="ab" * 32))
     assert msgspec.msgpack.decode(new, type=_KVFailedV1) == _KVFailedV1(room=3, reason="boom")
@@ -145,8 +147,8 @@ def test_the_typed_failure_fields_keep_version_1_frames_readable_both_ways() -> 
 
 def test_other_version_is_a_version_mismatch_with_room() -> None:
     with pytest.raises(VersionMismatch) as info:
-        decode(encode(kv_request(7, version=2)))
-    assert (info.value.peer_version, info.value.room) == (2, 7)
+        decode(encode(kv_request(7, version=1)))
+    assert (info.value.peer_version, info.value.room) == (1, 7)
     # A newer peer's frame that this version cannot even parse still reads as a version mismatch.
     with pytest.raises(VersionMismatch) as info:
         decode(msgspec.msgpack.encode({"type": "KVRequest2", "version": 3, "room": 8}))
@@ -357,10 +359,10 @@ async def test_fingerprint_mismatch_is_rejected_with_the_fix(field: str, value: 
 async def test_version_mismatch_is_rejected_by_prefill() -> None:
     async with prefill() as server, FakePrefill(server), decode_client() as client:
         with pytest.raises(HandshakeError) as info:
-            await client.request_kv(HOST, server.port, kv_request(6, version=2))
+            await client.request_kv(HOST, server.port, kv_request(6, version=1))
         assert str(info.value) == (
             f"prefill {HOST}:{server.port} rejected room 6: "
-            "protocol version differs: prefill 1, decode 2; run the same release on prefill and decode"
+            "protocol version differs: prefill 2, decode 1; run the same release on prefill and decode"
         )
         assert server.bad_frames == 1
 
@@ -383,11 +385,11 @@ async def test_version_mismatch_from_prefill_reaches_decode() -> None:
     async with raw_router() as (sock, port), decode_client() as client:
         pending = asyncio.create_task(client.request_kv(HOST, port, kv_request(8)))
         identity, _ = await sock.recv_multipart()
-        await sock.send_multipart([identity, encode(Accepted(room=8, version=2))])
+        await sock.send_multipart([identity, encode(Accepted(room=8, version=1))])
         with pytest.raises(HandshakeError) as info:
             await pending
         assert str(info.value) == (
-            "protocol version differs: decode 1, prefill 2; run the same release on decode and prefill"
+            "protocol version differs: decode 2, prefill 1; run the same release on decode and prefill"
         )
 
 
@@ -501,7 +503,8 @@ async def test_wait_ready_times_out_within_its_deadline() -> None:
     async with prefill() as server, FakePrefill(server) as owner, decode_client() as client:
         await client.request_kv(HOST, server.port, kv_request(41))
         started = time.monotonic()
-        with pytest.raises(HandshakeTimeout, match=r"no KV from prefill .* for room 41 within 0.3 s \(connected\)"):
+        expected = r"no KV from prefill .* for room 41 within 0.3 s \(--kv-timeout-s; connected\)"
+        with pytest.raises(HandshakeTimeout, match=expected):
             await client.wait_ready(41, timeout_s=0.3)
         assert 0.25 < time.monotonic() - started < 2
         assert await client.abort(41, "timeout") is True  # P acknowledges; blocks are safe

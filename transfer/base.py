@@ -51,7 +51,7 @@ class TransferConfig:
     host: str = "127.0.0.1"
     protocol: str = "tcp"
     device: str = ""
-    timeout_s: float = 10.0
+    timeout_s: float = 5.0  # --transfer-timeout-s: a decode that vanished mid-write costs a prefill this long
 
     def __post_init__(self) -> None:
         if not _is_host(self.host):

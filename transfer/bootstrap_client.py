@@ -17,6 +17,7 @@ from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
     Accepted,
+    Heartbeat,
     KVFailed,
     KVReady,
     KVRequest,
@@ -57,6 +58,7 @@ class _Wait:
     accepted: asyncio.Future[None]
     ready: asyncio.Future[KVReady]
     settled: asyncio.Future[None]  # P has sent its last word for the room (or never got the request)
+    heard: float = 0.0  # time.monotonic() of the last frame from P naming the room (or of sending it)
     sent: bool = False
     abort_reason: str | None = None
     abort_sent: bool = False
@@ -132,6 +134,7 @@ class BootstrapClient:
                 ) from None
             raise
         wait.sent = True
+        wait.heard = time.monotonic()
         if wait.abort_reason is not None:  # abort() was called while the request was being sent
             await self._send_abort(wait)
         try:
@@ -146,20 +149,34 @@ class BootstrapClient:
                 self._forget(room)
             raise
 
-    async def wait_ready(self, room: int, timeout_s: float) -> KVReady:
+    async def wait_ready(self, room: int, timeout_s: float, idle_timeout_s: float | None = None) -> KVReady:
         """P's ``KVReady`` for ``room``; raises ``PrefillFailed`` (P's reason and typed fields) on
         ``KVFailed`` (or ``Rejected``), ``HandshakeError`` on a lost connection or a closed client,
-        ``HandshakeTimeout`` after ``timeout_s``."""
+        ``HandshakeTimeout`` after ``timeout_s`` in all, or as soon as P has sent nothing naming the
+        room (no ``Heartbeat``, no answer) for ``idle_timeout_s`` (None: no idle bound). Silence is
+        counted from the request's send, then from each frame of P's that names the room."""
         wait = self._waits.get(room)
         if wait is None:
             raise HandshakeError(room, f"room {room} is not in flight on this decode (never requested, or finished)")
+        deadline = time.monotonic() + timeout_s
         try:
-            return await asyncio.wait_for(asyncio.shield(wait.ready), timeout_s)
-        except TimeoutError:
-            raise HandshakeTimeout(
-                room, f"no KV from prefill {wait.link.address} for room {room} within {timeout_s:g} s "
-                f"({wait.link.describe()})"
-            ) from None
+            while not wait.ready.done():
+                now = time.monotonic()
+                if now >= deadline:
+                    raise HandshakeTimeout(
+                        room, f"no KV from prefill {wait.link.address} for room {room} within {timeout_s:g} s "
+                        f"(--kv-timeout-s; {wait.link.describe()})")
+                budget = deadline - now
+                if idle_timeout_s is not None:
+                    silent_s = now - wait.heard
+                    if silent_s >= idle_timeout_s:
+                        raise HandshakeTimeout(
+                            room, f"prefill {wait.link.address} went silent with room {room} in flight: nothing "
+                            f"from it for {silent_s:.1f} s (--peer-idle-timeout-s {idle_timeout_s:g}; it stopped, "
+                            "hung or became unreachable)")
+                    budget = min(budget, idle_timeout_s - silent_s)
+                await asyncio.wait({wait.ready}, timeout=budget)
+            return wait.ready.result()
         finally:
             if wait.settled.done():
                 self._forget(room)
@@ -255,12 +272,15 @@ class BootstrapClient:
             if pong is not None and not pong.done():
                 pong.set_result(msg)
             return
+        if isinstance(msg, Heartbeat):
+            self._heard(link, msg.rooms)
+            return
         room = getattr(msg, "room", None)
         wait = self._waits.get(room) if isinstance(room, int) else None
         if wait is None or wait.link is not link:
             log.debug("from prefill %s: %s for a room not held here", link.address, type(msg).__name__)
             return
-        now = time.monotonic()
+        now = wait.heard = time.monotonic()
         if isinstance(msg, Accepted):
             wait.state.advance(RoomStatus.WaitingForInput, now)
             _resolve(wait.accepted, None)
@@ -276,6 +296,14 @@ class BootstrapClient:
             self._end(wait, error, True)
         else:
             log.warning("from prefill %s: unexpected %s", link.address, type(msg).__name__)
+
+    def _heard(self, link: PeerLink, rooms: list[int]) -> None:
+        """P's ``Heartbeat``: each of ``rooms`` this client holds on ``link`` was heard from now."""
+        now = time.monotonic()
+        for room in rooms:
+            wait = self._waits.get(room)
+            if wait is not None and wait.link is link:
+                wait.heard = now
 
     def _end(self, wait: _Wait, error: HandshakeError, settled: bool) -> None:
         """Fail the room's pending waits with ``error``; mark it settled when P said its last word."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from transfer.messages import (
     Abort,
     Accepted,
     Fingerprint,
+    Heartbeat,
     KVFailed,
     KVReady,
     KVRequest,
@@ -57,6 +59,10 @@ class BootstrapServer:
       ``close()``; an end before that (an error it could not survive) is a death the owner should
       report (e.g. hand it to its supervisor): from then on nothing reaches ``recv``.
     Garbage frames are logged and dropped (``bad_frames`` counts them); the server keeps serving.
+
+    Liveness: every ``heartbeat_s`` the server sends each decode that has rooms here one
+    ``Heartbeat`` naming them (a task of its own, started by ``start``), whatever the owner is doing
+    with them, so a decode can tell a slow prefill (heartbeats come) from a vanished one (silence).
     """
 
     def __init__(
@@ -68,19 +74,25 @@ class BootstrapServer:
         max_rooms: int = 4096,
         send_timeout_s: float = 5.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        heartbeat_s: float = 1.0,
     ) -> None:
+        if not heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
         self.fingerprint = fingerprint
         self.host = host
         self.port = port
         self.max_rooms = max_rooms
         self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes
+        self.heartbeat_s = heartbeat_s
+        self.heartbeats_sent = 0
         self.bad_frames = 0
         self._peers: dict[int, _Peer] = {}
         self._events: asyncio.Queue[KVRequest | Abort | None] = asyncio.Queue()
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._beat: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -107,6 +119,7 @@ class BootstrapServer:
         endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(endpoint.rsplit(":", 1)[1])
         self._task = asyncio.create_task(self._serve(), name=f"bootstrap-server-{self.port}")
+        self._beat = asyncio.create_task(self._heartbeats(), name=f"bootstrap-heartbeat-{self.port}")
         log.info("bootstrap server listening on %s", self.address)
 
     async def __aenter__(self) -> BootstrapServer:
@@ -141,9 +154,10 @@ class BootstrapServer:
         if self._closed:
             return
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, self._beat) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
         self._peers.clear()
@@ -167,6 +181,28 @@ class BootstrapServer:
         except TimeoutError:
             log.warning("bootstrap %s: sending %s timed out", self.address, type(msg).__name__)
         return False
+
+    async def _heartbeats(self) -> None:
+        """Every ``heartbeat_s``: one ``Heartbeat`` to each decode holding rooms here. Each send is
+        its own task, and a decode whose last beat is still being sent (gone, stopped: up to
+        ``send_timeout_s``) is skipped, so it never delays the other decodes' beats."""
+        sending: dict[bytes, asyncio.Task[bool]] = {}
+        try:
+            while True:
+                await asyncio.sleep(self.heartbeat_s)
+                held: dict[bytes, list[int]] = {}
+                for room, peer in self._peers.items():
+                    held.setdefault(peer.identity, []).append(room)
+                for identity, rooms in held.items():
+                    if identity in sending:
+                        continue
+                    task = asyncio.create_task(self._send(identity, Heartbeat(rooms=rooms)))
+                    sending[identity] = task
+                    task.add_done_callback(functools.partial(_forget_send, sending, identity))
+                    self.heartbeats_sent += 1
+        finally:
+            for task in list(sending.values()):
+                task.cancel()
 
     async def _serve(self) -> None:
         assert self._sock is not None
@@ -231,3 +267,7 @@ class BootstrapServer:
         self.bad_frames += 1
         level = logging.WARNING if self.bad_frames <= 10 else logging.DEBUG
         log.log(level, "bootstrap %s: dropped a frame (%d so far): %s", self.address, self.bad_frames, why)
+
+
+def _forget_send(sending: dict[bytes, asyncio.Task[bool]], identity: bytes, _: asyncio.Task[bool]) -> None:
+    sending.pop(identity, None)

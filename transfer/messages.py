@@ -11,7 +11,13 @@ Grouped by the process that receives them:
 
 - to prefill (sent by D's ``BootstrapClient``): ``KVRequest``, ``Abort``, ``Ping``;
 - to decode (sent by P's ``BootstrapServer``): ``Accepted``, ``Rejected``, ``KVReady``, ``KVFailed``,
-  ``Pong``.
+  ``Pong``, ``Heartbeat``.
+
+Version 2 added ``Heartbeat``: P sends one to each decode every ``--peer-heartbeat-s`` naming the
+rooms it holds for that decode, and a version 2 decode fails a room whose prefill has been silent
+for ``--peer-idle-timeout-s``. A version 1 prefill never sends one (a version 2 decode would cut
+every room longer than its idle timeout), so the version changed rather than the frame being added
+within version 1.
 
 Every message carries ``version`` (``PROTOCOL_VERSION`` of the sender) and ``sent_at`` (sender's
 wall clock, seconds since the epoch; 0.0 when unset), which the endpoints fill in on send. A
@@ -31,7 +37,7 @@ import msgspec
 
 from transfer.base import MEMORY_KINDS
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Heartbeat (P's liveness while it holds a room)
 MAX_ROOM = 2**63 - 1  # rooms are random 63-bit ints drawn by the router
 
 # Keys of a Hugging Face config that name where or how it was saved, not what the model is.
@@ -263,8 +269,18 @@ class Pong(_Message, frozen=True, kw_only=True):
     fingerprint: Fingerprint
 
 
+class Heartbeat(_Message, frozen=True, kw_only=True):
+    """P is alive and still holds ``rooms`` for this decode (accepted, not yet answered with
+    ``KVReady`` or ``KVFailed``): sent every ``--peer-heartbeat-s`` while it holds any, whatever
+    the room is doing (queued, prefilling, writing). D counts a room's silence from the last frame
+    that named it and fails the room past ``--peer-idle-timeout-s`` (its prefill's host vanished, or
+    the process stopped); a slow but live prefill is never cut by it."""
+
+    rooms: list[int]
+
+
 ToPrefill = Union[KVRequest, Abort, Ping]
-ToDecode = Union[Accepted, Rejected, KVReady, KVFailed, Pong]
+ToDecode = Union[Accepted, Rejected, KVReady, KVFailed, Pong, Heartbeat]
 Message = Union[ToPrefill, ToDecode]
 
 _encoder = msgspec.msgpack.Encoder()

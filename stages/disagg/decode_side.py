@@ -3,14 +3,17 @@
 ``DecodeCoordinator.generate`` is what the decode server runs for a request carrying a bootstrap
 room: it reserves KV blocks for the whole request, sends the prefill's bootstrap endpoint a
 ``KVRequest`` (block ids + this process's transfer descriptor), waits for ``KVReady`` within
-``kv_timeout_s``, and hands the request to the engine, which decodes from the first token on.
+``kv_timeout_s`` in all and ``peer_idle_timeout_s`` of the prefill's silence (its heartbeats name the
+room while it holds it: a vanished prefill fails the room in seconds, a slow one is not cut), and
+hands the request to the engine, which decodes from the first token on.
 
 If anything fails before the hand-over (rejected handshake, prefill failure or death, timeout,
 client disconnect), the request fails (a prefill's ``Rejected`` / ``KVFailed``: 502 ``peer_failed``
 carrying the prefill's ``code`` as ``peer_code`` and its ``image_key``), the room is aborted at the
 prefill and the blocks are freed once the prefill
-confirms that nothing more will be written into them. Without that confirmation they are held for
-``abort_grace_s`` first, so a late write can never land in another request's KV.
+confirms that nothing more will be written into them: as soon as that confirmation comes, and
+without it only after ``ABORT_SETTLE_S + abort_grace_s`` (a prefill that was stopped and resumes
+answers the queued ``Abort`` then), so a late write can never land in another request's KV.
 
 The room's handover state is the bootstrap client's ``transfer.rooms.Room`` (``Bootstrapping`` when
 the ``KVRequest`` is sent, ``WaitingForInput`` once the prefill accepted it, ``Success`` on ``KVReady``,
@@ -43,6 +46,7 @@ from transfer.peer_policy import AllowList
 from transfer.rooms import RoomStatus
 
 log = logging.getLogger(__name__)
+ABORT_SETTLE_S = 5.0  # an aborted room's blocks wait this long for the prefill's last word, plus --abort-grace-s
 EVENTS = {RoomStatus.WaitingForInput: "kv_requested", RoomStatus.Success: "kv_ready", RoomStatus.Failed: "failed"}
 
 
@@ -109,7 +113,8 @@ class DecodeCoordinator:
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
                                 decode_id=self.decode_id)
             await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
-            ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s)
+            ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s,
+                                                 idle_timeout_s=self.config.peer_idle_timeout_s)
         except BaseException as exc:  # the cleanup's abort fails the room's state with the reason
             self._clean_up_later(room, blocks, _reason(exc))
             if isinstance(exc, HandshakeTimeout):
@@ -147,11 +152,12 @@ class DecodeCoordinator:
         self._track(asyncio.ensure_future(self._clean_up(room, blocks, reason)))
 
     async def _clean_up(self, room: int, blocks: list[int], reason: str) -> None:
-        settled = await self.client.abort(room, reason)
-        if not settled:
-            log.warning("room %d: prefill did not confirm the abort; holding %d blocks for %g s",
-                        room, len(blocks), self.config.abort_grace_s)
-            await asyncio.sleep(self.config.abort_grace_s)
+        """Abort ``room`` at the prefill and free its blocks once the prefill's last word came, or
+        after ``ABORT_SETTLE_S + abort_grace_s`` without it."""
+        wait_s = ABORT_SETTLE_S + self.config.abort_grace_s
+        if not await self.client.abort(room, reason, settle_timeout_s=wait_s):
+            log.warning("room %d: prefill never confirmed the abort within %g s; freeing its %d blocks now",
+                        room, wait_s, len(blocks))
         await self.engine.call(lambda engine: engine.free_blocks(blocks))
 
     def _free_when_reserved(self, done: asyncio.Future) -> None:

@@ -100,7 +100,8 @@ class PrefillCoordinator:
         self.supervisor = supervisor
         self.faults = faults
         self.timeline = timeline
-        self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port)
+        self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port,
+                                      heartbeat_s=config.peer_heartbeat_s)
         self.table: RoomTable[_Local, KVRequest] = RoomTable(on_change=timeline.follow(EVENTS))
         self._runs: set[asyncio.Task] = set()  # the runners of paired rooms (``close`` cancels them)
         # rooms closed with an error before the decode's half came -> that error (``_keep_error``)
@@ -280,6 +281,9 @@ class PrefillCoordinator:
             _answer(local, PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
                                          last.prompt_tokens, moved, elapsed))
         except Exception as exc:
+            if blocks:  # before _fail, which may wait out a write still in flight: the source blocks are
+                await self._free(room, blocks)  # only read, and the decode's stay held until KVFailed
+                blocks = []
             await self._fail(state, local, exc)
         finally:
             local.stop_inputs()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from transfer.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.messages import (
     PROTOCOL_VERSION,
@@ -242,7 +243,7 @@ class BootstrapClient:
     def _check_allowed(self, room: int | None, host: str, port: int) -> None:
         if not self.allow.allows(host, port):
             raise PeerNotAllowed(
-                room, f"prefill {host}:{port} is not allowed by --allowed-bootstrap (allowed: {self.allow})"
+                room, f"prefill {host_port(host, port)} is not allowed by --allowed-bootstrap (allowed: {self.allow})"
             )
 
     def _on_frames(self, link: PeerLink, frames: list[bytes]) -> None:

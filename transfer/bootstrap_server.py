@@ -12,6 +12,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from transfer.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, BootstrapClosed, _endpoint, _receive, _socket
 from transfer.messages import (
     PROTOCOL_VERSION,
@@ -97,7 +98,7 @@ class BootstrapServer:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
     @property
     def rooms(self) -> frozenset[int]:

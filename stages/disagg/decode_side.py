@@ -38,6 +38,7 @@ from stages.engine.sampling_params import SamplingParams
 from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
+from transfer.addresses import host_port
 from transfer.base import TransferBackend
 from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
@@ -81,7 +82,7 @@ class DecodeCoordinator:
         """Raise the DisaggError that ``generate`` would raise before reserving anything, now: 403 if
         ``host:port`` is not an allowed prefill, 409 if ``room`` is in flight on this decode. Changes nothing."""
         if not self.client.allow.allows(host, port):
-            raise not_allowed(f"prefill {host}:{port} is not allowed by --allowed-bootstrap "
+            raise not_allowed(f"prefill {host_port(host, port)} is not allowed by --allowed-bootstrap "
                               f"(allowed: {self.client.allow})")
         if room in self._rooms:
             raise conflict(f"bootstrap room {room}: room {room} is already in flight on this decode")

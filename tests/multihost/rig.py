@@ -35,6 +35,12 @@ Helpers:
     ``rig.block(host, port, verdict)`` / ``rig.unblock(host, port)``  an nftables rule in ``host``'s
         namespace on TCP packets to ``port`` there: ``drop`` (they vanish) or ``reject`` (a TCP reset).
     ``rig.listeners(host)``  (address, port) of every listening TCP socket in ``host``'s namespace.
+    ``rig.in_host(host, fn, *args)``  ``fn`` on a fresh thread inside ``host``'s namespace (a socket it
+        binds stays there: a poser, a probe).
+
+Teardown: ``down()`` stops every server, then SIGKILLs whatever is left in the rig's namespaces and
+deletes them. This process's own threads enter namespaces (``client``, ``in_host``) but its main
+thread never does, so it is never among a namespace's processes.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -103,14 +110,26 @@ def require_namespaces() -> None:
 
 
 def sweep() -> list[str]:
-    """Delete the rig namespaces whose creating process is dead (``emh<pid>x...``); returns their names."""
+    """Delete the rig namespaces whose creating process is dead (``emh<pid>x...``), after killing
+    any process still in them (a server of the dead run); returns their names."""
     swept = []
     for name in sorted(os.listdir(server_forks.NETNS_DIR)) if server_forks.NETNS_DIR.is_dir() else []:
         pid = _creator(name)
         if pid is not None and not _alive(pid):
-            _run(["ip", "netns", "del", name], check=False)
+            _delete_netns(name)
             swept.append(name)
     return swept
+
+
+def _delete_netns(name: str) -> None:
+    """SIGKILL every process whose namespace is ``name`` (never this one), then delete it."""
+    for pid in _run(["ip", "netns", "pids", name], check=False).split():
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _run(["ip", "netns", "del", name], check=False)
 
 
 def _creator(name: str) -> int | None:
@@ -235,8 +254,8 @@ class Rig:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        for name in reversed(self._made):
-            _run(["ip", "netns", "del", name], check=False)
+        for name in reversed(self._made):  # what is still there (a process a test started) goes too
+            _delete_netns(name)
         self._made.clear()
 
     def __enter__(self) -> Rig:
@@ -346,6 +365,7 @@ class Rig:
         try:
             self.client(_wait_healthy, server, timeout_s)
         except (RuntimeError, TimeoutError) as exc:
+            server.stop()
             raise RuntimeError(f"{role} on {host}: {exc}; log:\n{server.log()[-4000:]}") from None
         return server
 

@@ -64,8 +64,7 @@ class Stack:
 
 
 def start_stack(rig: Rig, transfer: str, encoders: tuple[str, ...] = ("e1", "e2"),
-                prefills: tuple[str, ...] = ("p1", "p2"), decodes: tuple[str, ...] = ("d1", "d2"),
-                env: dict[str, str] | None = None) -> Stack:
+                prefills: tuple[str, ...] = ("p1", "p2"), decodes: tuple[str, ...] = ("d1", "d2")) -> Stack:
     rig.start_redis()
     model = ("--model", str(model_dir(VARIANT)))
     allowed = ",".join(rig.hostport(p, BOOTSTRAP_PORT) for p in prefills)

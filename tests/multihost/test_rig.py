@@ -107,12 +107,21 @@ def test_the_sweep_deletes_only_namespaces_of_dead_runs():
     stale, live = f"{rigmod.PREFIX}{dead.pid}x0-sw", f"{rigmod.PREFIX}{os.getpid()}x999-sw"
     for name in (stale, live):
         subprocess.run(["ip", "netns", "add", name], check=True)
+    left = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "60"])  # a server the dead run left
     try:
+        deadline = time.monotonic() + 5
+        while str(left.pid) not in subprocess.run(["ip", "netns", "pids", stale], capture_output=True,
+                                                   text=True).stdout.split():
+            assert time.monotonic() < deadline, "sleep never entered the namespace"
+            time.sleep(0.02)
         swept = rigmod.sweep()
         names = set(os.listdir("/var/run/netns"))
         assert stale in swept and stale not in names
         assert live not in swept and live in names
+        assert left.wait(5) == -9
     finally:
+        left.kill()
+        left.wait(5)
         for name in (stale, live):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -646,11 +647,12 @@ async def test_disallowed_prefill_is_never_dialed() -> None:
         for host, port in [("10.0.0.1", 8998), ("localhost", 8998), ("127.0.0.1", 0), ("::2", 8998)]:
             with pytest.raises(PeerNotAllowed) as info:
                 await client.request_kv(host, port, kv_request(91))
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 bracketed
             assert str(info.value) == (
-                f"prefill {host}:{port} is not allowed by --allowed-bootstrap (allowed: 127.0.0.0/8, ::1/128)"
+                f"prefill {shown} is not allowed by --allowed-bootstrap (allowed: 127.0.0.0/8, ::1/128)"
             )
             assert isinstance(info.value, HandshakeError) and info.value.room == 91
-            with pytest.raises(PeerNotAllowed, match=rf"^prefill {host}:{port} is not allowed"):
+            with pytest.raises(PeerNotAllowed, match=rf"^prefill {re.escape(shown)} is not allowed"):
                 await client.ping(host, port, timeout_s=0.1)
         assert client.links.addresses() == [] and client.state(91) is None
         assert await client.abort(91, "cleanup") is True  # never sent: blocks are safe

@@ -8,6 +8,8 @@ prefill/decode pairs over Mooncake.
 - A slow but live decode (``stream.slow_token``: each token held longer than the idle deadline) is
   never cut: its ``: keep-alive`` comments (``--stream-keepalive-s``, 2 s) reach the client between
   the tokens, and the answer is the greedy one.
+- A decode waiting 7 s for its KV (``prefill.delay_ready``) is not cut either: it sends keep-alives
+  while it waits. A colocated stage sends them too (on the wire, straight from the stage).
 - Every upstream connection probes its peer's host (``--upstream-host-timeout-s``: TCP keepalive and
   TCP_USER_TIMEOUT on the socket), which bounds a JSON call to a vanished host.
 """
@@ -47,7 +49,8 @@ def model(tiny_model):
 
 @pytest.fixture(scope="module")
 def prefills(start_server, model):
-    return [start_server("prefill", "--model", model, *FAST, "--bootstrap-port", str(free_port())) for _ in range(2)]
+    return [start_server("prefill", "--model", model, *FAST, "--bootstrap-port", str(free_port()), "--debug-faults")
+            for _ in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,8 @@ def served(decode) -> float:
 @pytest.fixture
 def clean_stages(prefills, decodes):
     yield
+    for prefill in prefills:
+        arm(prefill, "prefill.delay_ready", 1, 0.0)
     for decode in decodes:
         arm(decode, "stream.slow_token", 1, 0.0)  # replaces what a test left armed with one harmless use
     wait_until("KV blocks back to 0 on every stage",
@@ -183,8 +188,58 @@ def test_a_slow_but_live_decode_is_never_cut(router, decodes):
     between = events[events.index(texts[0]) + 1:events.index(texts[1])]
     assert between == [": keep-alive"] * 3, events
     assert "error" not in "".join(events) and events[-1] == "data: [DONE]"
-    text = "".join(json.loads(e[6:])["choices"][0]["delta"]["content"] for e in texts)
-    assert text == reference["choices"][0]["message"]["content"]
+    assert stream_text(events) == reference["choices"][0]["message"]["content"]
+
+
+@pytest.mark.usefixtures("clean_stages")
+def test_the_decode_waiting_for_its_kv_is_not_cut(router, prefills):
+    """The prefill holds KVReady 7 s (> the 6 s idle deadline) after writing the KV: the decode's
+    keep-alives during its KV wait keep the router's deadline from firing; the answer is the greedy one."""
+    with httpx.Client(timeout=60) as client:
+        request = {"messages": [{"role": "user", "content": "kv wait"}], "max_tokens": 3, "temperature": 0,
+                   "ignore_eos": True}
+        reference = client.post(f"{router.url}/v1/chat/completions", json=request).json()
+        for prefill in prefills:  # whichever prefill the router picks
+            arm(prefill, "prefill.delay_ready", 1, 7.0)
+        started = time.monotonic()
+        with client.stream("POST", f"{router.url}/v1/chat/completions", json={**request, "stream": True}) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line]
+    assert time.monotonic() - started > 7
+    assert "error" not in "".join(events) and events[-1] == "data: [DONE]"
+    assert stream_text(events) == reference["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def colocated(start_server, model):
+    return start_server("colocated", "--model", model, "--kv-cache-mib", "16", "--debug-faults",
+                        "--stream-keepalive-s", "1")
+
+
+def test_a_colocated_stream_says_keep_alive_while_it_has_nothing_to_say(colocated):
+    """Straight from the stage (--stream-keepalive-s 1): the first token held 2.5 s gives two
+    ``: keep-alive`` comments after the role chunk, the tokens that follow at once none; the text is the
+    JSON answer's, and the official client reads the stream as if they were not there."""
+    request = {"messages": [{"role": "user", "content": "colocated"}], "max_tokens": 4, "temperature": 0,
+               "ignore_eos": True}
+    with httpx.Client(timeout=60) as client:
+        reference = client.post(f"{colocated.url}/v1/chat/completions", json=request).json()
+        arm(colocated, "stream.slow_token", 1, 2.5)
+        with client.stream("POST", f"{colocated.url}/v1/chat/completions", json={**request, "stream": True}) as response:
+            events = [line for line in response.iter_lines() if line]
+    text = reference["choices"][0]["message"]["content"]
+    assert events[1:3] == [": keep-alive"] * 2 and events.count(": keep-alive") == 2, events
+    assert stream_text(events) == text
+    arm(colocated, "stream.slow_token", 1, 2.5)
+    client = openai.OpenAI(base_url=colocated.base_url, api_key="x", max_retries=0, timeout=60)
+    chunks = list(client.chat.completions.create(model=client.models.list().data[0].id, stream=True,
+                                                 **body("colocated", 4)))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+def stream_text(events: list[str]) -> str:
+    return "".join((json.loads(e[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                   for e in events if e.startswith("data: {"))
 
 
 async def hold_open(release: asyncio.Event, pieces: list[tuple[float, bytes]]) -> tuple[web.AppRunner, str]:

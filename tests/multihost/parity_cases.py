@@ -16,9 +16,10 @@ import httpx
 import pytest
 import redis
 
-from tests.multihost.rig import BOOTSTRAP_PORT, HOSTS
+from tests.multihost.rig import BOOTSTRAP_PORT, HOSTS, REDIS_PORT
 from tests.multihost.stack import ADMIN_TOKEN, CASES, MOONCAKE_PORTS, STEPS, Reference, Stack, ask, case_images, \
     pair_of, start_stack
+from tests.router_helpers import data_url, messages
 
 pytestmark = pytest.mark.timeout(240)
 SALT = {"mooncake": 1, "nixl": 2}  # images new to each rig's Redis, whatever ran before
@@ -133,7 +134,7 @@ def test_the_redis_password_shows_in_no_log_metric_info_or_error_body(stack):
     was encoded, cached and read), and it is in no log line, /metrics, /server_info or error body."""
     rig = stack.rig
     with pytest.raises(redis.AuthenticationError):
-        rig.client(lambda: redis.Redis.from_url(f"redis://{rig.hostport('redis', 6379)}/0", socket_timeout=2).ping())
+        rig.client(lambda: redis.Redis.from_url(f"redis://{rig.hostport('redis', REDIS_PORT)}/0", socket_timeout=2).ping())
     rig.client(ask, stack.router.base_url, "what is it", case_images("one_image", 80 + SALT[stack.transfer]), True)
     bodies = []
     for server in (*stack.stages, stack.router):
@@ -145,6 +146,15 @@ def test_the_redis_password_shows_in_no_log_metric_info_or_error_body(stack):
                              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
               stack.admin("GET", "/admin/workers", token=None), stack.get(f"{stack.router.url}/nowhere")]
     assert all(r.status_code >= 400 for r in errors), [r.status_code for r in errors]
+    rig.block("redis", REDIS_PORT, "reject")  # the error that names Redis is where its URL would leak
+    try:
+        outage = rig.client(httpx.post, f"{stack.router.url}/v1/chat/completions", timeout=30, json={
+            "messages": messages("what is it", [data_url(b) for b in case_images("one_image", 70 + SALT[stack.transfer])]),
+            "max_tokens": 2})
+    finally:
+        rig.unblock("redis", REDIS_PORT)
+    assert outage.status_code == 503 and "redis" in outage.text.lower(), outage.text
+    errors.append(outage)
     bodies += [r.text for r in errors] + [stack.admin("GET", "/admin/workers").text]
     logs = [server.log() for server in rig.servers] + [(rig.logs / "redis.log").read_text(errors="replace")]
     password = rig.redis_password

@@ -247,8 +247,9 @@ class Rig:
 
     def down(self) -> None:
         """Stop every server and Redis, then delete every namespace made; safe to call more than once."""
-        for server in reversed(self.servers):
-            server.stop()
+        if self.servers:  # at once: each waits for its process to exit
+            with ThreadPoolExecutor(len(self.servers)) as pool:
+                list(pool.map(Server.stop, self.servers))
         self.servers.clear()
         self.stop_redis()
         if self._pool is not None:

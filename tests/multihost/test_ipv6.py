@@ -49,8 +49,8 @@ def test_no_wildcard_listener_on_any_host_over_ipv6(stack):
     for host in HOSTS:
         found = stack.rig.listeners(host)
         assert not [item for item in found if item[0] in ("0.0.0.0", "::")], (host, found)
-        # on the host's own addresses (NIXL's UCX listener takes the interface's IPv4 address even
-        # when --transfer-host is IPv6: see the closing report of issue 16)
+        # on the host's own addresses; IPv4 is allowed because NIXL's UCX listener binds the
+        # interface's IPv4 address even when --transfer-host is IPv6 (reported on issue 16)
         assert {a for a, _ in found} <= {stack.rig.addr(host, 4), stack.rig.addr(host, 6)}, (host, found)
     for server in (stack.router, *stack.stages):  # each HTTP port on the IPv6 address it was given
         assert (stack.rig.addr(server.host, 6), server.port) in stack.rig.listeners(server.host)

@@ -31,7 +31,9 @@ INTERNAL_ERROR = "A failure of this server (code internal_error or engine_error)
 SSE_EVENT = {  # one server-sent event, as OpenAPI 3.2's itemSchema (and schemathesis) read a text/event-stream schema
     "type": "object", "required": ["data"],
     "description": "With `stream: true`: one event per chat.completion.chunk, then `data: [DONE]`. A failure after "
-                   "the stream started is sent as one event whose data is an error body, before [DONE].",
+                   "the stream started is sent as one event whose data is an error body, before [DONE]. A stream that "
+                   "has sent nothing for --stream-keepalive-s sends the SSE comment `: keep-alive` (not an event: "
+                   "SSE clients skip it).",
     "properties": {"event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
                    "data": {"anyOf": [{"const": "[DONE]"}, {
                        "type": "string", "contentMediaType": "application/json",

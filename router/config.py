@@ -32,7 +32,7 @@ class RouterConfig:
     redis_url: str | None = None  # epd: the embedding cache index
     cache_ttl_s: float = DEFAULT_TTL_S  # epd: an entry the router finds is kept this long (same as the stages')
     cache_op_timeout_s: float = 2.0  # epd: deadline of each Redis call the router makes
-    claim_lease_s: float = 10.0  # epd: a claim taken for an encoder lapses after this unless the encoder renews it
+    claim_lease_s: float = 3.0  # epd: a claim taken for an encoder lapses after this unless the encoder renews it
     policy_prefill: str = "round_robin"
     policy_decode: str = "least_load"
     policy_colocated: str = "least_load"

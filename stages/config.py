@@ -64,7 +64,7 @@ class DisaggConfig:
     transfer_config: TransferConfig = field(default_factory=TransferConfig)
     bootstrap_host: str = "127.0.0.1"  # prefill: where its bootstrap endpoint listens
     bootstrap_port: int = 0  # prefill only; 0 picks a free port
-    pair_timeout_s: float = 10.0  # both: a room's other half (HTTP request or KV request) must arrive within this
+    pair_timeout_s: float = 5.0  # both: a room's other half (HTTP request or KV request) must arrive within this
     prefill_timeout_s: float = 30.0  # prefill: room paired -> KV written and KVReady sent (queueing + forward + write)
     kv_timeout_s: float = 30.0  # decode: KV request sent -> KV ready (queueing + prefill + transfer)
     accept_timeout_s: float = 5.0  # decode: KV request sent -> accepted or rejected by the prefill
@@ -116,7 +116,9 @@ class EncoderConfig:
 
     cache: CacheConfig
     max_batch_images: int = 16
-    claim_lease_s: float = 10.0  # a claim lapses this long after its last renewal (renewed every third of it)
+    # a claim lapses this long after its last renewal (renewed every third of it): an encoder that vanished
+    # mid-encode frees its images' waiters this soon, so the router's retry on another encoder fits in 10 s
+    claim_lease_s: float = 3.0
     encode_timeout_s: float = 60.0  # request arrival -> every image it needs encoded is in the cache
 
     def __post_init__(self) -> None:

@@ -43,7 +43,7 @@ class CacheConfig:
         if self.max_connections < 2:
             raise ValueError(f"max_connections must be at least 2 (one is held by pub/sub), got {self.max_connections}")
         if not self.claim_check_s > 0:
-            raise ValueError(f"claim_check_s must be positive, got {self.claim_check_s}")
+            raise ValueError(f"--claim-check-s must be positive, got {self.claim_check_s}")
 
     @property
     def ttl_ms(self) -> int:

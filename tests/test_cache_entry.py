@@ -127,7 +127,7 @@ def test_metadata_that_does_not_decode_or_has_another_version_is_corrupt() -> No
     ({"ttl_s": 0}, "--cache-ttl-s must be positive, got 0"),
     ({"op_timeout_s": -1}, "--cache-op-timeout-s must be positive, got -1"),
     ({"max_connections": 1}, "max_connections must be at least 2"),
-    ({"claim_check_s": 0}, "claim_check_s must be positive, got 0"),
+    ({"claim_check_s": 0}, "--claim-check-s must be positive, got 0"),
 ])
 def test_config_rejects_bad_values_naming_the_flag(changes: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:

@@ -168,8 +168,8 @@ async def test_a_blackholed_decode_costs_no_stream_more_than_10_s(router, decode
     """The router's path to one decode goes silent (SIGSTOP: connections open, nothing answers) while
     8 streams are in flight and more come: every client has its answer (the text, or an error naming
     the decode) within 10 s, the router marks the decode unhealthy, and the other decode serves the
-    rest. (A JSON answer from a silent decode is not bounded this way yet: see docs/architecture.md,
-    Deadlines.)"""
+    rest. (A JSON call to a frozen process on a live host is bounded by ``--upstream-timeout-s`` only:
+    docs/router.md, "Deadlines".)"""
     victim, survivor = decodes
     client, model = client_of(router)
 

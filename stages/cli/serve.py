@@ -150,11 +150,14 @@ def add_cache_args(parser: argparse.ArgumentParser, required: bool = True) -> No
                    help="bytes of embeddings kept; least recently used entries are evicted past it")
     g.add_argument("--cache-ttl-s", type=float, default=CACHE_TTL_S, help="drop an entry unused this long")
     g.add_argument("--cache-op-timeout-s", type=float, default=d["op_timeout_s"], help="deadline of each Redis call")
+    g.add_argument("--claim-check-s", type=float, default=d["claim_check_s"],
+                   help="a wait on an image being encoded re-checks its claim this often (how late it notices an "
+                        "encoder that vanished, after the claim lapsed)")
 
 
 def cache_config(args: argparse.Namespace) -> CacheConfig:
     return CacheConfig(url=args.redis_url, budget_bytes=int(args.cache_budget_mib * MIB), ttl_s=args.cache_ttl_s,
-                       op_timeout_s=args.cache_op_timeout_s)
+                       op_timeout_s=args.cache_op_timeout_s, claim_check_s=args.claim_check_s)
 
 
 def add_encoder_args(parser: argparse.ArgumentParser) -> None:

@@ -137,6 +137,19 @@ def _taken(server, point: str, armed: int) -> bool:
     return not left or left[0] < armed
 
 
+async def test_a_slow_prefill_that_is_alive_is_never_cut_by_the_idle_bound(router, prefills, decodes):
+    """Both prefills' engines stall 7 s (longer than the decodes' default 5 s idle bound, as a long
+    prompt on a slow CPU would): their heartbeats go on, so every room waits and succeeds."""
+    client, model = client_of(router)
+    silent_before = "".join(d.log() for d in decodes).count("went silent")
+    for prefill in prefills:
+        arm(prefill, "engine.stall", 1, delay_s=7.0)
+    answers = await asyncio.gather(*(ask(client, model, f"slow prefill {i}") for i in range(CONCURRENT)))
+    assert all(isinstance(answer, str) and answer for _, answer in answers), answers
+    assert max(seconds for seconds, _ in answers) > 6.0  # they did wait out the stall
+    assert "".join(d.log() for d in decodes).count("went silent") == silent_before
+
+
 async def test_a_decode_that_vanishes_leaves_the_prefill_clean(router, prefills, decodes):
     """The prefills' engines pause while the rooms pair, the decode stops, then the prefills forward
     and write into the stopped decode: those writes fail at ``--transfer-timeout-s`` and the prefills'
@@ -145,7 +158,7 @@ async def test_a_decode_that_vanishes_leaves_the_prefill_clean(router, prefills,
     client, model = client_of(router)
     before = sum(_failures(p) for p in prefills)
     for prefill in prefills:
-        arm(prefill, "engine.stall", 1, delay_s=2.0)
+        arm(prefill, "engine.stall", 1, delay_s=1.5)
     requests = [asyncio.create_task(ask(client, model, f"to a stopped decode {i}")) for i in range(CONCURRENT)]
     victim = decodes[0]
     await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "rooms reserved on the victim decode")

@@ -70,7 +70,9 @@ class BootstrapClient:
 
     Contract for the owner (decode's server), per room:
     1. reserve the blocks, then ``await request_kv(host, port, request)``: returns once P accepted;
-    2. ``await wait_ready(room, timeout_s)``: the ``KVReady``; decode may start;
+    2. ``await wait_ready(room, timeout_s, idle_timeout_s)``: the ``KVReady``; decode may start. P's
+       ``Heartbeat`` frames (and every answer) naming the room keep it alive; ``idle_timeout_s`` of
+       silence fails it, as ``timeout_s`` in all does;
     3. on any ``HandshakeError`` from 1 or 2, or to give up (client disconnect), call
        ``await abort(room, reason)``: free the blocks if it returns True, else quarantine them
        (P did not confirm that it stopped writing). ``abort`` is cheap when P already answered.

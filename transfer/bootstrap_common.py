@@ -14,6 +14,8 @@ One room, seen from the wire (D = decode, P = prefill)::
                                               pair with P's own request, prefill, write KV
                                         <---  KVReady{room, first_token, ...} | KVFailed{room, reason}
     Abort{room, reason}                 --->  (at any time) P stops writing, then answers KVFailed
+                                        <---  Heartbeat{rooms} every heartbeat_s while P holds rooms
+                                              of this D (D fails a room silent for its idle bound)
 
 P binds one ROUTER socket; each D keeps one DEALER socket per P address, shared by all its rooms.
 P answers a room to the ZeroMQ identity its ``KVRequest`` came from. Every wait has a deadline.

@@ -15,7 +15,7 @@ import pytest
 
 from bench.kv_link.analysis import GOAL_RATIO, cell_ratios, crossed_link, goal, limit
 from bench.kv_link.report import figures
-from bench.kv_link.worker import link_tx_bytes
+from bench.kv_link.worker import link_tx_bytes, tcp_active_opens
 from bench.kv_link.workload import Cell, blocks_for, cells, pool_blocks, reps_for
 from tests.conftest import REPO
 from tests.generated_models import model_dir
@@ -69,8 +69,8 @@ def test_the_limit_names_what_holds_ours_below_the_goal(ours_vs_tcp, raw_vs_tcp,
 
 
 def test_a_path_crossed_the_link_when_at_least_its_payload_went_out():
-    assert crossed_link(16 * MIB + 40_000, 16 * MIB) == {"wire_bytes": 16 * MIB + 40_000, "wire_ratio": 1.002,
-                                                         "over_link": True}
+    assert crossed_link(16 * MIB + 40_000, 16 * MIB, tcp_opens=2) == {
+        "wire_bytes": 16 * MIB + 40_000, "wire_ratio": 1.002, "over_link": True, "tcp_opens": 2}
     assert crossed_link(1200, 16 * MIB)["over_link"] is False  # shared memory: only the control messages
     assert crossed_link(0, 0)["over_link"] is False
 
@@ -115,6 +115,13 @@ def test_link_bytes_are_read_from_proc_net_dev():
         link_tx_bytes(text, "eth1")
 
 
+def test_tcp_connections_opened_are_read_from_proc_net_snmp():
+    text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+            "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails\n"
+            "Tcp: 1 200 120000 -1 54005 31884 22084\nUdp: InDatagrams\nUdp: 7\n")
+    assert tcp_active_opens(text) == 54005
+
+
 @pytest.mark.timeout(180)
 def test_quick_run_moves_kv_over_the_rig_link_on_every_path(tmp_path):
     out = tmp_path / "kv_link.json"
@@ -135,6 +142,7 @@ def test_quick_run_moves_kv_over_the_rig_link_on_every_path(tmp_path):
                                                                                                 16 * MIB, True)
         assert {p: w["over_link"] for p, w in cell["wire"].items()} == {"ours": True, "raw": True, "tcp": True}
         assert all(w["wire_ratio"] < 1.2 for w in cell["wire"].values())  # one move's bytes, plus headers
+        assert cell["wire"]["tcp"]["tcp_opens"] == 0  # the socket path keeps its one connection
         assert {p: r["n"] for p, r in cell["paths"].items()} == {"ours": 5, "raw": 5, "tcp": 5}
     assert set(report["goal"]["ratios"]) == {"mooncake/16MiB/contiguous", "nixl/16MiB/contiguous"}
     [summary_path] = (tmp_path / "summaries").iterdir()

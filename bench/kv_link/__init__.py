@@ -20,8 +20,8 @@ What moves: ``--sizes-mib`` (16, 64) of KV, the source's blocks ``0..n-1`` into 
 *contiguous* remote ids (one op) and *fragmented* ones (one op per block), per backend: mooncake
 over tcp, and nixl with ``UCX_TLS=tcp`` in both workers (``--ucx-tls``): left to its own choice,
 UCX finds the two namespaces on one machine and moves the bytes through shared memory, never over
-the link (``wire_ratio`` 0), which two real hosts cannot do. Paths, the same byte ranges, interleaved in a shuffled order per
-repetition:
+the link (``wire_ratio`` 0), which two real hosts cannot do. Paths, the same byte ranges,
+interleaved in a shuffled order per repetition:
 
 - ``ours``: ``block_ops`` + ``backend.write(peer, ops)``, what the prefill server does per request;
 - ``raw``: the library called directly on the same engine / agent (``bench.kv_transfer.paths``:
@@ -34,7 +34,9 @@ repetition:
 Each path's bytes are checked once per cell (the sink hashes the written blocks), and that check's
 move also counts the bytes the source's ``eth0`` sent (``/proc/self/net/dev`` in its namespace):
 ``wire_ratio`` = those / the payload; a path below 1.0 did not carry its bytes over the link (UCX's
-shared memory between two namespaces of one machine would), and the run says so.
+shared memory between two namespaces of one machine would), and the run says so. ``tcp_opens``:
+the TCP connections the source's namespace opened during that move (a library that connected
+per move would show it; the first move of a fresh engine shows its connection set-up).
 
 Ratios on the medians (bandwidth, time of the reference over the path's): ``ours / tcp`` (goal >=
 0.8), ``raw / tcp`` (the library's own path against the socket) and ``ours / raw``. Where ours /

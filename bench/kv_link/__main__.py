@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, png, f"KV over one rig link ({args.source_host} -> bridge -> {args.sink_host}, veth), "
                        f"{args.family}-{args.size} layout ({block_bytes // 1024} KiB blocks)")
     print_table(results)
+    for r in results:
+        ph = r["phase"]
+        print(f"{r['backend']}: wall {ph['wall_s']} s, source cpu {ph['source_cpu_s']} s, sink cpu "
+              f"{ph['sink_cpu_s']} s, core busy {ph['core_busy_fraction']}, load {ph['loadavg_1m']}; other processes: "
+              + "; ".join(f"{p['cpu_s']} s {p['cmd'][:50]}" for p in ph["other_processes"][:3]))
     verdict = report["goal"]
     off_link = ", ".join(verdict["not_over_link"])
     print(f"goal ours / raw TCP >= {GOAL_RATIO}: {'met' if verdict['met'] else 'NOT met'} {verdict['below'] or ''}"

@@ -40,12 +40,14 @@ def limit(ours_vs_tcp: float, raw_vs_tcp: float, ours_vs_raw: float) -> str | No
     return "library" if ours_vs_raw >= LAYER_RATIO else "library and our layer"
 
 
-def crossed_link(wire_bytes: int, payload: int) -> dict:
+def crossed_link(wire_bytes: int, payload: int, tcp_opens: int = 0) -> dict:
     """What the source's link sent during one move of ``payload`` bytes: ``wire_ratio`` (bytes sent /
-    payload) and ``over_link`` (at least the payload went out: the path used the network, not memory
-    shared between the two namespaces)."""
+    payload), ``over_link`` (at least the payload went out: the path used the network, not memory
+    shared between the two namespaces) and ``tcp_opens``, the TCP connections the source opened
+    for it (0 for a path that keeps its connections)."""
     ratio = wire_bytes / payload if payload else 0.0
-    return {"wire_bytes": wire_bytes, "wire_ratio": round(ratio, 3), "over_link": ratio >= 1.0}
+    return {"wire_bytes": wire_bytes, "wire_ratio": round(ratio, 3), "over_link": ratio >= 1.0,
+            "tcp_opens": tcp_opens}
 
 
 def goal(results: list[dict]) -> dict:

@@ -53,7 +53,7 @@ def worker_env(backend: str, ucx_tls: str) -> dict[str, str]:
 
 def _cell(source: Worker, sink: Worker, cell: Cell, args: Namespace, rng: random.Random, name: str) -> dict:
     shape = source.ask("cell", (cell.local_ids, list(cell.remote_ids)))
-    wire = {p: crossed_link(_verify(source, sink, cell, p), shape["bytes"]) for p in PATHS}
+    wire = {p: crossed_link(**_verify(source, sink, cell, p), payload=shape["bytes"]) for p in PATHS}
     for _ in range(args.warmup):
         for p in PATHS:
             source.ask("run", p)
@@ -67,18 +67,20 @@ def _cell(source: Worker, sink: Worker, cell: Cell, args: Namespace, rng: random
     out = {"mib": cell.mib, "layout": cell.layout, "blocks": cell.blocks, "ops": shape["ops"],
            "bytes": shape["bytes"], "verified": True, "wire": wire, "paths": res, **cell_ratios(res)}
     print(f"[{name}] {cell.mib:>3} MiB {cell.layout:<10} {shape['ops']:>4} ops"
-          + "".join(f"  {p} {res[p]['median_ms']:.1f} ms {res[p]['gbps']:.2f} GB/s (wire {wire[p]['wire_ratio']})"
+          + "".join(f"  {p} {res[p]['median_ms']:.1f} ms {res[p]['gbps']:.2f} GB/s (wire {wire[p]['wire_ratio']}, "
+                    f"{wire[p]['tcp_opens']} opens)"
                     for p in PATHS)
           + f"  ours/tcp {out['ours_vs_tcp']:.2f} raw/tcp {out['raw_vs_tcp']:.2f}", flush=True)
     return out
 
 
-def _verify(source: Worker, sink: Worker, cell: Cell, path: str) -> int:
-    """Zero the sink's blocks, move once (counting the source link's bytes), compare the hashes of
-    the sink's blocks and the source's; RuntimeError on a mismatch. Returns the link's bytes."""
+def _verify(source: Worker, sink: Worker, cell: Cell, path: str) -> dict:
+    """Zero the sink's blocks, move once (counting the source link's bytes and TCP connections opened),
+    compare the hashes of the sink's blocks and the source's; RuntimeError on a mismatch. Returns
+    {wire_bytes, tcp_opens}."""
     sink.ask("zero", list(cell.remote_ids))
-    wire_bytes = source.ask("wire", path)
+    seen = source.ask("wire", path)
     want, got = source.ask("digest", cell.local_ids), sink.ask("digest", list(cell.remote_ids))
     if want != got:
         raise RuntimeError(f"{path} {cell.mib} MiB {cell.layout}: the sink's blocks differ from the source's")
-    return wire_bytes
+    return {"wire_bytes": seen["bytes"], "tcp_opens": seen["tcp_opens"]}

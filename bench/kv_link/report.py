@@ -24,7 +24,7 @@ def figures(results: list[dict]) -> list[Figure]:
 def print_table(results: list[dict]) -> None:
     """Per backend, cell and path: median, p90, min, GB/s, this path / tcp, bytes on the link / payload."""
     print_header(f"{'backend':<9}{'MiB':>4} {'layout':<11}{'ops':>5}  {'path':<6}{'p50 ms':>9}{'p90 ms':>9}"
-                 f"{'min ms':>9}{'GB/s':>7}{'/tcp':>7}{'wire':>7}  limit")
+                 f"{'min ms':>9}{'GB/s':>7}{'/tcp':>7}{'wire':>7}{'opens':>6}  limit")
     for result in results:
         for cell in result["cells"]:
             for i, (p, r) in enumerate(cell["paths"].items()):
@@ -33,10 +33,11 @@ def print_table(results: list[dict]) -> None:
                 vs_tcp = cell["paths"]["tcp"]["median_ms"] / r["median_ms"]
                 tail = (cell["limit"] or "-") if p == "ours" else ""
                 print(f"{lead}  {p:<6}{r['median_ms']:>9.2f}{r['p90_ms']:>9.2f}{r['min_ms']:>9.2f}{r['gbps']:>7.2f}"
-                      f"{vs_tcp:>6.2f}x{cell['wire'][p]['wire_ratio']:>7.3f}  {tail}")
+                      f"{vs_tcp:>6.2f}x{cell['wire'][p]['wire_ratio']:>7.3f}{cell['wire'][p]['tcp_opens']:>6}  {tail}")
         print()
     print(f"/tcp = raw TCP's median time / this path's (bandwidth ratio; goal for ours >= {GOAL_RATIO}); GB/s at the "
-          f"median; wire = bytes the source's eth0 sent in one move / payload (>= 1: over the link). limit: why "
+          f"median; wire = bytes the source's eth0 sent in one move / payload (>= 1: over the link); opens = TCP "
+          f"connections the source opened for that move. limit: why "
           f"ours misses the goal (library: raw / tcp misses it too, ours / raw >= {LAYER_RATIO})")
 
 

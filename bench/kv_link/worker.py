@@ -32,9 +32,17 @@ def link_tx_bytes(dev_text: str, interface: str = LINK) -> int:
     raise ValueError(f"no interface {interface!r} in /proc/net/dev")
 
 
-def _tx_now() -> int:
-    with open("/proc/self/net/dev") as f:  # this process's network namespace (entered before any thread)
-        return link_tx_bytes(f.read())
+def tcp_active_opens(snmp_text: str) -> int:
+    """TCP connections opened from this namespace (``Tcp: ActiveOpens``) in a ``/proc/net/snmp`` text. Pure."""
+    header, values = [line.split()[1:] for line in snmp_text.splitlines() if line.startswith("Tcp:")][:2]
+    return int(values[header.index("ActiveOpens")])
+
+
+def _link_now() -> tuple[int, int]:
+    """(bytes the link has sent, TCP connections opened) in this process's network namespace (entered
+    before any thread started)."""
+    with open("/proc/self/net/dev") as dev, open("/proc/self/net/snmp") as snmp:
+        return link_tx_bytes(dev.read()), tcp_active_opens(snmp.read())
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -95,7 +103,8 @@ def _worker_main(role: str, netns: str, cores: list[int], backend_name: str, hos
     the backend (``host`` advertised), then
     answer the parent: the sink sends {pid, descriptor, tcp_port} first; both answer ("digest", ids)
     and ("zero", ids); the source answers ("connect", (descriptor, host, port)), ("cell", ids pair)
-    -> {ops, bytes}, ("run", path) -> seconds, ("wire", path) -> bytes its link sent during one move;
+    -> {ops, bytes}, ("run", path) -> seconds, ("wire", path) -> {bytes, tcp_opens}: what its link sent and
+    the TCP connections this namespace opened during one move;
     "exit" ends either."""
     from tests.server_forks import enter_netns
 
@@ -166,9 +175,10 @@ def _answer(cmd: str, arg, pool, pool_bytes: memoryview, backend, state: dict):
     if cmd == "run":
         return _timed(state, arg)
     if cmd == "wire":
-        before = _tx_now()
+        (tx0, opens0) = _link_now()
         _timed(state, arg)
-        return _tx_now() - before
+        tx1, opens1 = _link_now()
+        return {"bytes": tx1 - tx0, "tcp_opens": opens1 - opens0}
     raise ValueError(f"unknown command {cmd!r}")
 
 

@@ -19,6 +19,8 @@ def run_overload(stack: PdStack, args: argparse.Namespace) -> dict:
     """The burst of ``args.clients`` x ``args.requests_per_client`` requests against ``stack``,
     sampled every ``args.sample_s``, judged against ``args.max_rss_growth_mib``."""
     sampler = Sampler(stack.pids(), args.sample_s)
+    print(f"burst: {args.clients} clients x {args.requests_per_client} requests, deadline {args.deadline_s:g} s",
+          flush=True)
     start = time.monotonic()
     records, finished = asyncio.run(burst(stack.url, args.clients, args.requests_per_client, args.max_tokens,
                                           args.request_timeout, args.deadline_s))

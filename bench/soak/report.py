@@ -8,7 +8,7 @@ from bench.common.output import print_header, pyplot, save_figure
 from bench.common.record import Figure
 from bench.soak.analysis import METRICS, series
 
-LABELS = {"rss_mib": "RSS (MiB)", "fds": "open fds", "threads": "threads"}
+LABELS = {"rss_mib": "RSS - its first sample (MiB)", "fds": "open fds", "threads": "threads"}
 
 
 def print_table(report: dict) -> None:
@@ -29,13 +29,15 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: Path, title: str) -> None:
-    """One panel per metric: each process's series over the hold, the warm-up shaded."""
+    """One panel per metric: each process's series over the hold (RSS as growth over its first sample,
+    so MiB of growth show beside GiB of RSS), the warm-up shaded."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(METRICS), figsize=(15, 4.2))
     for ax, metric in zip(axes, METRICS):
         for name in report["growth"]:
             points = series(report["samples"], name, metric)
-            ax.plot([t / 60 for t, _ in points], [v for _, v in points], marker=".", label=name)
+            base = points[0][1] if points and metric == "rss_mib" else 0.0
+            ax.plot([t / 60 for t, _ in points], [v - base for _, v in points], marker=".", label=name)
         ax.axvspan(0, report["warmup_s"] / 60, color="grey", alpha=0.15, label="warm-up")
         ax.set_xlabel("minutes into the hold")
         ax.set_ylabel(LABELS[metric])

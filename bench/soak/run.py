@@ -26,6 +26,8 @@ def run_soak(stack: PdStack, args: argparse.Namespace) -> dict:
     steps = asyncio.run(ramp(stack.url, concurrencies, args.ramp_step_s, args.max_tokens, args.request_timeout))
     cap = capacity(steps)
     target = round(args.load_fraction * cap, 3)
+    print(f"ramp {[(s['concurrency'], s['ok_per_s']) for s in steps]}: capacity {cap} req/s; holding {target} req/s "
+          f"for {args.duration_s:g} s, sampling every {args.sample_s:g} s", flush=True)
     sampler = Sampler(stack.pids(), args.sample_s)
     t0 = time.monotonic()
     records, skipped = ([], 0) if target <= 0 else asyncio.run(

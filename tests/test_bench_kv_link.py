@@ -15,7 +15,7 @@ import pytest
 
 from bench.kv_link.analysis import GOAL_RATIO, cell_ratios, crossed_link, goal, limit
 from bench.kv_link.report import figures
-from bench.kv_link.worker import link_tx_bytes, tcp_active_opens
+from bench.kv_link.worker import link_tx_bytes, pieces, tcp_active_opens
 from bench.kv_link.workload import Cell, blocks_for, cells, pool_blocks, reps_for
 from tests.conftest import REPO
 from tests.generated_models import model_dir
@@ -113,6 +113,12 @@ def test_link_bytes_are_read_from_proc_net_dev():
     assert link_tx_bytes(text) == 17_000_000 and link_tx_bytes(text, "lo") == 100
     with pytest.raises(ValueError, match="no interface 'eth1'"):
         link_tx_bytes(text, "eth1")
+
+
+def test_the_tcp_path_moves_an_op_in_pieces_of_at_most_the_chunk():
+    assert pieces(1000, 300, 128) == [(1000, 1128), (1128, 1256), (1256, 1300)]
+    assert pieces(0, 256, 128) == [(0, 128), (128, 256)]
+    assert pieces(5, 0, 128) == []
 
 
 def test_tcp_connections_opened_are_read_from_proc_net_snmp():

@@ -28,8 +28,10 @@ interleaved in a shuffled order per repetition:
   Mooncake ``batch_transfer_sync_write``, NIXL create/post/busy-poll/release);
 - ``tcp``: one plain TCP connection from the source process to a listener thread in the sink
   process: a header (op count, then each op's remote offset and length), ``sendall`` of each op's
-  bytes from the source pool, ``recv_into`` the sink pool at the remote offset, a 1-byte ack once
-  all have landed; timed until the ack, as a write is timed until it completes.
+  bytes from the source pool, ``recv_into`` the sink pool at the remote offset, both in pieces of
+  ``--tcp-chunk-kib`` (128: faster than one call per multi-MiB op, so the baseline is the better
+  plain socket), a 1-byte ack once all have landed; timed until the ack, as a write is timed until
+  it completes.
 
 Each path's bytes are checked once per cell (the sink hashes the written blocks), and that check's
 move also counts the bytes the source's ``eth0`` sent (``/proc/self/net/dev`` in its namespace):

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-host", default="p1", help="the rig host of the source (a prefill's role)")
     p.add_argument("--sink-host", default="d1", help="the rig host of the sink (a decode's role)")
     p.add_argument("--family-ip", type=int, default=4, choices=(4, 6), help="the rig's address family")
+    p.add_argument("--tcp-chunk-kib", type=int, default=128,
+                   help="the tcp path's bytes per sendall / recv_into call (each op split into pieces of this)")
     p.add_argument("--ucx-tls", default="tcp",
                    help="UCX_TLS of the nixl workers: tcp keeps UCX off shared memory and CMA, which reach between "
                         "two namespaces of one machine (not over the link) but not between hosts; '' : UCX's choice")
@@ -103,8 +105,9 @@ def _report(args: argparse.Namespace, shape: dict, block_bytes: int, pool: int, 
                             "receiver thread inherit their process's cores"},
         "config": {"family": args.family, "size": args.size, "layout": {**shape, "dtype": "float32",
                    "block_bytes": block_bytes, "pool_blocks": pool}, "sizes_mib": sizes, "layouts": layouts,
-                   "backends": backends, "paths": PATHS, "reps": args.reps, "warmup": args.warmup,
-                   "timeout_s": args.timeout, "seed": args.seed, "quick": args.quick, "gb": "1e9 bytes"},
+                   "backends": backends, "paths": PATHS, "tcp_chunk_kib": args.tcp_chunk_kib, "reps": args.reps,
+                   "warmup": args.warmup, "timeout_s": args.timeout, "seed": args.seed, "quick": args.quick,
+                   "gb": "1e9 bytes"},
         "results": results,
         "goal": goal(results),
     }

@@ -22,11 +22,11 @@ def run_backend(name: str, args: Namespace, rig, shape: dict, pool: int, cells: 
     sink_addr = rig.addr(args.sink_host)
     env = worker_env(name, args.ucx_tls)
     sink = Worker("sink", rig.ns(args.sink_host), args.sink_cores, name, sink_addr, shape, pool, args.timeout,
-                  args.seed, env)
+                  args.seed, args.tcp_chunk_kib * 1024, env)
     source = None
     try:
         source = Worker("source", rig.ns(args.source_host), args.source_cores, name, rig.addr(args.source_host),
-                        shape, pool, args.timeout, args.seed, env)
+                        shape, pool, args.timeout, args.seed, args.tcp_chunk_kib * 1024, env)
         source.ask("connect", (sink.info["descriptor"], sink_addr, sink.info["tcp_port"]))
         startup_s = time.perf_counter() - started
         print(f"[{name}] source pid {source.info['pid']} on {args.source_host} ({rig.addr(args.source_host)}), "

@@ -63,6 +63,7 @@ def test_ratios_are_the_references_time_over_the_paths():
     (0.7, 0.72, 0.97, "library"),  # the library itself is slow; our layer keeps 0.97 of it
     (0.6, 0.9, 0.67, "our layer"),  # the library meets the goal, ours does not
     (0.5, 0.7, 0.71, "library and our layer"),
+    (0.794, 0.801, 0.992, "neither alone"),  # both within their margins, the product just below
 ])
 def test_the_limit_names_what_holds_ours_below_the_goal(ours_vs_tcp, raw_vs_tcp, ours_vs_raw, why):
     assert limit(ours_vs_tcp, raw_vs_tcp, ours_vs_raw) == why

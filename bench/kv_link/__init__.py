@@ -41,10 +41,10 @@ the TCP connections the source's namespace opened during that move (a library th
 per move would show it; the first move of a fresh engine shows its connection set-up).
 
 Ratios on the medians (bandwidth, time of the reference over the path's): ``ours / tcp`` (goal >=
-0.8), ``raw / tcp`` (the library's own path against the socket) and ``ours / raw``. Where ours /
-tcp misses the goal, ``limit`` says why: ``library`` when raw / tcp misses it too while ours / raw
->= 0.9 (our layer costs little; the library's path is the limit), ``our layer`` when the raw library
-meets it, ``library and our layer`` otherwise.
+0.8), ``raw / tcp`` (the library's own path against the socket) and ``ours / raw`` (ours / tcp is
+their product). Where ours / tcp misses the goal, ``limit`` says which factor is short: ``library``
+(raw / tcp < 0.8 while ours / raw >= 0.9: the library's own path is the limit), ``our layer``
+(ours / raw < 0.9 while raw / tcp >= 0.8), ``library and our layer``, or ``neither alone``.
 
 Output: a table on stdout, ``bench/results/kv_link.json``, ``kv_link.png`` and the summary in
 ``bench/summaries/``. The rig's namespaces are deleted in ``finally`` (and swept at start when a

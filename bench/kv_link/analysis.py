@@ -30,14 +30,16 @@ def cell_ratios(res: dict[str, dict]) -> dict:
 
 
 def limit(ours_vs_tcp: float, raw_vs_tcp: float, ours_vs_raw: float) -> str | None:
-    """Why ours / tcp misses ``GOAL_RATIO``: None when it does not; ``library`` when the raw library
-    misses it too and ours keeps ``LAYER_RATIO`` of the library; ``our layer`` when the raw library
-    meets it; ``library and our layer`` when both fall short."""
+    """Why ours / tcp misses ``GOAL_RATIO`` (None when it does not), from the two factors it is the
+    product of: the library's own path (raw / tcp short of ``GOAL_RATIO``) and our layer (ours / raw
+    short of ``LAYER_RATIO``): ``library``, ``our layer``, ``library and our layer``, or ``neither
+    alone`` when each is within its margin and only their product falls short."""
     if ours_vs_tcp >= GOAL_RATIO:
         return None
-    if raw_vs_tcp >= GOAL_RATIO:
-        return "our layer"
-    return "library" if ours_vs_raw >= LAYER_RATIO else "library and our layer"
+    library, layer = raw_vs_tcp < GOAL_RATIO, ours_vs_raw < LAYER_RATIO
+    if library and layer:
+        return "library and our layer"
+    return "library" if library else "our layer" if layer else "neither alone"
 
 
 def crossed_link(wire_bytes: int, payload: int, tcp_opens: int = 0) -> dict:

@@ -38,7 +38,7 @@ def stack(tiny_model, tmp_path_factory):
 
 def test_a_minute_at_seventy_percent_of_capacity_grows_nothing(stack, tmp_path):
     args = soak_parser().parse_args([*STACK, "--duration-s", str(HOLD_S), "--sample-s", str(SAMPLE_S),
-                                     "--ramp-step-s", "2", "--ramp-concurrency", "1,2,4,8", "--max-in-flight", "12"])
+                                     "--ramp-step-s", "1.5", "--ramp-concurrency", "1,4,8", "--max-in-flight", "12"])
     report = run_soak(stack, args)
     assert report["verdict"]["ok"], report["verdict"]["reasons"]
     assert report["capacity_per_s"] > 0 and report["hold"]["target_per_s"] == round(0.7 * report["capacity_per_s"], 3)

@@ -3,14 +3,15 @@ sampler that reads them for a set of named processes on a thread at a fixed inte
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import threading
 import time
 from pathlib import Path
 
 from bench.common.proc import process_tree
 
 KIB_PER_MIB = 1024
+STOP_GRACE_S = 10.0
 
 
 def usage(root: int) -> dict[str, float] | None:
@@ -33,32 +34,43 @@ def usage(root: int) -> dict[str, float] | None:
 
 
 class Sampler:
-    """Every ``every_s`` seconds (the first at once), on a daemon thread until ``stop()``: the ``usage``
-    of each of ``pids`` ({name: pid}), as {"t": seconds since start, name: usage or None}."""
+    """Every ``every_s`` seconds (the first at once) until ``stop()``: the ``usage`` of each of ``pids``
+    ({name: pid}), as {"t": seconds since the sampler was made, name: usage or None}. The sampling runs
+    in a forked child process, so a client busy on this process's GIL (hundreds of coroutines) does not
+    delay it; make it before any event loop or client starts (it forks)."""
 
     def __init__(self, pids: dict[str, int], every_s: float) -> None:
         self.pids, self.every_s = dict(pids), every_s
-        self.samples: list[dict] = []
         self.t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="proc-sampler", daemon=True)
-        self._thread.start()
-
-    def sample(self) -> dict:
-        """One sample now, appended to ``samples`` and returned."""
-        row: dict = {"t": round(time.monotonic() - self.t0, 2)}
-        row.update({name: usage(pid) for name, pid in self.pids.items()})
-        self.samples.append(row)
-        return row
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.every_s)
+        context = multiprocessing.get_context("fork")
+        self._stop = context.Event()
+        self._rows, child_end = context.Pipe(duplex=False)
+        self._proc = context.Process(target=_sample_until, args=(self.pids, every_s, self.t0, self._stop, child_end),
+                                     name="proc-sampler", daemon=True)
+        self._proc.start()
+        child_end.close()
 
     def stop(self) -> list[dict]:
-        """Stops the thread (within ``every_s`` plus one sample), takes a last sample, returns them all."""
+        """Stops the sampling (one last sample is taken then) and returns every sample; [] if the child
+        sent nothing within ``every_s`` + 10 s."""
         self._stop.set()
-        self._thread.join(self.every_s + 10)
-        self.sample()
-        return self.samples
+        samples = self._rows.recv() if self._rows.poll(self.every_s + STOP_GRACE_S) else []
+        self._proc.join(STOP_GRACE_S)
+        return samples
+
+
+def sample(pids: dict[str, int], t0: float) -> dict:
+    """One sample now: {"t": seconds since ``t0`` (monotonic), name: usage(pid) or None}."""
+    row: dict = {"t": round(time.monotonic() - t0, 2)}
+    row.update({name: usage(pid) for name, pid in pids.items()})
+    return row
+
+
+def _sample_until(pids: dict[str, int], every_s: float, t0: float, stop, rows) -> None:
+    """The sampler's child: samples until ``stop`` is set, then one more, and sends them all at once."""
+    samples = []
+    while not stop.is_set():
+        samples.append(sample(pids, t0))
+        stop.wait(every_s)
+    samples.append(sample(pids, t0))
+    rows.send(samples)

@@ -64,6 +64,9 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="fresh attempts after a stage failed before anything reached the client")
     r.add_argument("--health-interval-s", type=float, default=_D["health_interval_s"], help="between health checks")
     r.add_argument("--health-timeout-s", type=float, default=_D["health_timeout_s"], help="deadline of one check")
+    r.add_argument("--health-timeouts", type=int, default=_D["health_timeouts"],
+                   help="consecutive checks past --health-timeout-s that mark a worker unhealthy (a refused "
+                        "connection or an error answer marks it at once)")
     r.add_argument("--breaker-failures", type=int, default=_D["breaker_failures"],
                    help="consecutive failures that open a worker's circuit")
     r.add_argument("--breaker-cooldown-s", type=float, default=_D["breaker_cooldown_s"],

@@ -50,6 +50,10 @@ class RouterConfig:
     retries: int = 1  # fresh attempts after a failure that reached the client with nothing
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
+    # consecutive health checks that time out before a worker is marked unhealthy: a stage busy on a
+    # saturated machine answers /health late, and one late answer must not take the only decode away
+    # (a refused connection or an error answer marks it at once; a stalled stream, the idle deadline)
+    health_timeouts: int = 3
     breaker_failures: int = 3  # consecutive failures that open a worker's circuit
     breaker_cooldown_s: float = 10.0  # open -> half-open after this long
     startup_timeout_s: float = 60.0  # wait this long for the workers' first answers at startup
@@ -90,7 +94,7 @@ class RouterConfig:
                      "ratio_window_s", "drain_timeout_s", "cache_ttl_s", "cache_op_timeout_s", "claim_lease_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
-        for name in ("max_in_flight", "breaker_failures", "max_image_bytes", "max_images_per_request",
+        for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",
                      "room_history"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")

@@ -137,8 +137,15 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
             await read_info(session, worker, config.health_timeout_s, config.admin_token)
     except InfoError as exc:
         ok, reason, misfit = False, str(exc), exc
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except TimeoutError:
+        worker.late_checks += 1
+        if worker.late_checks < config.health_timeouts:
+            return None  # late, not gone: the verdict stands until --health-timeouts checks in a row are
+        ok, reason = False, f"{worker.late_checks} health checks in a row took over {config.health_timeout_s:g} s"
+    except (aiohttp.ClientError, ValueError) as exc:
         ok, reason = False, f"{type(exc).__name__}: {exc}"
+    if ok:
+        worker.late_checks = 0
     if ok != worker.healthy:
         if ok:
             log.info("%s %s is healthy", worker.role, worker.url)

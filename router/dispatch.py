@@ -17,7 +17,8 @@ verdict for its breaker: success, failure (it was to blame) or none.
 Blame in epd mode: a prefill failing on an image the router put in the attempt (the encode
 failed, timed out, or the cache entry went away) is charged to that image's encoder
 (``verdict.blame_encoder``); a decode reporting its prefill's failure waits up to
-``PEER_GRACE_S`` for the prefill's own answer, which names the cause, and a prefill reporting an
+``PEER_GRACE_S`` for the prefill's own answer, which names the cause (and a prefill whose decode never
+came, while the decode has not answered, charges the decode: ``_decode_behind``), and a prefill reporting an
 image's failure waits as long for the encoder's own answer (``_encoder_behind``: an encoder that
 refused the image as busy makes the request's answer a 503 with Retry-After, not a 502).
 
@@ -183,7 +184,7 @@ class Dispatcher:
             for task in sorted(done, key=lambda t: t is not answer and plan.sides[sides.index(t)].stage != "encoder"):
                 side_error = task.exception() if task is not answer else None
                 if side_error is not None:  # a side call failed: it is to blame (an encoder's own answer first)
-                    raise await _encoder_behind(plan, sides, side_error)
+                    raise await _encoder_behind(plan, sides, _decode_behind(plan, answer, side_error))
             if answer in done:
                 error = answer.exception()
                 if error is None:
@@ -290,6 +291,16 @@ def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float
     if cache is not None:
         headers["x-epd-cache"] = f"hit={cache[0]} miss={cache[1]}"
     return headers
+
+
+def _decode_behind(plan: Plan, answer: asyncio.Future, error: BaseException) -> BaseException:
+    """``error``, or the decode's failure behind it: a prefill saying its partner never came or went
+    silent (``PEER_CODES``) while the decode's own call has not answered reports the decode (a frozen
+    or vanished decode host), which is then the one charged and left out of the retry."""
+    if (isinstance(error, StageError) and error.failure.stage == "prefill" and error.failure.code in PEER_CODES
+            and not answer.done() and plan.answer.stage == "decode"):
+        return StageError(blame(error.failure, (plan.answer.stage, plan.answer.worker.url)))
+    return error
 
 
 async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: BaseException) -> BaseException:

@@ -22,6 +22,7 @@ class Worker:
     role: str
     breaker: CircuitBreaker
     healthy: bool = False  # until its first /health answers 200
+    late_checks: int = 0  # consecutive health checks that timed out (--health-timeouts)
     outstanding: int = 0  # requests sent to it and not yet finished
     models: tuple[str, ...] = ()  # ids from its /v1/models
     cards: tuple[dict, ...] = ()  # its /v1/models entries, served by the router's /v1/models

@@ -127,7 +127,7 @@ async def test_a_prefill_that_vanishes_mid_room_costs_seconds_not_the_kv_timeout
     assert all(seconds < DEADLINE_S and isinstance(answer, str) for seconds, answer in meanwhile), meanwhile
     assert held > 0  # the failed rooms' blocks wait for the stopped prefill's word ...
     # ... which it gives once it runs again: the queued aborts are answered and the blocks come back
-    await asyncio.to_thread(wait_until, lambda: sum(map(blocks_used, decodes)) == 0, 10, "decode blocks freed")
+    await asyncio.to_thread(wait_until, lambda: sum(map(blocks_used, decodes)) == 0, 20, "decode blocks freed")
 
 
 def _taken(server, point: str, armed: int) -> bool:

@@ -15,7 +15,7 @@ from cache.keys import image_key
 from cache.store import EmbeddingCache
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.dispatch import _encoder_behind, _headers, cache_counts
+from router.dispatch import _decode_behind, _encoder_behind, _headers, cache_counts
 from router.epd import EPDPlanner
 from router.errors import RouterError
 from router.image_refs import encode_body, ref_images, with_refs
@@ -377,3 +377,20 @@ async def test_a_prefills_image_failure_stands_when_the_encoder_answered_well_or
     assert await _encoder_behind(plan, [answered, _failed(other_key.failure)], other_key) is other_key
     not_image = StageError(Failure("prefill", "http://prefill:1", 500, "x", "internal_error"))
     assert await _encoder_behind(plan, [answered, _failed(not_image.failure)], not_image) is not_image
+
+
+async def test_a_prefill_whose_decode_never_came_charges_the_decode_while_it_has_not_answered():
+    plan, _ = _image_plan()
+    never = StageError(Failure("prefill", "http://prefill:1", 504, "partner never arrived within 5 s", "room_timeout",
+                               room=7))
+    pending = asyncio.get_running_loop().create_future()
+    blamed = _decode_behind(plan, pending, never)
+    assert isinstance(blamed, StageError)
+    assert (blamed.failure.stage, blamed.failure.url, blamed.failure.code) == ("decode", "http://decode:1",
+                                                                                "room_timeout")
+    answered = asyncio.get_running_loop().create_future()
+    answered.set_result(None)
+    assert _decode_behind(plan, answered, never) is never  # the decode answered: the prefill's own word stands
+    own = StageError(Failure("prefill", "http://prefill:1", 500, "x", "internal_error"))
+    assert _decode_behind(plan, pending, own) is own
+    pending.cancel()

@@ -20,6 +20,7 @@ from transfer.bootstrap_common import HandshakeTimeout
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Accepted, Heartbeat, KVRequest, decode, encode
 from tests.test_bootstrap import FP, HOST, kv_request
+from tests.test_bootstrap import raw_router as mute_prefill  # a bare ROUTER that accepts rooms and says nothing
 
 pytestmark = pytest.mark.timeout(30)
 aio = pytest.mark.asyncio
@@ -37,19 +38,6 @@ async def endpoints(heartbeat_s: float = BEAT_S) -> AsyncIterator[tuple[Bootstra
     finally:
         await client.close()
         await server.close()
-
-
-@asynccontextmanager
-async def mute_prefill() -> AsyncIterator[tuple[zmq.asyncio.Socket, int]]:
-    """A bare ROUTER that accepts rooms and then says nothing: a prefill whose host vanished."""
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port(f"tcp://{HOST}")
-    try:
-        yield sock, port
-    finally:
-        ctx.destroy(linger=0)
 
 
 @aio

@@ -11,15 +11,19 @@ cd "$(dirname "$0")/.."
 
 need_libs=()
 libs=(libibverbs1 librdmacm1)
-# the test suite's multi-host rig (tests/multihost/) filters a host's ports with nft
-[ "${1:-}" = "test" ] && libs+=(nftables)
+# the test suite: the multi-host rig (tests/multihost/) filters a host's ports with nft; tests/deploy/
+# builds the image (mmdebstrap, buildah, podman), checks Prometheus rules and scrapes a stack (prometheus:
+# promtool), and serves DNS records to the router's discovery (dnsmasq)
+[ "${1:-}" = "test" ] && libs+=(nftables mmdebstrap buildah podman prometheus dnsmasq)
+# kubectl renders the manifests (`kubectl kustomize`): Debian's kubernetes-client where none is installed
+[ "${1:-}" = "test" ] && ! command -v kubectl >/dev/null && libs+=(kubernetes-client)
 for lib in "${libs[@]}"; do
   dpkg -s "$lib" >/dev/null 2>&1 || need_libs+=("$lib")
 done
 if [ ${#need_libs[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq "${need_libs[@]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_libs[@]}"
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -58,14 +58,17 @@ class CacheStats:
     ``contains_many`` and ``wait_ready`` (a wait that had to wait is a miss). ``evictions``: entries
     this process's writes evicted for the budget; ``expired``: stale entries its writes swept;
     ``repairs``: dangling, half or corrupt entries its reads found and dropped (``contains_many``
-    drops dangling ones too, uncounted). ``stored_bytes``: the shared byte count
-    as of this process's last Redis call (all processes together)."""
+    drops dangling ones too, uncounted). ``claims``: claims this process won (it had to encode);
+    ``unavailable``: Redis calls that failed or timed out (each raised ``CacheUnavailable``).
+    ``stored_bytes``: the shared byte count as of this process's last Redis call (all processes together)."""
 
     hits: int = 0
     misses: int = 0
     evictions: int = 0
     expired: int = 0
     repairs: int = 0
+    claims: int = 0
+    unavailable: int = 0
     stored_bytes: int = 0
 
 
@@ -165,8 +168,10 @@ class EmbeddingCache:
         """True: ``owner`` must encode ``key`` now, renew the claim within ``lease_s``, then ``put`` (or
         ``publish_failed``) and ``release``. False: the key is cached or another owner is encoding it;
         ``wait_ready`` gives the result. A claim lapses ``lease_s`` after its last renewal."""
-        return bool(await self._call("claim", lambda: self._claim(
+        won = bool(await self._call("claim", lambda: self._claim(
             keys=[scripts.claim_key(check_key(key)), scripts.entry_key(key)], args=[owner, _ms(lease_s)])))
+        self._stats.claims += won
+        return won
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:
         """Restart ``owner``'s lease on ``key``; False if it no longer holds the claim."""
@@ -248,9 +253,11 @@ class EmbeddingCache:
             async with asyncio.timeout(self.config.op_timeout_s):
                 return await call()
         except TimeoutError:
+            self._stats.unavailable += 1
             raise CacheUnavailable(f"Redis at {self.config.safe_url}: {what} got no answer within "
                                    f"{self.config.op_timeout_s:g} s") from None
         except (RedisError, OSError) as exc:
+            self._stats.unavailable += 1
             raise CacheUnavailable(f"Redis at {self.config.safe_url}: {what} failed: {exc}") from None
 
     def _count(self, *, hits: bool) -> None:

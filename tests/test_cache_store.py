@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from cache import scripts
 from cache.entry import decode_entry, encode_entry
-from cache.errors import EntryTooLarge
+from cache.errors import CacheUnavailable, EntryTooLarge
 from cache.keys import image_key
 from cache.metrics import register_cache_metrics
 from cache.store import CacheStats, EmbeddingCache
+from stages.launch.ports import free_port
 from tests.redis_fixtures import cache, make_config, redis_server, redis_url  # noqa: F401
 
 pytestmark = pytest.mark.timeout(30)
@@ -264,3 +265,19 @@ async def test_metrics_read_the_stats_at_scrape_time(redis_url: str) -> None:
         assert value("epd_cache_misses_total") == 2.0
         assert value("epd_cache_evictions_total") == 1.0
         assert value("epd_cache_bytes") == 2.0 * size
+        assert value("epd_cache_claims_total") == 0.0
+        assert await cache.claim(key(7), "me", 5.0) and not await cache.claim(key(7), "other", 5.0)
+        assert not await cache.claim(key(3), "me", 5.0)  # cached: nobody needs to encode it
+        assert value("epd_cache_claims_total") == 1.0
+        assert value("epd_cache_unavailable_total") == 0.0
+
+
+async def test_unavailable_counts_every_failed_redis_call() -> None:
+    registry = CollectorRegistry()
+    async with EmbeddingCache(make_config(f"redis://127.0.0.1:{free_port()}/0", op_timeout_s=2.0)) as cache:
+        register_cache_metrics(registry, cache.stats)
+        for call in (cache.get(key(1)), cache.claim(key(1), "me", 5.0)):
+            with pytest.raises(CacheUnavailable, match="Redis at redis://127.0.0.1:"):
+                await call
+        assert registry.get_sample_value("epd_cache_unavailable_total") == 2.0
+        assert cache.stats().hits + cache.stats().misses + cache.stats().claims == 0

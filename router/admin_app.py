@@ -64,7 +64,8 @@ async def _workers(request: web.Request) -> web.Response:
     listing = []
     for worker in router.registry:
         sample = samples.get(worker.id)
-        listing.append({**worker_json(worker), "queue_depth": sample.queue_depth if sample else None,
+        listing.append({**worker_json(worker, router.registry.source(worker)),
+                        "queue_depth": sample.queue_depth if sample else None,
                         "running": sample.running if sample else None,
                         "kv_blocks_used": sample.kv_blocks_used if sample else None})
     return web.json_response({"mode": router.config.mode, "workers": listing})
@@ -86,24 +87,26 @@ async def _drain(request: web.Request) -> web.Response:
     worker = router.registry.find(request.match_info["id"])
     wait_s = _number(request, "wait_s", router.config.drain_timeout_s)
     idle = await router.membership.drain(worker, wait_s)
-    return web.json_response({"worker": worker_json(worker), "idle": idle}, status=200 if idle else 202)
+    return web.json_response({"worker": worker_json(worker, router.registry.source(worker)), "idle": idle},
+                             status=200 if idle else 202)
 
 
 async def _resume(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     worker = router.registry.find(request.match_info["id"])
     router.registry.resume(worker)
-    return web.json_response({"worker": worker_json(worker)})
+    return web.json_response({"worker": worker_json(worker, router.registry.source(worker))})
 
 
 async def _remove(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     worker = router.registry.find(request.match_info["id"])
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+    source = router.registry.source(worker)
     router.registry.remove(worker, force)
     log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
              worker.outstanding)
-    return web.json_response({"removed": worker_json(worker)})
+    return web.json_response({"removed": worker_json(worker, source)})
 
 
 # --- pairing -----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 fixes it. Cheap to import (no aiohttp, no torch), so ``stage --help`` stays fast.
 
 The mode follows from the roles given: ``--colocated`` alone is ``colocated``; ``--prefill`` with
-``--decode`` is ``pd``; ``--encoder`` added to those is ``epd``.
+``--decode`` is ``pd``; ``--encoder`` added to those is ``epd``. A role is given by its URL flag or by a
+``--discover ROLE=dns://...`` source (``router.dns_source``), or both.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from cache.config import DEFAULT_TTL_S
+from router.dns_source import DnsSource, parse_discover, parse_nameserver
 
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
@@ -27,6 +29,10 @@ class RouterConfig:
     decode: tuple[str, ...] = ()
     colocated: tuple[str, ...] = ()
     encoder: tuple[str, ...] = ()
+    # ROLE=dns://NAME:PORT or ROLE=dns+srv://NAME, followed by router.dns_watch (docs/router.md)
+    discover: tuple[str, ...] = ()
+    discover_interval_s: float = 5.0  # between two resolutions of every --discover source
+    discover_nameserver: str | None = None  # IP[:PORT] asked instead of the system's resolv.conf
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str | None = None  # epd: the embedding cache index
@@ -79,6 +85,7 @@ class RouterConfig:
                 check_worker_url(url, role)
             if len(set(urls)) != len(urls):
                 raise ValueError(f"--{role} names the same URL twice: {sorted(urls)}")
+        self._check_discover()
         self._check_roles()
         for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
                               ("encoder", ENCODER_POLICIES)):
@@ -91,7 +98,8 @@ class RouterConfig:
         for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "stream_idle_timeout_s",
                      "health_interval_s",
                      "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
-                     "ratio_window_s", "drain_timeout_s", "cache_ttl_s", "cache_op_timeout_s", "claim_lease_s"):
+                     "ratio_window_s", "drain_timeout_s", "discover_interval_s", "cache_ttl_s", "cache_op_timeout_s",
+                     "claim_lease_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",
@@ -108,14 +116,23 @@ class RouterConfig:
             if not host or "/" in host or host != host.strip():
                 raise ValueError(f"--allowed-image-hosts takes host or host:port entries, got {host!r}")
 
+    def _check_discover(self) -> None:
+        labels = [(s.role, s.label) for s in self.dns_sources]  # each parsed: ValueError names --discover
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"--discover names the same source twice: {sorted(self.discover)}")
+        if self.discover_nameserver is not None:
+            parse_nameserver(self.discover_nameserver)
+
     def _check_roles(self) -> None:
-        if self.colocated and (self.prefill or self.decode or self.encoder):
+        given = {role: self.given(role) for role in ROLES}
+        if given["colocated"] and (given["prefill"] or given["decode"] or given["encoder"]):
             raise ValueError("--colocated cannot be mixed with --prefill, --decode or --encoder: "
                              "a router runs one mode")
-        if not (self.colocated or self.prefill or self.decode):
-            raise ValueError("no workers: give --colocated URL, or --prefill URL and --decode URL")
-        if bool(self.prefill) != bool(self.decode):
-            missing = "--decode" if self.prefill else "--prefill"
+        if not (given["colocated"] or given["prefill"] or given["decode"]):
+            raise ValueError("no workers: give --colocated URL, or --prefill URL and --decode URL "
+                             "(or --discover ROLE=dns://NAME:PORT for each)")
+        if given["prefill"] != given["decode"]:
+            missing = "--decode" if given["prefill"] else "--prefill"
             raise ValueError(f"pd mode needs both --prefill and --decode workers; {missing} is missing")
         if self.mode == "epd" and not self.redis_url:
             raise ValueError("epd mode (--encoder given) needs --redis-url, the embedding cache index")
@@ -124,9 +141,18 @@ class RouterConfig:
 
     @property
     def mode(self) -> str:
-        if self.colocated:
+        if self.given("colocated"):
             return "colocated"
-        return "epd" if self.encoder else "pd"
+        return "epd" if self.given("encoder") else "pd"
+
+    @property
+    def dns_sources(self) -> tuple[DnsSource, ...]:
+        """The ``--discover`` sources, parsed."""
+        return tuple(parse_discover(text, ROLES) for text in self.discover)
+
+    def given(self, role: str) -> bool:
+        """Whether ``role`` has workers: by URL (``--ROLE``) or by a ``--discover`` source."""
+        return bool(getattr(self, role)) or any(s.role == role for s in self.dns_sources)
 
     @property
     def max_body_bytes(self) -> int:

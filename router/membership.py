@@ -52,8 +52,9 @@ class Membership:
         self._switching = asyncio.Lock()  # one split at a time
 
     # --- add -----------------------------------------------------------------------------------
-    async def add(self, url: str, role: str, group: str | None) -> dict:
-        """Admit a worker; its listing plus what each decode said about dialing (``dial``)."""
+    async def add(self, url: str, role: str, group: str | None, source: str = "admin") -> dict:
+        """Admit a worker from ``source`` (the registry's word for where it came from); its listing
+        plus what each decode said about dialing (``dial``; none asked without an admin token)."""
         self.registry.check_new(url, role)
         try:
             check_worker_url(url, role)
@@ -64,10 +65,11 @@ class Membership:
         await self._admit(worker)
         self._check_fits(worker)
         worker.healthy = True
-        self.registry.add(worker)
+        self.registry.add(worker, source)
         await self._learn_schema([worker])
-        log.info("admin: added %s %s as %s (group %s)", role, url, worker.id, worker.group)
-        return {"worker": worker_json(worker), "dial": await self.connect(worker)}
+        log.info("%s: added %s %s as %s (group %s)", source, role, url, worker.id, worker.group)
+        dial = await self.connect(worker) if self.config.admin_token is not None else {}
+        return {"worker": worker_json(worker, source), "dial": dial}
 
     async def _admit(self, worker: Worker) -> None:
         session, config = self.upstream.session, self.config
@@ -249,9 +251,10 @@ def _json_kind(value: object) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def worker_json(worker: Worker) -> dict:
-    """What the router itself knows of a worker (the admin listing adds the stage's load)."""
-    return {"id": worker.id, "role": worker.role, "url": worker.url, "healthy": worker.healthy,
+def worker_json(worker: Worker, source: str) -> dict:
+    """What the router itself knows of a worker, and its ``source`` (``Registry.source``); the admin
+    listing adds the stage's load."""
+    return {"id": worker.id, "role": worker.role, "url": worker.url, "source": source, "healthy": worker.healthy,
             "known": worker.known, "circuit": worker.breaker.state.name.lower(), "outstanding": worker.outstanding,
             "group": worker.group, "draining": worker.draining, "switchable": worker.switchable,
             "bootstrap": _host_port(*worker.bootstrap) if worker.bootstrap else None}

@@ -4,7 +4,7 @@
 Contracts:
 - Every change of membership is one call here: ``add`` (it names the worker ``w1``, ``w2``, ...),
   ``remove``, ``drain``, ``resume`` and, for a role switch, ``begin_switch`` / ``move`` /
-  ``end_switch``. The admin API (``router.membership``) and, later, DNS discovery call them; the
+  ``end_switch``. The admin API (``router.membership``) and DNS discovery (``router.dns_watch``) call them; the
   health loop, the load sampler and the admin listing iterate the registry; the dispatcher's
   planners pick from its pools. No one else keeps a list of workers.
 - A pool's ``workers`` are the registry's workers of its role, read when asked: a worker added,
@@ -12,6 +12,9 @@ Contracts:
 - The router's metrics export exactly the workers in the registry, under their current role;
   ``on_remove`` callbacks (the load history, the pairing state) forget a worker that left.
 - A refused change is a ``RouterError`` (4xx) and changes nothing.
+- Each worker's source, where it came from, is kept from ``add`` to ``remove``: ``static`` (a
+  ``--prefill``-like flag), ``admin`` (the admin API) or a ``--discover`` source's label
+  (``dns://NAME:PORT``, ``dns+srv://NAME``; ``router.dns_watch`` follows only its own).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Registry:
         self._breaker = breaker
         self._ids = 0
         self._moving: set[str] = set()  # ids of the workers switching roles now
+        self._sources: dict[str, str] = {}  # worker id -> where it came from (see the module docstring)
 
     @classmethod
     def for_config(cls, config: RouterConfig, metrics: Metrics) -> Registry:
@@ -72,6 +76,14 @@ class Registry:
     def switching(self, worker: Worker) -> bool:
         return worker.id in self._moving
 
+    def source(self, worker: Worker) -> str:
+        """Where ``worker`` came from: ``static``, ``admin`` or a ``--discover`` source's label."""
+        return self._sources.get(worker.id, "static")
+
+    def of_source(self, source: str) -> list[Worker]:
+        """The workers that came from ``source``, in admission order."""
+        return [w for w in self._workers if self._sources.get(w.id) == source]
+
     # --- changing ------------------------------------------------------------------------------
     def new_worker(self, url: str, role: str, group: str | None = None) -> Worker:
         """A worker not yet added (discovery fills it in before ``add``)."""
@@ -87,11 +99,13 @@ class Registry:
         if (known := self.by_url(url)) is not None:
             raise RouterError(409, f"{url} is already worker {known.id} ({known.role})", code="worker_exists")
 
-    def add(self, worker: Worker) -> Worker:
-        """Admit ``worker`` (``check_new`` first): it gets the next id and is exported in the metrics."""
+    def add(self, worker: Worker, source: str = "static") -> Worker:
+        """Admit ``worker`` from ``source`` (``check_new`` first): it gets the next id and is exported in
+        the metrics."""
         self.check_new(worker.url, worker.role)
         self._ids += 1
         worker.id = f"w{self._ids}"
+        self._sources[worker.id] = source
         self._workers.append(worker)
         self.metrics.watch([worker])
         return worker
@@ -105,6 +119,7 @@ class Registry:
                               f"flight: drain it first (POST /admin/workers/{worker.id}/drain) or remove it with "
                               "?force=true", code="worker_busy")
         self._workers.remove(worker)
+        self._sources.pop(worker.id, None)
         self.metrics.unwatch(worker)
         for forget in self.on_remove:
             forget(worker)

@@ -1,8 +1,8 @@
 """Everything one router process owns: the registry of its workers (``router.registry``: per role a
 pool with its policy), the upstream client, the image fetcher, the dispatcher, the metrics, and for
 the admin API the membership (workers added and switched at runtime), the pairing rules, the room
-log and the load history; and its supervised loops: health checks, load sampling and
-(``--auto-ratio-interval-s``) the automatic ratio.
+log and the load history; and its supervised loops: health checks, load sampling,
+(``--auto-ratio-interval-s``) the automatic ratio and (``--discover``) DNS discovery (``router.dns_watch``).
 
 Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
 clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
@@ -11,7 +11,9 @@ incompatible pair is logged with the fields that differ), or, in epd mode, the e
 on their vision fingerprint (their image keys would differ); with an admin token it asks every
 decode to allow every prefill (``Membership.connect``); it takes the chat request's schema from a
 stage's ``/openapi.json`` (``learn_chat_schema``, also when the admin API adds a worker); then it
-starts the loops. ``close`` stops the loops and closes the clients (and, in epd mode, the embedding
+starts the loops. Workers found by ``--discover`` join after the static ones are discovered, before
+the checks above (``DnsWatch.first_round``, within the same deadline). ``close`` stops the loops and
+closes the clients (and, in epd mode, the embedding
 cache's connections).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 
 import aiohttp
@@ -28,6 +31,7 @@ from cache.store import EmbeddingCache
 from router.admin_ratio import auto_ratio_loop
 from router.config import RouterConfig
 from router.discovery import InfoError, discover, health_loop, read_chat_schema
+from router.dns_watch import DnsWatch
 from router.dispatch import Dispatcher
 from router.epd import EPDPlanner
 from router.errors import RouterError, body_too_large
@@ -66,6 +70,7 @@ class Router:
         self.history = History(config.ratio_window_s)
         registry.on_remove += [lambda worker: self.history.forget(worker.id), self.pairing.forget]
         self.membership = Membership(config, registry, self.upstream, self.pairing, self.learn_chat_schema)
+        self.dns = DnsWatch(config, registry, self.membership, self.metrics) if config.discover else None
         self.epd: EPDPlanner | None = None
         planner: Planner
         if config.mode == "colocated":
@@ -86,11 +91,14 @@ class Router:
         return self.registry.pools["colocated" if self.config.mode == "colocated" else "decode"]
 
     async def start(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
         await self.upstream.start()
         try:
             await discover(self.upstream.session, self.registry, self.config)
         except InfoError as exc:
             raise StartupError(str(exc)) from None
+        if self.dns is not None:
+            await self.dns.first_round(deadline)
         self._check_servable()
         if self.epd is not None:
             self.epd.fingerprint = self._vision_fingerprint()
@@ -102,6 +110,8 @@ class Router:
         self._spawn("health loop", health_loop(session, self.registry, config))
         self._spawn("load sampler", sample_loop(session, self.registry, self.metrics, self.history,
                                                 config.health_timeout_s))
+        if self.dns is not None:
+            self._spawn("dns watch", self.dns.run())
         if config.auto_ratio_interval_s > 0 and config.mode != "colocated":
             self._spawn("auto ratio loop", auto_ratio_loop(self.membership, self.history, self.sample,
                                                            config.auto_ratio_interval_s, config.ratio_window_s))
@@ -129,8 +139,9 @@ class Router:
     def _check_servable(self) -> None:
         for role, pool in self.registry.pools.items():
             if not any(w.known for w in pool.workers):
+                found = [s.label for s in self.config.dns_sources if s.role == role]
                 raise StartupError(f"no {role} worker answered within {self.config.startup_timeout_s:g} s "
-                                   f"(--startup-timeout-s): {[w.url for w in pool.workers]}")
+                                   f"(--startup-timeout-s): {[w.url for w in pool.workers] + found}")
         if self.config.mode == "colocated":
             return
         pairs, lines = pairing_report(self.registry.pools["prefill"], self.registry.pools["decode"])

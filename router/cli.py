@@ -3,6 +3,7 @@ imports nothing heavy (no aiohttp, no torch), so ``stage --help`` stays fast. Th
 give the router its start id, serve) is the CLI's: ``stages/cli/router.py``.
 
     stage serve router --port N [--prefill URL ... --decode URL ... | --colocated URL ...]
+                       [--discover ROLE=dns://NAME:PORT | ROLE=dns+srv://NAME ...]
                        [--encoder URL ... --redis-url URL] [--policy-ROLE NAME] [limits, deadlines]
 """
 
@@ -12,9 +13,9 @@ import argparse
 import os
 from dataclasses import MISSING, fields
 
+from cache.secrets import REDIS_URL_ENV, TOKEN_ENV, read_secret
 from router.config import ENCODER_POLICIES, POLICIES, RouterConfig
 
-TOKEN_ENV = "EPD_ADMIN_TOKEN"
 _D = {f.name: f.default for f in fields(RouterConfig) if f.default is not MISSING}
 
 
@@ -24,7 +25,18 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decode", action="append", default=[], metavar="URL", help="decode server (repeatable)")
     g.add_argument("--colocated", action="append", default=[], metavar="URL", help="colocated server (repeatable)")
     g.add_argument("--encoder", action="append", default=[], metavar="URL", help="encoder server (repeatable; epd)")
-    g.add_argument("--redis-url", default=None, help="embedding cache index (epd)")
+    g.add_argument("--discover", action="append", default=[], metavar="ROLE=dns://NAME:PORT",
+                   help="find ROLE's workers by DNS, re-resolved every --discover-interval-s: NAME's A/AAAA "
+                        "addresses with PORT, or ROLE=dns+srv://NAME for its SRV records (repeatable; may be "
+                        "mixed with URL flags; docs/router.md)")
+    g.add_argument("--discover-interval-s", type=float, default=_D["discover_interval_s"],
+                   help="between two resolutions of the --discover names")
+    g.add_argument("--discover-nameserver", default=None, metavar="IP[:PORT]",
+                   help="the DNS server --discover asks (default: the system's, /etc/resolv.conf)")
+    g.add_argument("--redis-url", default=None,
+                   help=f"embedding cache index (epd); or --redis-url-file, or the {REDIS_URL_ENV} environment variable")
+    g.add_argument("--redis-url-file", default=None, metavar="PATH",
+                   help="a file holding --redis-url (one trailing newline is dropped): its password stays off argv")
     g.add_argument("--cache-ttl-s", type=float, default=_D["cache_ttl_s"],
                    help="epd: an entry the router finds is kept this long (give the stages' value)")
     g.add_argument("--cache-op-timeout-s", type=float, default=_D["cache_op_timeout_s"],
@@ -77,8 +89,10 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
 
     a = parser.add_argument_group("admin API (docs/admin.md)")
     a.add_argument("--admin-token", default=None,
-                   help=f"bearer token of /admin/* (or the {TOKEN_ENV} environment variable); without one the "
-                        "admin API answers 403")
+                   help=f"bearer token of /admin/* (or --admin-token-file, or the {TOKEN_ENV} environment "
+                        "variable); without one the admin API answers 403")
+    a.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help="a file holding --admin-token (one trailing newline is dropped)")
     a.add_argument("--room-history", type=int, default=_D["room_history"], help="rooms whose timelines are kept")
     a.add_argument("--ratio-window-s", type=float, default=_D["ratio_window_s"],
                    help="demand, utilization and capacity are measured over this window")
@@ -89,10 +103,15 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
-    """The validated config of a command line; ValueError names the flag to change."""
+    """The validated config of a command line; ValueError names the flag to change. The secrets
+    (``--redis-url``, ``--admin-token``) come from the flag, its ``-file`` flag or the environment
+    (``cache.secrets.read_secret``)."""
     names = {f.name for f in fields(RouterConfig)}
     values = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    for name in ("prefill", "decode", "colocated", "encoder", "allowed_image_hosts"):
+    for name in ("prefill", "decode", "colocated", "encoder", "allowed_image_hosts", "discover"):
         values[name] = tuple(values[name])
-    values["admin_token"] = values.get("admin_token") or os.environ.get(TOKEN_ENV) or None
+    values["admin_token"] = read_secret(args.admin_token, args.admin_token_file, flag="--admin-token", env=TOKEN_ENV,
+                                        environ=os.environ)
+    values["redis_url"] = read_secret(args.redis_url, args.redis_url_file, flag="--redis-url", env=REDIS_URL_ENV,
+                                      environ=os.environ)
     return RouterConfig(**values)

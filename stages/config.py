@@ -17,6 +17,7 @@ from pathlib import Path
 from cache.config import DEFAULT_BUDGET_MIB as CACHE_BUDGET_MIB  # --cache-budget-mib default
 from cache.config import DEFAULT_TTL_S as CACHE_TTL_S  # --cache-ttl-s default
 from cache.config import CacheConfig
+from cache.secrets import TOKEN_ENV  # the admin token's environment variable (the router reads the same one)
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList
@@ -25,7 +26,6 @@ from transfer.ucx_listen import ucx_params
 ROLES = ("colocated", "prefill", "decode", "encoder", "pd")
 DISAGG_ROLES = ("prefill", "decode", "pd")  # pd: a switchable worker, prefill or decode as the router says
 MIN_TOKEN_CHARS = 16
-TOKEN_ENV = "EPD_ADMIN_TOKEN"  # the admin token's environment variable (the router reads the same one)
 TRANSFERS = ("mooncake", "nixl")
 
 

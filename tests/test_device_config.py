@@ -62,13 +62,13 @@ def test_stage_serve_names_the_flag_before_loading_anything(capsys, tiny_model):
 
 def test_stage_up_gives_each_stage_its_device():
     config = StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="epd", devices=("cuda:0", "cuda:1", "cuda:2"))
-    specs = stage_specs(config, "redis://127.0.0.1:1/0", iter(range(7001, 7010)))
+    specs = stage_specs(config, iter(range(7001, 7010)))
     devices = [s.argv[s.argv.index("--device") + 1] for s in specs]
     assert [s.role for s in specs] == ["encoder", "prefill", "decode"] and devices == ["cuda:0", "cuda:1", "cuda:2"]
     one = StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="pd", devices=("cpu",))
-    assert [s.argv[s.argv.index("--device") + 1] for s in stage_specs(one, None, iter(range(7001, 7010)))] == ["cpu"] * 2
+    assert [s.argv[s.argv.index("--device") + 1] for s in stage_specs(one, iter(range(7001, 7010)))] == ["cpu"] * 2
     default = StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="colocated")
-    assert "--device" not in stage_specs(default, None, iter(range(7001, 7010)))[0].argv
+    assert "--device" not in stage_specs(default, iter(range(7001, 7010)))[0].argv
     with pytest.raises(ValueError, match="--device takes one device for every stage or one per stage of --mode pd "
                                          r"\(prefill,decode\), got cuda:0,cuda:1,cuda:2"):
         StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="pd", devices=("cuda:0", "cuda:1", "cuda:2"))

@@ -45,7 +45,7 @@ def config(mode: str, **kw) -> StackConfig:
 
 def test_pd_command_lines():
     cfg = config("pd", stage_args=("--kv-cache-mib=16",))
-    stages = stage_specs(cfg, None, iter([5001, 5002, 5003]))
+    stages = stage_specs(cfg, iter([5001, 5002, 5003]))
     assert [(s.role, s.port, s.other_ports) for s in stages] == [("prefill", 5001, (5002,)), ("decode", 5003, ())]
     assert stages[0].argv[0] == sys.executable
     assert list(stages[0].argv[1:]) == ["-m", "stages.cli", "serve", "prefill", "--model", "/m", "--host", "127.0.0.1",
@@ -53,7 +53,7 @@ def test_pd_command_lines():
                                         "mooncake", "--bootstrap-port", "5002"]
     assert list(stages[1].argv[4:]) == ["decode", "--model", "/m", "--host", "127.0.0.1", "--threads", "1",
                                         "--kv-cache-mib=16", "--port", "5003", "--transfer", "mooncake"]
-    router = router_spec(cfg, stages, None, 8080)
+    router = router_spec(cfg, stages, 8080)
     assert (router.role, router.url) == ("router", "http://127.0.0.1:8080")
     assert list(router.argv[4:]) == ["router", "--host", "127.0.0.1", "--port", "8080",
                                      "--prefill", "http://127.0.0.1:5001", "--decode", "http://127.0.0.1:5003",
@@ -62,18 +62,17 @@ def test_pd_command_lines():
 
 def test_epd_and_colocated_command_lines():
     cfg = config("epd", transfer="nixl", threads=2)
-    encoder, prefill, decode = stage_specs(cfg, "redis://127.0.0.1:7000/0", iter(range(6001, 6010)))
+    encoder, prefill, decode = stage_specs(cfg, iter(range(6001, 6010)))  # the Redis URL goes in their environment
     assert list(encoder.argv[4:]) == ["encoder", "--model", "/m", "--host", "127.0.0.1", "--threads", "2",
-                                      "--port", "6001", "--redis-url", "redis://127.0.0.1:7000/0"]
-    assert list(prefill.argv[-8:]) == ["--port", "6002", "--transfer", "nixl", "--bootstrap-port", "6003",
-                                       "--redis-url", "redis://127.0.0.1:7000/0"]
-    assert list(decode.argv[-4:]) == ["--transfer", "nixl", "--redis-url", "redis://127.0.0.1:7000/0"]
-    router = router_spec(cfg, [encoder, prefill, decode], "redis://127.0.0.1:7000/0", 9000)
-    assert list(router.argv[9:17]) == ["--encoder", "http://127.0.0.1:6001", "--prefill", "http://127.0.0.1:6002",
-                                       "--decode", "http://127.0.0.1:6004", "--redis-url", "redis://127.0.0.1:7000/0"]
-    sized = stage_specs(config("epd", kv_cache_mib=16), "redis://127.0.0.1:7000/0", iter(range(6001, 6010)))
+                                      "--port", "6001"]
+    assert list(prefill.argv[-6:]) == ["--port", "6002", "--transfer", "nixl", "--bootstrap-port", "6003"]
+    assert list(decode.argv[-2:]) == ["--transfer", "nixl"]
+    router = router_spec(cfg, [encoder, prefill, decode], 9000)
+    assert list(router.argv[9:]) == ["--encoder", "http://127.0.0.1:6001", "--prefill", "http://127.0.0.1:6002",
+                                     "--decode", "http://127.0.0.1:6004", "--startup-timeout-s", "300.0"]
+    sized = stage_specs(config("epd", kv_cache_mib=16), iter(range(6001, 6010)))
     assert ["--kv-cache-mib" in s.argv for s in sized] == [False, True, True]  # the encoder has no KV pool
-    (colocated,) = stage_specs(config("colocated"), None, iter([7001]))
+    (colocated,) = stage_specs(config("colocated"), iter([7001]))
     assert list(colocated.argv[4:]) == ["colocated", "--model", "/m", "--host", "127.0.0.1", "--threads", "1",
                                         "--port", "7001"]
 

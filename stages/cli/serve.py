@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 from cache.config import MIB, CacheConfig
+from cache.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig)
 from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
@@ -117,8 +118,10 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                             "--kv-timeout-s")
     if role in ("decode", "pd"):
         g.add_argument("--admin-token", default=None,
-                       help=f"bearer token of the router's calls (/admin/allowed_bootstrap, pd: /role), or the "
-                            f"{TOKEN_ENV} environment variable; without one they answer 403")
+                       help=f"bearer token of the router's calls (/admin/allowed_bootstrap, pd: /role), or "
+                            f"--admin-token-file, or the {TOKEN_ENV} environment variable; without one they answer 403")
+        g.add_argument("--admin-token-file", default=None, metavar="PATH",
+                       help="a file holding --admin-token (one trailing newline is dropped), kept off the command line")
         g.add_argument("--kv-timeout-s", type=float, default=d["kv_timeout_s"],
                        help="KV request sent -> KV ready, at most")
         g.add_argument("--accept-timeout-s", type=float, default=d["accept_timeout_s"],
@@ -139,13 +142,20 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
 
 def add_cache_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """Flags of the embedding cache (``CacheConfig``): the Redis it lives in, its budget and TTL. Not
-    ``required`` (prefill, decode): the URL switches the server to EPD mode."""
+    ``required`` (prefill, decode): the URL switches the server to EPD mode. The URL may carry a
+    password, so it may also come from ``--redis-url-file`` or ``EPD_REDIS_URL`` (``cache.secrets``);
+    ``server_config`` checks that an encoder got one."""
     d = _defaults(CacheConfig)
     g = parser.add_argument_group("embedding cache")
-    g.add_argument("--redis-url", required=required, default=None,
-                   help="the cache's Redis: redis://HOST:PORT/DB or unix:///PATH" if required else
+    g.add_argument("--redis-url", default=None,
+                   help=f"the cache's Redis: redis://[:PASSWORD@]HOST:PORT/DB or unix:///PATH (or --redis-url-file, "
+                        f"or the {REDIS_URL_ENV} environment variable)" if required else
                    "EPD mode: take image_ref parts (images encoded by `stage serve encoder` into the cache at this "
-                   "Redis) instead of pixels; the prefill reads the embeddings, the decode only the sizes")
+                   "Redis) instead of pixels; the prefill reads the embeddings, the decode only the sizes (or "
+                   f"--redis-url-file, or the {REDIS_URL_ENV} environment variable, which switch EPD mode on too)")
+    g.add_argument("--redis-url-file", default=None, metavar="PATH",
+                   help="a file holding --redis-url (one trailing newline is dropped), so its password stays off the "
+                        "command line")
     g.add_argument("--cache-budget-mib", type=float, default=CACHE_BUDGET_MIB,
                    help="bytes of embeddings kept; least recently used entries are evicted past it")
     g.add_argument("--cache-ttl-s", type=float, default=CACHE_TTL_S, help="drop an entry unused this long")
@@ -155,8 +165,24 @@ def add_cache_args(parser: argparse.ArgumentParser, required: bool = True) -> No
                         "encoder that vanished, after the claim lapsed)")
 
 
-def cache_config(args: argparse.Namespace) -> CacheConfig:
-    return CacheConfig(url=args.redis_url, budget_bytes=int(args.cache_budget_mib * MIB), ttl_s=args.cache_ttl_s,
+def redis_url(args: argparse.Namespace) -> str | None:
+    """The cache's Redis URL of a command line: ``--redis-url``, ``--redis-url-file`` or
+    ``EPD_REDIS_URL`` (``cache.secrets.read_secret``); None for a role without cache flags or when
+    none is given. SecretError (a ValueError) names the flag."""
+    if not hasattr(args, "redis_url"):
+        return None
+    return read_secret(args.redis_url, args.redis_url_file, flag="--redis-url", env=REDIS_URL_ENV, environ=os.environ)
+
+
+def admin_token(args: argparse.Namespace) -> str | None:
+    """``--admin-token``, ``--admin-token-file`` or ``EPD_ADMIN_TOKEN`` (decode, pd); None otherwise."""
+    if not hasattr(args, "admin_token"):
+        return None
+    return read_secret(args.admin_token, args.admin_token_file, flag="--admin-token", env=TOKEN_ENV, environ=os.environ)
+
+
+def cache_config(args: argparse.Namespace, url: str) -> CacheConfig:
+    return CacheConfig(url=url, budget_bytes=int(args.cache_budget_mib * MIB), ttl_s=args.cache_ttl_s,
                        op_timeout_s=args.cache_op_timeout_s, claim_check_s=args.claim_check_s)
 
 
@@ -200,7 +226,10 @@ _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs"
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     """The validated config of a ``stage serve ROLE`` command line; ValueError names the flag to change."""
-    epd = role in DISAGG_ROLES and getattr(args, "redis_url", None) is not None
+    url = redis_url(args)
+    if role == "encoder" and url is None:
+        raise ValueError(f"the encoder needs its cache's Redis: give --redis-url, --redis-url-file or {REDIS_URL_ENV}")
+    epd = role in DISAGG_ROLES and url is not None
     engine = EngineConfig(model=args.model, parts=role_parts(role, epd),
                           **{name: getattr(args, name) for name in _ENGINE_FLAGS if hasattr(args, name)})
     disagg = None
@@ -210,15 +239,16 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
             "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "group",
             "peer_idle_timeout_s", "peer_heartbeat_s")
             if hasattr(args, name)}
-        side["admin_token"] = getattr(args, "admin_token", None) or os.environ.get(TOKEN_ENV) or None
+        side["admin_token"] = admin_token(args)
         disagg = DisaggConfig(
-            transfer=args.transfer, pair_timeout_s=args.pair_timeout_s, cache=cache_config(args) if epd else None,
+            transfer=args.transfer, pair_timeout_s=args.pair_timeout_s,
+            cache=cache_config(args, url) if url is not None and epd else None,
             transfer_config=TransferConfig(host=args.transfer_host or args.host, protocol=args.transfer_protocol,
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
             allowed_bootstrap=tuple(getattr(args, "allowed_bootstrap", None) or ()), **side)
     encoder = None
     if role == "encoder":
-        encoder = EncoderConfig(cache=cache_config(args), max_batch_images=args.max_batch_images,
+        encoder = EncoderConfig(cache=cache_config(args, str(url)), max_batch_images=args.max_batch_images,
                                 claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s)
     return ServerConfig(
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,

@@ -34,6 +34,7 @@ from stages.config import TRANSFERS
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
 from stages.launch.run_logs import new_run_dir
 from stages.launch.stack import MODES, Stack, StackConfig, StackError
+from stages.launch.up import add_redis_args, stack_redis_url
 from stages.modelgen import FAMILIES, SIZES
 
 if TYPE_CHECKING:  # openai is imported where used: the CLI stays fast
@@ -59,7 +60,7 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
                         help="epd: encoder + prefill + decode and a private Redis (the embedding cache); pd: prefill "
                              "+ decode with KV moved between them; colocated: one server (all behind the router)")
     parser.add_argument("--transfer", choices=TRANSFERS, default="mooncake", help="KV transfer (pd, epd)")
-    parser.add_argument("--redis-url", default=None, help="epd: this Redis instead of a private one")
+    add_redis_args(parser, "a private one")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the servers and the answer")
 
@@ -71,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         config = StackConfig(model=workdir / f"{args.family}-{args.size}", log_dir=Path(), mode=args.mode,
-                             transfer=args.transfer, redis_url=args.redis_url, startup_timeout_s=args.timeout)
+                             transfer=args.transfer, redis_url=stack_redis_url(args), startup_timeout_s=args.timeout)
     except ValueError as exc:
         print(f"stage demo: error: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,10 @@ Its own children, nobody else: each child gets its own ``EPD_INSTANCE_ID`` (``st
 and counts as healthy only when ``/health`` answers 200 and ``/server_info`` shows that id
 (``stages.launch.health``), so a server of another stack answering on a child's port is an error
 naming the port, never "ready". ``admin_token`` reaches the router and the stage servers as
-``EPD_ADMIN_TOKEN`` in their environment (never on a command line).
+``EPD_ADMIN_TOKEN``, and in epd mode the Redis URL (which may carry a password) as ``EPD_REDIS_URL``,
+in their environment, never on a command line (``/proc/PID/cmdline`` is world-readable). In the other
+modes ``EPD_REDIS_URL`` is taken out of the children's environment: it would switch a prefill or a
+decode to EPD mode.
 
 Each child leads its own process group and dies with the thread that started it
 (``stages.launch.processes``): start a ``Stack`` from the main thread (the one that lives as long as
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cache.secrets import REDIS_URL_ENV
 from stages.config import CACHE_BUDGET_MIB, MIN_TOKEN_CHARS, TOKEN_ENV, TRANSFERS
 from stages.engine.config import check_device
 from stages.launch.health import HEALTH_POLL_S, ForeignServer, healthy
@@ -132,9 +136,10 @@ class ChildSpec:
         return f"http://{HOST}:{self.port}"
 
 
-def stage_specs(config: StackConfig, redis_url: str | None, ports: Iterator[int]) -> list[ChildSpec]:
+def stage_specs(config: StackConfig, ports: Iterator[int]) -> list[ChildSpec]:
     """The stage servers of ``config.mode`` (pure): colocated; prefill, decode; or encoder, prefill,
-    decode with ``redis_url``. ``ports`` yields free ports, one per server plus the prefill's bootstrap."""
+    decode (the Redis URL reaches them in their environment, ``Stack._launch``). ``ports`` yields free
+    ports, one per server plus the prefill's bootstrap."""
     common = ("--model", str(config.model), "--host", HOST, "--threads", str(config.threads), *config.stage_args)
     specs = []
     for index, role in enumerate(STAGE_ROLES[config.mode]):
@@ -149,17 +154,13 @@ def stage_specs(config: StackConfig, redis_url: str | None, ports: Iterator[int]
         if role == "prefill":
             other = (next(ports),)
             flags += ["--bootstrap-port", str(other[0])]
-        if config.mode == "epd":
-            flags += ["--redis-url", str(redis_url)]
         specs.append(ChildSpec(role, _serve(role, *common, "--port", str(port), *flags), port, other))
     return specs
 
 
-def router_spec(config: StackConfig, stages: list[ChildSpec], redis_url: str | None, port: int) -> ChildSpec:
-    """The router in front of ``stages`` (pure), on ``port``."""
+def router_spec(config: StackConfig, stages: list[ChildSpec], port: int) -> ChildSpec:
+    """The router in front of ``stages`` (pure), on ``port`` (epd: the Redis URL in its environment)."""
     flags = [f for s in stages for f in (f"--{s.role}", s.url)]
-    if config.mode == "epd":
-        flags += ["--redis-url", str(redis_url)]
     return ChildSpec("router", _serve("router", "--host", HOST, "--port", str(port), *flags,
                                       "--startup-timeout-s", str(config.startup_timeout_s)), port)
 
@@ -231,10 +232,10 @@ class Stack:
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.redis_url = self._redis() if self.config.mode == "epd" else None
-            stages = stage_specs(self.config, self.redis_url, _free_ports())
+            stages = stage_specs(self.config, _free_ports())
             self._start_all(stages)
             if self.config.router:
-                self._start_all([router_spec(self.config, stages, self.redis_url, self.config.port or free_port(HOST))])
+                self._start_all([router_spec(self.config, stages, self.config.port or free_port(HOST))])
         except BaseException:
             self.stop()
             raise
@@ -282,6 +283,9 @@ class Stack:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", INSTANCE_ENV: instance_id}
         if self.config.admin_token is not None:
             env[TOKEN_ENV] = self.config.admin_token
+        env.pop(REDIS_URL_ENV, None)
+        if self.redis_url is not None:  # epd: every child uses the cache
+            env[REDIS_URL_ENV] = self.redis_url
         with open(log_path, "ab") as log_file:
             proc = start_group(spec.argv, log_file, env)
         child = Child(spec, proc, log_path, instance_id)

@@ -2,13 +2,15 @@
 started and stopped together, until Ctrl-C.
 
     stage up [--model DIR | --family F --size tiny|small] [--port N] [--mode epd|pd|colocated]
-             [--transfer mooncake|nixl] [--redis-url URL] [--kv-cache-mib N] [--log-dir DIR]
-             [--admin-token T]
+             [--transfer mooncake|nixl] [--redis-url URL | --redis-url-file PATH] [--kv-cache-mib N]
+             [--log-dir DIR] [--admin-token T | --admin-token-file PATH]
 
 ``--port`` (when not 0) is probed before anything starts, so a port in use is one line and exit 2 at
 once. Children's logs go to ``--log-dir``, by default a new run directory under the cache dir (only
-the last 10 runs are kept, ``stages.launch.run_logs``). ``--admin-token`` (or ``EPD_ADMIN_TOKEN``)
-reaches the router and the stage servers in their environment (never on a command line).
+the last 10 runs are kept, ``stages.launch.run_logs``). ``--admin-token`` (or ``--admin-token-file``,
+or ``EPD_ADMIN_TOKEN``) and, in epd mode, ``--redis-url`` (or ``--redis-url-file``, or
+``EPD_REDIS_URL``) reach the router and the stage servers in their environment (never on a command
+line; ``cache.secrets``).
 
 Building the parser imports no torch; the model is generated (first run only) in ``run``.
 """
@@ -23,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from cache.secrets import REDIS_URL_ENV, read_secret
 from stages.config import MIN_TOKEN_CHARS, TOKEN_ENV, TRANSFERS
 from stages.launch.health import HEALTH_POLL_S
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
@@ -48,7 +51,7 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default=d.mode,
                         help="epd: encoder + prefill + decode (+ Redis); pd: prefill + decode; colocated: one server")
     parser.add_argument("--transfer", choices=TRANSFERS, default=d.transfer, help="KV transfer (epd, pd)")
-    parser.add_argument("--redis-url", default=None, help="epd: this Redis instead of an embedded one")
+    add_redis_args(parser, "an embedded one")
     parser.add_argument("--log-dir", default=None, help="where every child's log goes; default: a new directory "
                         "under the cache dir")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads of each stage server")
@@ -67,6 +70,24 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help=f"turns on the router's admin API (stage admin, docs/admin.md) with this bearer token "
                              f"(or the {TOKEN_ENV} environment variable), given to the router and the stages; "
                              f"at least {MIN_TOKEN_CHARS} characters")
+    parser.add_argument("--admin-token-file", default=None, metavar="PATH",
+                        help="a file holding --admin-token (one trailing newline is dropped)")
+
+
+def add_redis_args(parser: argparse.ArgumentParser, instead_of: str) -> None:
+    """``--redis-url`` and ``--redis-url-file`` of ``stage up`` and ``stage demo``."""
+    parser.add_argument("--redis-url", default=None,
+                        help=f"epd: this Redis instead of {instead_of} (or --redis-url-file, or the {REDIS_URL_ENV} "
+                             "environment variable); the stages get it in their environment, not on argv")
+    parser.add_argument("--redis-url-file", default=None, metavar="PATH",
+                        help="a file holding --redis-url (one trailing newline is dropped)")
+
+
+def stack_redis_url(args: argparse.Namespace) -> str | None:
+    """``--redis-url``, ``--redis-url-file``, or (epd only: the other modes have no cache, and a
+    variable left in the shell must not refuse them) ``EPD_REDIS_URL``. SecretError names the flag."""
+    environ = os.environ if args.mode == "epd" else {}
+    return read_secret(args.redis_url, args.redis_url_file, flag="--redis-url", env=REDIS_URL_ENV, environ=environ)
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
@@ -74,11 +95,12 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     names the flag to change: a bad value, a ``--model`` directory without what the stages load
     (``stages.model_dir``), a ``--port`` in use (``stages.launch.ports.PortError``)."""
     config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
-                         transfer=args.transfer, redis_url=args.redis_url, threads=args.threads,
+                         transfer=args.transfer, redis_url=stack_redis_url(args), threads=args.threads,
                          startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
                          kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
                          devices=tuple(args.device.split(",")) if args.device else (),
-                         admin_token=args.admin_token or os.environ.get(TOKEN_ENV) or None)
+                         admin_token=read_secret(args.admin_token, args.admin_token_file, flag="--admin-token",
+                                                 env=TOKEN_ENV, environ=os.environ))
     if args.model is not None:
         check_model_dir(config.model, tokenizer=True)  # every mode runs a stage with a tokenizer
     if config.port:

@@ -1,0 +1,125 @@
+"""The Kubernetes manifests of ``deploy/k8s`` as the tests read them: rendered by the real
+``kubectl kustomize``, and each of our containers' command line as Kubernetes would run it.
+
+``render(overlay) -> list[dict]``   every object of ``deploy/k8s/overlays/OVERLAY`` (kubectl's own
+                                    kustomize); a missing kubectl fails the test naming the package.
+``workloads(objects)``              (kind/name, pod spec, pod labels) of every Deployment and StatefulSet.
+``ours(pod_spec)``                  the containers (init containers first) that run our image.
+``container_env(container, secrets)`` the container's environment with Kubernetes' ``$(VAR)``
+                                    expansion done in order, downward-API fields and secret keys given
+                                    sample values (``SAMPLE_FIELDS``, the Secret's value or ``SAMPLE_SECRET``).
+``expand(text, env)``               Kubernetes' ``$(VAR)`` expansion of one arg (``$$`` escapes; an
+                                    unknown name stays as written, as Kubernetes leaves it).
+``secret_vars(container)``          names of env vars that carry a secret, directly or by expansion.
+``secret_values(objects)``          every value in the rendered Secrets (decoded).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+OVERLAYS = ("epd", "pd", "cpu-demo")
+GPU_OVERLAYS = ("epd", "pd")
+IMAGE = "epd-stage"  # deploy/Containerfile's image, as the base names it (kustomize's images: sets the registry)
+SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.namespace": "epd"}
+SAMPLE_SECRET = "sample-secret-value-0123456789"  # long enough for an admin token (16 characters)
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.fail("kubectl is not installed: run `bash scripts/setup.sh test` (Debian's kubernetes-client package)")
+    return path
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/k8s/overlays/OVERLAY`` parsed; a failed render fails with kubectl's stderr."""
+    out = subprocess.run([kubectl(), "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {overlay} failed:\n{out.stderr}"
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def name(obj: dict[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def workloads(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    return [(name(obj), obj["spec"]["template"]["spec"], obj["spec"]["template"]["metadata"].get("labels", {}))
+            for obj in objects if obj["kind"] in ("Deployment", "StatefulSet")]
+
+
+def ours(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    containers = [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+    return [c for c in containers if c["image"].split("/")[-1].split(":")[0] == IMAGE]
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REF.sub(one, text)
+
+
+def references(text: str) -> list[str]:
+    return [m.group(1) for m in _REF.finditer(text) if m.group(1)]
+
+
+def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The container's environment as Kubernetes builds it: in order, each value expanded against
+    the variables before it. ``secrets`` maps (secret name, key) to a value; a key not in it (the
+    GPU overlays ship no Secret) gets ``SAMPLE_SECRET``."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+            continue
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            env[var["name"]] = SAMPLE_FIELDS[source["fieldRef"]["fieldPath"]]
+        else:
+            ref = source["secretKeyRef"]
+            env[var["name"]] = secrets.get((_base_name(ref["name"]), ref["key"]), SAMPLE_SECRET)
+    return env
+
+
+def secret_vars(container: dict[str, Any]) -> set[str]:
+    """Env vars holding a secret: from a secretKeyRef, or a value expanding one of those."""
+    secret: set[str] = set()
+    for var in container.get("env", []):
+        if "secretKeyRef" in var.get("valueFrom", {}) or set(references(var.get("value", ""))) & secret:
+            secret.add(var["name"])
+    return secret
+
+
+def secret_values(objects: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """(base name, key) -> decoded value of every Secret rendered (kustomize's hash suffix dropped)."""
+    return {(_base_name(obj["metadata"]["name"]), key): base64.b64decode(value).decode()
+            for obj in objects if obj["kind"] == "Secret" for key, value in obj.get("data", {}).items()}
+
+
+def _base_name(secret: str) -> str:
+    """``epd-secrets-578b5tk422`` (kustomize's generated name) -> ``epd-secrets``."""
+    return re.sub(r"-[a-z0-9]{10}$", "", secret)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels only, as ours are) matches ``labels``."""
+    assert set(selector) <= {"matchLabels"}, f"only matchLabels selectors are checked, got {selector}"
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())

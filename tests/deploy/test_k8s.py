@@ -1,0 +1,298 @@
+"""The Kubernetes manifests (``deploy/k8s``) held to the code, never by eye: every overlay rendered
+by the real ``kubectl kustomize`` and validated strictly against a current Kubernetes schema
+(kubernetes-validate); every container of our image parsed by ``stage``'s own argument parser and
+its config built (a flag that does not exist, or a bad value, fails here); every port a manifest
+names is one the process listens on; secrets never on a command line; PDBs, topology spread, GPU
+and CPU/memory requests, and the drain arithmetic (preStop + --shutdown-grace-s < the grace period).
+
+That each role answers its probe paths on a real server is ``test_k8s_run.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from argparse import Namespace
+from typing import Any
+from unittest import mock
+
+import kubernetes_validate
+import pytest
+
+from router.cli import router_config
+from router.openapi import document
+from stages.cli import build_parser
+from stages.cli.serve import server_config
+from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, container_env, expand, name, ours, references, render,
+                                        secret_values, secret_vars, selects, workloads)
+
+STAGE_ROLES = ("encoder", "prefill", "decode", "pd")
+DRAIN_MARGIN_S = 5  # SIGKILL comes no sooner than this after the drain's own bound
+SECRET_FLAGS = ("--admin-token", "--redis-url")  # their values never go in args (the -file flags may)
+_DISCOVER = re.compile(r"^(\w+)=dns://([a-z0-9-]+):(\d+)$")  # a Service of the pod's namespace, by its short name
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+def parse(argv: list[str]) -> Namespace:
+    """``stage ARGV`` through the CLI's own parser; an unknown flag or a bad value fails with its error."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"stage {' '.join(argv)}\n{err.getvalue()}")
+
+
+def commands(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], Namespace, dict[str, str]]]:
+    """(workload, container, parsed args, env) of every container of our image, args expanded as
+    Kubernetes expands them (sample pod IP, namespace and secrets) and the config built from them
+    under that environment, as ``stage`` builds it: a bad value fails here."""
+    secrets = secret_values(objects)
+    out = []
+    for workload, spec, _ in workloads(objects):
+        for container in ours(spec):
+            assert "command" not in container, f"{workload}: our image's entrypoint is `stage`; give args only"
+            env = container_env(container, secrets)
+            args = parse([expand(arg, env) for arg in container["args"]])
+            with mock.patch.dict(os.environ, env, clear=True):
+                try:
+                    check_config(args)
+                except ValueError as exc:
+                    pytest.fail(f"{workload} {container['name']}: {exc}")
+            out.append((workload, container, args, env))
+    return out
+
+
+def check_config(args: Namespace) -> None:
+    if args.command != "serve":
+        return
+    if args.role == "router":
+        router_config(args)
+    else:
+        server_config(args, args.role)
+
+
+def serving(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], Namespace, dict[str, str]]]:
+    return [c for c in commands(objects) if c[2].command == "serve"]
+
+
+def listening(args: Namespace) -> dict[str, int]:
+    """The ports the process of ``args`` listens on, by the containerPort name the manifests give them."""
+    ports = {"http": args.port}
+    if args.role in ("prefill", "pd"):
+        ports["bootstrap"] = args.bootstrap_port
+    return ports
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_valid_against_the_kubernetes_schema_strictly(rendered, overlay):
+    version = kubernetes_validate.latest_version()
+    errors = []
+    for obj in rendered[overlay]:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{name(obj)}: {exc.message} at {list(exc.path)}")
+    assert errors == [], "\n".join(errors)
+    kinds = {obj["kind"] for obj in rendered[overlay]}
+    assert {"Deployment", "Service", "PodDisruptionBudget"} <= kinds
+
+
+def test_the_overlays_run_the_roles_the_issue_asks_for(rendered):
+    roles = {overlay: sorted(args.role for _, _, args, _ in serving(objects)) for overlay, objects in rendered.items()}
+    assert roles == {"epd": ["decode", "encoder", "prefill", "router"],
+                     "pd": ["decode", "pd", "prefill", "router"],
+                     "cpu-demo": ["decode", "encoder", "prefill", "router"]}
+    redis = {overlay: [name(o) for o in objects if o["kind"] == "StatefulSet"] for overlay, objects in rendered.items()}
+    assert redis == {"epd": ["StatefulSet/epd-redis"], "pd": [], "cpu-demo": ["StatefulSet/epd-redis"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_container_ports_probes_and_scrape_annotations_are_the_ports_the_code_listens_on(rendered, overlay):
+    objects = rendered[overlay]
+    annotations = {name(o): o["spec"]["template"]["metadata"].get("annotations", {})
+                   for o in objects if o["kind"] == "Deployment"}
+    for workload, container, args, _ in serving(objects):
+        ports = listening(args)
+        declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert declared == ports, f"{workload}: containerPorts {declared}, but `stage serve {args.role}` listens on {ports}"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe in container:
+                port = container[probe]["httpGet"]["port"]
+                assert declared.get(port, port) == args.port, f"{workload} {probe}: port {port}, HTTP is on {args.port}"
+        assert annotations[workload] == {"prometheus.io/scrape": "true", "prometheus.io/port": str(args.port),
+                                         "prometheus.io/path": "/metrics"}, workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_router_probes_paths_it_serves(rendered, overlay):
+    paths = set(document(None)["paths"])
+    for workload, container, args, _ in serving(rendered[overlay]):
+        if args.role == "router":
+            assert "startupProbe" not in container  # nothing to load
+            probes = {p: container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
+            assert probes == {"readinessProbe": "/health", "livenessProbe": "/server_info"}, workload
+            assert set(probes.values()) | {"/metrics"} <= paths
+        else:  # what each stage answers on them is test_k8s_run.py's, on real servers
+            probes = {p: container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+            assert set(probes.values()) == {"/health"}, workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_servers_bind_the_pod_address_from_the_downward_api(rendered, overlay):
+    for workload, container, args, env in serving(rendered[overlay]):
+        pod_ip = env["POD_IP"]
+        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+        assert args.host == pod_ip, f"{workload}: --host {args.host}"
+        if args.role in ("prefill", "decode", "pd"):
+            assert args.transfer_host == pod_ip, f"{workload}: --transfer-host {args.transfer_host}"
+        if args.role in ("prefill", "pd"):
+            assert args.bootstrap_host == pod_ip, f"{workload}: --bootstrap-host {args.bootstrap_host}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_router_discovers_every_stage_through_its_headless_service(rendered, overlay):
+    objects = rendered[overlay]
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    pods = {w: labels for w, _, labels in workloads(objects)}
+    stages = {w: args for w, _, args, _ in serving(objects) if args.role != "router"}
+    (router,) = [args for _, _, args, _ in serving(objects) if args.role == "router"]
+    found = set()
+    for entry in router.discover:
+        match = _DISCOVER.match(entry)
+        assert match, f"--discover {entry}: expected ROLE=dns://SERVICE:PORT"
+        role, service, port = match.group(1), match.group(2), int(match.group(3))
+        assert services[service]["spec"].get("clusterIP") == "None", f"{service} must be headless (one record a pod)"
+        selected = [w for w in stages if selects({"matchLabels": services[service]["spec"]["selector"]}, pods[w])]
+        assert len(selected) == 1, f"{service} selects {selected}"
+        args = stages[selected[0]]
+        assert args.role in (role, "pd"), f"--discover {role}= names {selected[0]}, a {args.role}"
+        assert args.port == port, f"--discover {entry}: {selected[0]} listens on {args.port}"
+        found.add(selected[0])
+    assert found == set(stages), f"stage workloads the router never finds: {set(stages) - found}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_port_reaches_a_declared_container_port(rendered, overlay):
+    objects = rendered[overlay]
+    pods = {w: (spec, labels) for w, spec, labels in workloads(objects)}
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selected = [w for w, (_, labels) in pods.items() if selects({"matchLabels": service["spec"]["selector"]}, labels)]
+        assert len(selected) == 1, f"{name(service)} selects {selected}"
+        spec, _ = pods[selected[0]]
+        declared = {p["name"]: p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert declared.get(port["targetPort"]) == port["port"], f"{name(service)} port {port}: {declared}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_is_on_a_command_line(rendered, overlay):
+    objects = rendered[overlay]
+    values = set(secret_values(objects).values())
+    if overlay == "cpu-demo":
+        assert len(values) == 2  # the demo's Secret: the negative control of the literal check below
+    for workload, spec, _ in workloads(objects):
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            line = [*container.get("command", []), *container.get("args", [])]
+            leaked = {ref for arg in line for ref in references(arg)} & secret_vars(container)
+            assert not leaked, f"{workload} {container['name']}: $({leaked.pop()}) would put a secret in argv"
+            assert not [v for v in values for arg in line if v in arg], f"{workload}: a Secret's value in args"
+            assert not set(line) & set(SECRET_FLAGS), f"{workload}: give secrets by env or the -file flags"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_secrets_reach_the_roles_that_need_them(rendered, overlay):
+    for workload, _, args, env in serving(rendered[overlay]):
+        needs_token = args.role in ("router", "decode", "pd")
+        assert ("EPD_ADMIN_TOKEN" in env) == needs_token, workload
+        needs_cache = overlay != "pd" and args.role in ("router", "encoder", "prefill", "decode")
+        assert ("EPD_REDIS_URL" in env) == needs_cache, workload
+        if needs_cache:
+            assert env["EPD_REDIS_URL"] == f"redis://:{env['REDIS_PASSWORD']}@epd-redis:6379/0", workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_variable_reference_is_defined_before_use(rendered, overlay):
+    """Kubernetes leaves ``$(UNKNOWN)`` as written: a typo would reach the process as text."""
+    for workload, spec, _ in workloads(rendered[overlay]):
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            defined: list[str] = []
+            for var in container.get("env", []):
+                missing = set(references(var.get("value", ""))) - set(defined)
+                assert not missing, f"{workload} env {var['name']}: {missing} is not defined before it"
+                defined.append(var["name"])
+            missing = {ref for arg in container.get("args", []) for ref in references(arg)} - set(defined)
+            assert not missing, f"{workload} {container['name']} args: {missing} undefined"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sigterm_drain_fits_the_grace_period(rendered, overlay):
+    pods = {w: spec for w, spec, _ in workloads(rendered[overlay])}
+    for workload, container, args, _ in serving(rendered[overlay]):
+        sleep = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert sleep[0] == "sleep" and int(sleep[1]) >= 3, f"{workload}: preStop {sleep}"
+        grace = pods[workload]["terminationGracePeriodSeconds"]
+        assert int(sleep[1]) + args.shutdown_grace_s + DRAIN_MARGIN_S <= grace, (
+            f"{workload}: preStop {sleep[1]} s + --shutdown-grace-s {args.shutdown_grace_s} + {DRAIN_MARGIN_S} s > "
+            f"terminationGracePeriodSeconds {grace}")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_stage_and_the_router_has_a_pdb_selecting_its_pods_alone(rendered, overlay):
+    objects = rendered[overlay]
+    pdbs = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    deployments = [(w, labels) for w, _, labels in workloads(objects) if w.startswith("Deployment/")]
+    covered = []
+    for pdb in pdbs:
+        selected = [w for w, labels in deployments if selects(pdb["spec"]["selector"], labels)]
+        assert len(selected) == 1, f"{name(pdb)} selects {selected}"
+        assert pdb["spec"]["maxUnavailable"] == 1
+        covered.append(selected[0])
+    assert sorted(covered) == sorted(w for w, _ in deployments)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prefills_and_decodes_spread_over_nodes(rendered, overlay):
+    for workload, spec, labels in workloads(rendered[overlay]):
+        if labels["app.kubernetes.io/component"] not in STAGE_ROLES:
+            continue
+        (spread,) = spec["topologySpreadConstraints"]
+        assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1, workload
+        assert spread["labelSelector"]["matchLabels"] == labels, workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gpus_on_encode_prefill_and_decode_in_the_gpu_overlays_cpu_and_memory_everywhere(rendered, overlay):
+    objects = rendered[overlay]
+    gpu = {a.role: (c["resources"]["limits"].get("nvidia.com/gpu"), getattr(a, "device", None))
+           for _, c, a, _ in serving(objects)}
+    stage = ("1", "cuda") if overlay in GPU_OVERLAYS else (None, "auto")
+    assert gpu == {**{role: stage for role in gpu if role != "router"}, "router": (None, None)}
+    for workload, spec, _ in workloads(objects):
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            requests = container["resources"]["requests"]
+            assert {"cpu", "memory"} <= set(requests), f"{workload} {container['name']}: requests {requests}"
+            assert "memory" in container["resources"]["limits"], f"{workload} {container['name']}"
+
+
+def test_cpu_demo_generates_its_model_in_an_init_container(rendered):
+    objects = rendered["cpu-demo"]
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    pods = {w: spec for w, spec, _ in workloads(objects)}
+    for workload, container, args, _ in serving(objects):
+        if args.role == "router":
+            continue
+        spec = pods[workload]
+        (init,) = spec["initContainers"]
+        made = parse(init["args"])
+        assert (made.command, made.family, made.size) == ("make-model", "qwen2_vl", "tiny")
+        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert args.model == f"{mount['models']}/{made.out.rsplit('/', 1)[-1]}" and made.out == args.model, workload
+        (volume,) = spec["volumes"]
+        assert volume["name"] == "models" and "emptyDir" in volume, workload

@@ -11,6 +11,7 @@ That each role answers its probe paths on a real server is ``test_k8s_run.py``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import re
@@ -92,15 +93,19 @@ def listening(args: Namespace) -> dict[str, int]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_is_valid_against_the_kubernetes_schema_strictly(rendered, overlay):
+    check_schema(rendered[overlay], overlay)
+
+
+def check_schema(objects: list[dict[str, Any]], overlay: str) -> None:
     version = kubernetes_validate.latest_version()
     errors = []
-    for obj in rendered[overlay]:
+    for obj in objects:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{name(obj)}: {exc.message} at {list(exc.path)}")
     assert errors == [], "\n".join(errors)
-    kinds = {obj["kind"] for obj in rendered[overlay]}
+    kinds = {obj["kind"] for obj in objects}
     assert {"Deployment", "Service", "PodDisruptionBudget"} <= kinds
 
 
@@ -115,13 +120,16 @@ def test_the_overlays_run_the_roles_the_issue_asks_for(rendered):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_container_ports_probes_and_scrape_annotations_are_the_ports_the_code_listens_on(rendered, overlay):
-    objects = rendered[overlay]
+    check_ports(rendered[overlay], overlay)
+
+
+def check_ports(objects: list[dict[str, Any]], overlay: str) -> None:
     annotations = {name(o): o["spec"]["template"]["metadata"].get("annotations", {})
                    for o in objects if o["kind"] == "Deployment"}
     for workload, container, args, _ in serving(objects):
         ports = listening(args)
         declared = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert declared == ports, f"{workload}: containerPorts {declared}, but `stage serve {args.role}` listens on {ports}"
+        assert declared == ports, f"{workload}: containerPorts {declared}, `stage serve {args.role}` listens on {ports}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             if probe in container:
                 port = container[probe]["httpGet"]["port"]
@@ -132,8 +140,12 @@ def test_container_ports_probes_and_scrape_annotations_are_the_ports_the_code_li
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_router_probes_paths_it_serves(rendered, overlay):
+    check_probe_paths(rendered[overlay], overlay)
+
+
+def check_probe_paths(objects: list[dict[str, Any]], overlay: str) -> None:
     paths = set(document(None)["paths"])
-    for workload, container, args, _ in serving(rendered[overlay]):
+    for workload, container, args, _ in serving(objects):
         if args.role == "router":
             assert "startupProbe" not in container  # nothing to load
             probes = {p: container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
@@ -146,7 +158,11 @@ def test_the_router_probes_paths_it_serves(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_servers_bind_the_pod_address_from_the_downward_api(rendered, overlay):
-    for workload, container, args, env in serving(rendered[overlay]):
+    check_pod_address(rendered[overlay], overlay)
+
+
+def check_pod_address(objects: list[dict[str, Any]], overlay: str) -> None:
+    for workload, container, args, env in serving(objects):
         pod_ip = env["POD_IP"]
         assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
         assert args.host == pod_ip, f"{workload}: --host {args.host}"
@@ -158,7 +174,10 @@ def test_servers_bind_the_pod_address_from_the_downward_api(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_router_discovers_every_stage_through_its_headless_service(rendered, overlay):
-    objects = rendered[overlay]
+    check_discovery(rendered[overlay], overlay)
+
+
+def check_discovery(objects: list[dict[str, Any]], overlay: str) -> None:
     services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
     pods = {w: labels for w, _, labels in workloads(objects)}
     stages = {w: args for w, _, args, _ in serving(objects) if args.role != "router"}
@@ -180,10 +199,14 @@ def test_the_router_discovers_every_stage_through_its_headless_service(rendered,
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_service_port_reaches_a_declared_container_port(rendered, overlay):
-    objects = rendered[overlay]
+    check_service_ports(rendered[overlay], overlay)
+
+
+def check_service_ports(objects: list[dict[str, Any]], overlay: str) -> None:
     pods = {w: (spec, labels) for w, spec, labels in workloads(objects)}
     for service in (o for o in objects if o["kind"] == "Service"):
-        selected = [w for w, (_, labels) in pods.items() if selects({"matchLabels": service["spec"]["selector"]}, labels)]
+        selector = {"matchLabels": service["spec"]["selector"]}
+        selected = [w for w, (_, labels) in pods.items() if selects(selector, labels)]
         assert len(selected) == 1, f"{name(service)} selects {selected}"
         spec, _ = pods[selected[0]]
         declared = {p["name"]: p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])}
@@ -193,7 +216,10 @@ def test_every_service_port_reaches_a_declared_container_port(rendered, overlay)
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_secret_is_on_a_command_line(rendered, overlay):
-    objects = rendered[overlay]
+    check_no_secret_in_argv(rendered[overlay], overlay)
+
+
+def check_no_secret_in_argv(objects: list[dict[str, Any]], overlay: str) -> None:
     values = set(secret_values(objects).values())
     if overlay == "cpu-demo":
         assert len(values) == 2  # the demo's Secret: the negative control of the literal check below
@@ -208,7 +234,11 @@ def test_no_secret_is_on_a_command_line(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_secrets_reach_the_roles_that_need_them(rendered, overlay):
-    for workload, _, args, env in serving(rendered[overlay]):
+    check_secrets_reach(rendered[overlay], overlay)
+
+
+def check_secrets_reach(objects: list[dict[str, Any]], overlay: str) -> None:
+    for workload, _, args, env in serving(objects):
         needs_token = args.role in ("router", "decode", "pd")
         assert ("EPD_ADMIN_TOKEN" in env) == needs_token, workload
         needs_cache = overlay != "pd" and args.role in ("router", "encoder", "prefill", "decode")
@@ -220,7 +250,11 @@ def test_secrets_reach_the_roles_that_need_them(rendered, overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_variable_reference_is_defined_before_use(rendered, overlay):
     """Kubernetes leaves ``$(UNKNOWN)`` as written: a typo would reach the process as text."""
-    for workload, spec, _ in workloads(rendered[overlay]):
+    check_references(rendered[overlay], overlay)
+
+
+def check_references(objects: list[dict[str, Any]], overlay: str) -> None:
+    for workload, spec, _ in workloads(objects):
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
             defined: list[str] = []
             for var in container.get("env", []):
@@ -233,8 +267,12 @@ def test_every_variable_reference_is_defined_before_use(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_sigterm_drain_fits_the_grace_period(rendered, overlay):
-    pods = {w: spec for w, spec, _ in workloads(rendered[overlay])}
-    for workload, container, args, _ in serving(rendered[overlay]):
+    check_drain(rendered[overlay], overlay)
+
+
+def check_drain(objects: list[dict[str, Any]], overlay: str) -> None:
+    pods = {w: spec for w, spec, _ in workloads(objects)}
+    for workload, container, args, _ in serving(objects):
         sleep = container["lifecycle"]["preStop"]["exec"]["command"]
         assert sleep[0] == "sleep" and int(sleep[1]) >= 3, f"{workload}: preStop {sleep}"
         grace = pods[workload]["terminationGracePeriodSeconds"]
@@ -245,7 +283,10 @@ def test_sigterm_drain_fits_the_grace_period(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_stage_and_the_router_has_a_pdb_selecting_its_pods_alone(rendered, overlay):
-    objects = rendered[overlay]
+    check_pdbs(rendered[overlay], overlay)
+
+
+def check_pdbs(objects: list[dict[str, Any]], overlay: str) -> None:
     pdbs = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
     deployments = [(w, labels) for w, _, labels in workloads(objects) if w.startswith("Deployment/")]
     covered = []
@@ -259,7 +300,11 @@ def test_every_stage_and_the_router_has_a_pdb_selecting_its_pods_alone(rendered,
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_prefills_and_decodes_spread_over_nodes(rendered, overlay):
-    for workload, spec, labels in workloads(rendered[overlay]):
+    check_spread(rendered[overlay], overlay)
+
+
+def check_spread(objects: list[dict[str, Any]], overlay: str) -> None:
+    for workload, spec, labels in workloads(objects):
         if labels["app.kubernetes.io/component"] not in STAGE_ROLES:
             continue
         (spread,) = spec["topologySpreadConstraints"]
@@ -269,7 +314,10 @@ def test_prefills_and_decodes_spread_over_nodes(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_gpus_on_encode_prefill_and_decode_in_the_gpu_overlays_cpu_and_memory_everywhere(rendered, overlay):
-    objects = rendered[overlay]
+    check_resources(rendered[overlay], overlay)
+
+
+def check_resources(objects: list[dict[str, Any]], overlay: str) -> None:
     gpu = {a.role: (c["resources"]["limits"].get("nvidia.com/gpu"), getattr(a, "device", None))
            for _, c, a, _ in serving(objects)}
     stage = ("1", "cuda") if overlay in GPU_OVERLAYS else (None, "auto")
@@ -296,3 +344,64 @@ def test_cpu_demo_generates_its_model_in_an_init_container(rendered):
         assert args.model == f"{mount['models']}/{made.out.rsplit('/', 1)[-1]}" and made.out == args.model, workload
         (volume,) = spec["volumes"]
         assert volume["name"] == "models" and "emptyDir" in volume, workload
+
+
+def _pod(objects: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if name(o) == workload]
+    return obj["spec"]["template"]["spec"]
+
+
+def _args(objects: list[dict[str, Any]], workload: str) -> list[str]:
+    return _pod(objects, workload)["containers"][0]["args"]
+
+
+def _env(objects: list[dict[str, Any]], workload: str, var: str) -> dict[str, Any]:
+    (entry,) = [e for e in _pod(objects, workload)["containers"][0]["env"] if e["name"] == var]
+    return entry
+
+
+BREAKAGES = {  # a manifest mistake -> (the check that must catch it, what its failure says)
+    "a field Kubernetes does not know": (
+        lambda o: _pod(o, "Deployment/epd-decode")["containers"][0].update(argz=[]), check_schema, "argz"),
+    "a flag stage does not have": (
+        lambda o: _args(o, "Deployment/epd-prefill").append("--no-such-flag"), check_ports,
+        "unrecognized arguments: --no-such-flag"),
+    "a value stage refuses": (
+        lambda o: _args(o, "Deployment/epd-decode").extend(["--kv-cache-mib", "0"]), check_ports,
+        "--kv-cache-mib must be"),
+    "a containerPort the process does not listen on": (
+        lambda o: _pod(o, "Deployment/epd-decode")["containers"][0]["ports"][0].update(containerPort=8201),
+        check_ports, "listens on {'http': 8200}"),
+    "a discovery port off the stage's": (
+        lambda o: _args(o, "Deployment/epd-router").__setitem__(
+            _args(o, "Deployment/epd-router").index("decode=dns://epd-decode:8200"), "decode=dns://epd-decode:8201"),
+        check_discovery, "listens on 8200"),
+    "the admin token in args": (
+        lambda o: _args(o, "Deployment/epd-router").extend(["--admin-token", "$(EPD_ADMIN_TOKEN)"]),
+        check_no_secret_in_argv, "would put a secret in argv"),
+    "a Secret's value in args": (
+        lambda o: _args(o, "Deployment/epd-encoder").extend(["--redis-url",
+                                                             "redis://:cpu-demo-redis-password-not-a-secret@x:1/0"]),
+        check_no_secret_in_argv, "a Secret's value in args"),
+    "a misspelt variable": (
+        lambda o: _env(o, "Deployment/epd-prefill", "EPD_REDIS_URL").update(value="redis://:$(REDIS_PASSWD)@r:6379/0"),
+        check_references, "REDIS_PASSWD"),
+    "a grace period shorter than the drain": (
+        lambda o: _pod(o, "Deployment/epd-decode").update(terminationGracePeriodSeconds=30), check_drain,
+        "terminationGracePeriodSeconds 30"),
+    "a PDB selecting no pod": (
+        lambda o: next(x for x in o if name(x) == "PodDisruptionBudget/epd-decode")["spec"]["selector"]["matchLabels"]
+        .update({"app.kubernetes.io/component": "decoder"}), check_pdbs, "selects []"),
+}
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES)
+def test_the_checks_catch_a_broken_manifest(rendered, breakage):
+    """Negative controls: each check fails on the cpu-demo overlay with one mistake put in."""
+    objects = copy.deepcopy(rendered["cpu-demo"])
+    breaks, check, message = BREAKAGES[breakage]
+    check(objects, "cpu-demo")  # passes as shipped
+    breaks(objects)
+    with pytest.raises((AssertionError, pytest.fail.Exception)) as failed:
+        check(objects, "cpu-demo")
+    assert message in str(failed.value)

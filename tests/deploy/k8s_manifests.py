@@ -3,6 +3,8 @@
 
 ``render(overlay) -> list[dict]``   every object of ``deploy/k8s/overlays/OVERLAY`` (kubectl's own
                                     kustomize); a missing kubectl fails the test naming the package.
+``compose(workdir, components)``    every object of the base with ``components`` (names under
+                                    ``deploy/k8s/components``), as a user's own overlay would list them.
 ``workloads(objects)``              (kind/name, pod spec, pod labels) of every Deployment and StatefulSet.
 ``ours(pod_spec)``                  the containers (init containers first) that run our image.
 ``container_env(container, secrets)`` the container's environment with Kubernetes' ``$(VAR)``
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +35,7 @@ GPU_OVERLAYS = ("epd", "pd")
 IMAGE = "epd-stage"  # deploy/Containerfile's image, as the base names it (kustomize's images: sets the registry)
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.namespace": "epd"}
 SAMPLE_SECRET = "sample-secret-value-0123456789"  # long enough for an admin token (16 characters)
+SAMPLE_SECRETS = {"redis-url": "redis://:sample-password@redis.example.com:6379/0"}  # keys with a format
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -44,9 +48,23 @@ def kubectl() -> str:
 
 def render(overlay: str) -> list[dict[str, Any]]:
     """``kubectl kustomize deploy/k8s/overlays/OVERLAY`` parsed; a failed render fails with kubectl's stderr."""
-    out = subprocess.run([kubectl(), "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, f"kubectl kustomize {overlay} failed:\n{out.stderr}"
+    return _kustomize(K8S / "overlays" / overlay)
+
+
+def compose(workdir: Path, components: list[str]) -> list[dict[str, Any]]:
+    """The base with ``components`` in this order, from an overlay written in ``workdir`` (outside the
+    tree, so kustomize's load restrictor is lifted; it takes relative paths only)."""
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, workdir)
+
+    kustomization = {"resources": [rel(K8S / "base")], "components": [rel(K8S / "components" / c) for c in components]}
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _kustomize(workdir, "--load-restrictor", "LoadRestrictionsNone")
+
+
+def _kustomize(path: Path, *flags: str) -> list[dict[str, Any]]:
+    out = subprocess.run([kubectl(), "kustomize", *flags, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
@@ -80,7 +98,7 @@ def references(text: str) -> list[str]:
 def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]) -> dict[str, str]:
     """The container's environment as Kubernetes builds it: in order, each value expanded against
     the variables before it. ``secrets`` maps (secret name, key) to a value; a key not in it (the
-    GPU overlays ship no Secret) gets ``SAMPLE_SECRET``."""
+    GPU overlays ship no Secret) gets its ``SAMPLE_SECRETS`` value or ``SAMPLE_SECRET``."""
     env: dict[str, str] = {}
     for var in container.get("env", []):
         if "value" in var:
@@ -91,7 +109,8 @@ def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]
             env[var["name"]] = SAMPLE_FIELDS[source["fieldRef"]["fieldPath"]]
         else:
             ref = source["secretKeyRef"]
-            env[var["name"]] = secrets.get((_base_name(ref["name"]), ref["key"]), SAMPLE_SECRET)
+            sample = SAMPLE_SECRETS.get(ref["key"], SAMPLE_SECRET)
+            env[var["name"]] = secrets.get((_base_name(ref["name"]), ref["key"]), sample)
     return env
 
 

@@ -26,8 +26,8 @@ from router.cli import router_config
 from router.openapi import document
 from stages.cli import build_parser
 from stages.cli.serve import server_config
-from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, container_env, expand, name, ours, references, render,
-                                        secret_values, secret_vars, selects, workloads)
+from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, container_env, expand, name, ours, references,
+                                        render, secret_values, secret_vars, selects, workloads)
 
 STAGE_ROLES = ("encoder", "prefill", "decode", "pd")
 DRAIN_MARGIN_S = 5  # SIGKILL comes no sooner than this after the drain's own bound
@@ -344,6 +344,29 @@ def test_cpu_demo_generates_its_model_in_an_init_container(rendered):
         assert args.model == f"{mount['models']}/{made.out.rsplit('/', 1)[-1]}" and made.out == args.model, workload
         (volume,) = spec["volumes"]
         assert volume["name"] == "models" and "emptyDir" in volume, workload
+
+
+def test_an_external_redis_replaces_the_statefulset_and_comes_whole_from_the_secret(tmp_path):
+    objects = compose(tmp_path, ["epd", "external-redis", "gpu"])
+    for check in (check_schema, check_references, check_no_secret_in_argv, check_ports, check_discovery):
+        check(objects, "epd")
+    assert not [name(o) for o in objects if o["metadata"]["name"] == "epd-redis"]
+    from_secret = {"name": "EPD_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "epd-secrets", "key": "redis-url"}}}
+    for workload, container, args, env in serving(objects):
+        assert from_secret in container["env"], workload
+        assert "REDIS_PASSWORD" not in env, f"{workload}: the in-cluster Redis's password is not needed"
+
+
+def test_the_servicemonitor_overlay_scrapes_every_stage_and_the_router():
+    objects = render("servicemonitor")
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]  # no schema: checked here, not strictly
+    check_schema([o for o in objects if o is not monitor], "servicemonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    scraped = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "Service"
+                     and selects(monitor["spec"]["selector"], o["metadata"]["labels"])
+                     and endpoint["port"] in {port["name"] for port in o["spec"]["ports"]})
+    assert scraped == ["epd-decode", "epd-encoder", "epd-prefill", "epd-router"]
+    assert endpoint["path"] == "/metrics"
 
 
 def _pod(objects: list[dict[str, Any]], workload: str) -> dict[str, Any]:

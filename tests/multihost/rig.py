@@ -32,8 +32,10 @@ Helpers:
         pool of ``CLIENT_THREADS``; ``rig.client_async(coro_fn, *args)`` runs ``asyncio.run`` there.
     ``rig.cut(host)`` / ``rig.restore(host)``  the bridge-side veth of ``host`` down / up: its packets
         vanish (no RST, no ICMP), and come back.
-    ``rig.block(host, port, verdict)`` / ``rig.unblock(host, port)``  an nftables rule in ``host``'s
-        namespace on TCP packets to ``port`` there: ``drop`` (they vanish) or ``reject`` (a TCP reset).
+    ``rig.block(host, port, verdict, chain)`` / ``rig.unblock(host, port)``  an nftables rule in
+        ``host``'s namespace on TCP packets to ``port`` (or a range) arriving there (``input``) or sent
+        from there (``output``): ``drop`` (they vanish) or ``reject`` (a TCP reset);
+        ``rig.blocked_packets(host, port)`` counts what the rules met.
     ``rig.listeners(host)``  (address, port) of every listening TCP socket in ``host``'s namespace.
     ``rig.in_host(host, fn, *args)``  ``fn`` on a fresh thread inside ``host``'s namespace (a socket it
         binds stays there: a poser, a probe).
@@ -83,6 +85,7 @@ CLIENT_THREADS = 16
 START_TIMEOUT_S = 120.0
 CMD_TIMEOUT_S = 15.0
 NFT_TABLE = "epdrig"
+NFT_CHAINS = ("input", "output")
 _counter = itertools.count()
 
 
@@ -413,28 +416,42 @@ class Rig:
     def restore(self, host: str) -> None:
         _ip("-n", self.ns("switch"), "link", "set", host, "up")
 
-    def block(self, host: str, port: int, verdict: str = "drop") -> None:
-        """TCP packets to ``port`` on ``host``: ``drop`` (vanish) or ``reject`` (answered by a TCP reset)."""
+    def block(self, host: str, port: int | str, verdict: str = "drop", chain: str = "input") -> None:
+        """TCP packets to ``port`` (a number, or a range ``"15000-17000"``) on ``host``: ``drop`` (vanish)
+        or ``reject`` (answered by a TCP reset); ``chain`` ``input`` (packets arriving at ``host``) or
+        ``output`` (packets ``host`` sends to that port elsewhere). The rule counts what it met
+        (``blocked_packets``)."""
         action = {"drop": ["drop"], "reject": ["reject", "with", "tcp", "reset"]}.get(verdict)
         if action is None:
             raise ValueError(f"verdict is drop or reject, got {verdict!r}")
-        self._nft_chain(host)
-        self._nft(host, "add", "rule", "inet", NFT_TABLE, "input", "tcp", "dport", str(port), *action,
+        if chain not in NFT_CHAINS:
+            raise ValueError(f"chain is one of {NFT_CHAINS}, got {chain!r}")
+        self._nft_chains(host)
+        self._nft(host, "add", "rule", "inet", NFT_TABLE, chain, "tcp", "dport", str(port), "counter", *action,
                   "comment", f'"port {port}"')
 
-    def unblock(self, host: str, port: int) -> int:
-        """Remove every rule ``block`` added on ``port`` of ``host``; returns how many."""
-        listing = json.loads(self._nft(host, "-j", "-a", "list", "table", "inet", NFT_TABLE) or "{}")
-        handles = [item["rule"]["handle"] for item in listing.get("nftables", [])
-                   if "rule" in item and item["rule"].get("comment") == f"port {port}"]
-        for handle in handles:
-            self._nft(host, "delete", "rule", "inet", NFT_TABLE, "input", "handle", str(handle))
-        return len(handles)
+    def unblock(self, host: str, port: int | str) -> int:
+        """Remove every rule ``block`` added on ``port`` of ``host`` (either chain); returns how many."""
+        rules = self._nft_rules(host, port)
+        for rule in rules:
+            self._nft(host, "delete", "rule", "inet", NFT_TABLE, rule["chain"], "handle", str(rule["handle"]))
+        return len(rules)
 
-    def _nft_chain(self, host: str) -> None:
+    def blocked_packets(self, host: str, port: int | str) -> int:
+        """Packets the rules ``block`` added on ``port`` of ``host`` have met so far."""
+        return sum(expr["counter"]["packets"] for rule in self._nft_rules(host, port)
+                   for expr in rule.get("expr", ()) if "counter" in expr)
+
+    def _nft_rules(self, host: str, port: int | str) -> list[dict]:
+        listing = json.loads(self._nft(host, "-j", "-a", "list", "table", "inet", NFT_TABLE) or "{}")
+        return [item["rule"] for item in listing.get("nftables", [])
+                if "rule" in item and item["rule"].get("comment") == f"port {port}"]
+
+    def _nft_chains(self, host: str) -> None:
         self._nft(host, "add", "table", "inet", NFT_TABLE)
-        self._nft(host, "add", "chain", "inet", NFT_TABLE, "input",
-                  "{ type filter hook input priority 0 ; policy accept ; }")
+        for chain in NFT_CHAINS:
+            self._nft(host, "add", "chain", "inet", NFT_TABLE, chain,
+                      f"{{ type filter hook {chain} priority 0 ; policy accept ; }}")
 
     def _nft(self, host: str, *args: str) -> str:
         return _run(["ip", "netns", "exec", self.ns(host), "nft", *args])

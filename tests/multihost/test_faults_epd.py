@@ -8,6 +8,10 @@ concurrent streams through the router from the client host:
 - Redis's host vanishes (its link cut): a request needing an uncached image gets 503
   ``cache_unavailable`` naming Redis (password masked) within 10 s, text requests keep working; once
   the link is back caching resumes with no restart (a new image encoded once, then a hit).
+- the path router -> e1's HTTP port is blackholed for 30 s (nft drop: calls on pooled connections and
+  new ones, and health checks, go unanswered): waves of 8 image requests (half of their images e1's by
+  the router's cache_aware ring) all succeed within 10 s, moved to e2; e1's breaker opens; once the
+  path is back e1 is readmitted and encodes again within 30 s.
 After each test: KV blocks back to 0 on every P and D, no image claim left in Redis.
 """
 
@@ -20,12 +24,16 @@ from collections.abc import Iterator
 import pytest
 
 from tests.multihost.fault_helpers import CONCURRENT, DEADLINE_S, READMIT_S, Answer, blocks_used, chat, claims, \
-    client_of, encoded_total, frozen, images_for, in_rotation, retries, start_default_stack, wait_until
-from tests.multihost.rig import REDIS_PORT
+    client_of, encoded_total, frozen, images_for, in_rotation, retries, start_default_stack, wait_until, \
+    worker_metric
+from tests.multihost.rig import PORTS, REDIS_PORT
 from tests.multihost.stack import Stack
 from tests.router_helpers import png
 
 pytestmark = pytest.mark.timeout(240)
+BLACKHOLE_S = 30.0
+WAVE_EVERY_S = 2.0  # waves start at most this often (once e1's breaker is open a wave takes a moment)
+MAX_WAVES = int(BLACKHOLE_S / WAVE_EVERY_S) + 1
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +119,47 @@ def test_a_redis_host_that_vanishes(stack):
     assert all(a.error is None and a.text and a.seconds < DEADLINE_S for a in again), \
         [(a.seconds, a.message) for a in again]
     assert sum(rig.client(encoded_total, e) for e in stack.encoders) == encoded + 1
+
+
+def test_the_path_to_an_encoder_blackholed_for_30_s(stack):
+    rig, (victim, survivor) = stack.rig, stack.encoders
+    half = CONCURRENT // 2
+    theirs = {e.url: images_for(stack, e, seed=8000 + 2000 * i, count=half * MAX_WAVES)
+              for i, e in enumerate(stack.encoders)}
+    circuit = lambda: worker_metric(stack.router, "epd_router_circuit_state", "encoder", victim)  # noqa: E731
+
+    async def scenario() -> tuple[list[list[Answer]], set[float]]:
+        client, model = client_of(stack)
+        waves: list[list[Answer]] = []
+        states, started = set(), time.monotonic()
+        while time.monotonic() - started < BLACKHOLE_S:
+            assert len(waves) < MAX_WAVES, "more waves than images made for them"
+            n = len(waves)
+            images = [*theirs[victim.url][n * half:(n + 1) * half], *theirs[survivor.url][n * half:(n + 1) * half]]
+            waves.append(await asyncio.gather(*(chat(client, model, f"blackhole {n}.{i}", [image])
+                                                for i, image in enumerate(images))))
+            states.add(await asyncio.to_thread(circuit))
+            await asyncio.sleep(max(0.0, started + len(waves) * WAVE_EVERY_S - time.monotonic()))
+        return waves, states
+
+    rig.block("e1", PORTS["encoder"], "drop")
+    try:
+        waves, states = rig.client_async(scenario)
+    finally:
+        assert rig.unblock("e1", PORTS["encoder"]) == 1
+    unblocked_at = time.monotonic()
+    answers = [a for wave in waves for a in wave]
+    assert all(a.error is None and a.text and a.seconds < DEADLINE_S for a in answers), \
+        [(a.seconds, a.status, a.message) for a in answers if a.error or a.seconds >= DEADLINE_S]
+    assert 2.0 in states, f"e1's breaker never opened: {states}"  # 0 closed, 1 half-open, 2 open
+    rig.client(wait_until, lambda: in_rotation(stack.router, "encoder", victim), READMIT_S, "e1 readmitted")
+    encoded = rig.client(encoded_total, victim)
+
+    async def back() -> Answer:
+        client, model = client_of(stack)
+        return await chat(client, model, "e1 is back", [theirs[victim.url][-1]])
+
+    answer = rig.client_async(back)
+    assert answer.error is None and answer.text, answer.message
+    assert rig.client(encoded_total, victim) == encoded + 1  # e1's image, encoded by e1
+    assert time.monotonic() - unblocked_at < READMIT_S

@@ -5,7 +5,9 @@ the cache hits. Then, through Prometheus's HTTP API: every target is up, every m
 dashboard query or a rule names exists as a series, every dashboard query (``$__rate_interval``
 substituted) and every recording rule returns data, the rules loaded healthy, and the traffic is
 what the series say (two images encoded, the repeated one a cache hit). Alerts are held to their
-behaviour by promtool (tests/deploy/test_prometheus_rules.py), not by firing here."""
+behaviour by promtool (tests/deploy/test_prometheus_rules.py), not by firing here. And
+scrape-kubernetes.yml's relabelling, on targets carrying Kubernetes pod discovery's labels (Debian's
+Prometheus has no Kubernetes discovery), finds each annotated server and labels its role."""
 
 from __future__ import annotations
 
@@ -158,3 +160,40 @@ def test_the_series_tell_what_the_traffic_did(traffic):
     assert value("sum(epd_router_e2e_request_latency_seconds_count)") == REQUESTS
     assert value("sum(epd_kv_transfer_writes)") > 0 and value("sum(epd_kv_transfer_bytes)") > 0
     assert 0 < value("epd:cache_hit:ratio_5m") < 1
+
+
+def kubernetes_pods(stack: Up) -> list[dict]:
+    """What Kubernetes pod discovery would give for the stack's servers: each at its pod address with
+    a wrong port (the first declared containerPort; the annotation names the metrics port), its
+    annotations and component label; plus Redis, not annotated for scraping."""
+    def pod(role: str, annotations: dict[str, str]) -> dict:
+        meta = {f"__meta_kubernetes_pod_annotation_{k}": v for k, v in annotations.items()}
+        return {"targets": ["127.0.0.1:1"], "labels": {**meta, "__meta_kubernetes_namespace": "epd",
+                                                       "__meta_kubernetes_pod_name": f"epd-{role}-0",
+                                                       "__meta_kubernetes_pod_label_app_kubernetes_io_component": role}}
+    return [pod(role, {"prometheus_io_scrape": "true", "prometheus_io_port": str(port), "prometheus_io_path": "/metrics"})
+            for role, (port, _) in stack.children().items()] + [pod("redis", {})]
+
+
+def test_the_kubernetes_scrape_job_finds_annotated_pods_and_labels_their_role(stack, tmp_path):
+    """scrape-kubernetes.yml's job, its kubernetes_sd_configs swapped for files of the same labels."""
+    config = yaml.safe_load((CONFIG / "scrape-kubernetes.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+    job["file_sd_configs"] = [{"files": ["pods/*.json"]}]
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"}
+    shutil.copy(CONFIG / "rules.yml", tmp_path)
+    (tmp_path / "pods").mkdir()
+    (tmp_path / "pods" / "epd.json").write_text(json.dumps(kubernetes_pods(stack)))
+    server = Prometheus(config, tmp_path)
+    try:
+        server.start()
+        wait_for("every annotated pod up", lambda: len(server.query("up == 1")) == len(ROLES))
+        targets = server.api("targets")
+        assert sorted((t["scrapeUrl"], t["labels"]) for t in targets["activeTargets"]) == sorted(
+            (f"http://127.0.0.1:{port}/metrics", {"instance": f"127.0.0.1:{port}", "job": "epd", "namespace": "epd",
+                                                  "pod": f"epd-{role}-0", "role": role})
+            for role, (port, _) in stack.children().items())
+        assert [t["discoveredLabels"]["__meta_kubernetes_pod_name"] for t in targets["droppedTargets"]] == ["epd-redis-0"]
+    finally:
+        server.stop()

@@ -1,7 +1,8 @@
 """deploy/grafana/epd-dashboard.json without Grafana: the structure Grafana's dashboard model needs
 (a current schemaVersion, unique ids, a 24-column grid without overlaps, refIds), a data source
 variable that every panel and query uses, known units, a row per stage with the panels issue 17
-asks for, and only Grafana's own variables in the queries. That every query runs and returns data
+asks for, only Grafana's own variables in the queries, and docs/dashboard.md explaining each panel
+with its exact queries, each recorded series and alert. That every query runs and returns data
 on a real stack: tests/deploy/test_prometheus_stack.py."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.deploy.promql_names import metric_names
@@ -89,3 +91,17 @@ def test_queries_use_only_grafana_variables_and_name_epd_metrics(dashboard):
             assert set(re.findall(r"\$\w+", target["expr"])) <= GRAFANA_VARIABLES, target["expr"]
             names = metric_names(target["expr"].replace("$__rate_interval", "1m"))
             assert names and all(n.startswith("epd_") for n in names), (panel["title"], names)
+
+
+def test_docs_dashboard_md_explains_every_row_panel_query_rule_and_alert(dashboard):
+    doc = (REPO / "docs" / "dashboard.md").read_text()
+    for row, panels in rows(dashboard).items():
+        assert f"\n## {row}\n" in doc, row
+        section = doc.split(f"\n## {row}\n")[1].split("\n## ")[0]
+        for panel in panels:
+            assert f"\n### {panel['title']}\n" in section, (row, panel["title"])
+            part = section.split(f"\n### {panel['title']}\n")[1].split("\n### ")[0]
+            assert "```promql\n" + "\n".join(t["expr"] for t in panel["targets"]) + "\n```" in part, panel["title"]
+    for group in yaml.safe_load((REPO / "deploy" / "prometheus" / "rules.yml").read_text())["groups"]:
+        for rule in group["rules"]:
+            assert f"`{rule.get('record') or rule['alert']}`" in doc, rule

@@ -46,7 +46,7 @@ def rows(dashboard: dict) -> dict[str, list[dict]]:
 
 
 def test_header(dashboard):
-    assert (dashboard["uid"], dashboard["title"], dashboard["schemaVersion"]) == ("epd-stack", "EPD serving stack", 39)
+    assert (dashboard["uid"], dashboard["title"], dashboard["schemaVersion"]) == ("epd-stack", "EPD serving stack", 41)
     (variable,) = dashboard["templating"]["list"]
     assert {k: variable[k] for k in ("name", "type", "query")} == {"name": "datasource", "type": "datasource",
                                                                    "query": "prometheus"}

@@ -29,6 +29,13 @@ def rules() -> list[dict]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+def test_a_missing_tool_fails_naming_the_setup_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match=r"^promtool is not installed: run `bash scripts/setup.sh test` "
+                                                    r"\(Debian's prometheus package\)$"):
+        tool("promtool")
+
+
 def test_promtool_check_rules_accepts_every_rule():
     done = promtool("check", "rules", "rules.yml")
     assert (done.returncode, done.stdout) == (0, f"Checking rules.yml\n  SUCCESS: {len(rules())} rules found\n\n")

@@ -95,10 +95,12 @@ def references(text: str) -> list[str]:
     return [m.group(1) for m in _REF.finditer(text) if m.group(1)]
 
 
-def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]) -> dict[str, str]:
+def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str],
+                  fields: dict[str, str] | None = None) -> dict[str, str]:
     """The container's environment as Kubernetes builds it: in order, each value expanded against
-    the variables before it. ``secrets`` maps (secret name, key) to a value; a key not in it (the
-    GPU overlays ship no Secret) gets its ``SAMPLE_SECRETS`` value or ``SAMPLE_SECRET``."""
+    the variables before it; downward-API fields from ``fields`` (default ``SAMPLE_FIELDS``).
+    ``secrets`` maps (secret name, key) to a value; a key not in it (the GPU overlays ship no
+    Secret) gets its ``SAMPLE_SECRETS`` value or ``SAMPLE_SECRET``."""
     env: dict[str, str] = {}
     for var in container.get("env", []):
         if "value" in var:
@@ -106,7 +108,7 @@ def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]
             continue
         source = var["valueFrom"]
         if "fieldRef" in source:
-            env[var["name"]] = SAMPLE_FIELDS[source["fieldRef"]["fieldPath"]]
+            env[var["name"]] = (fields or SAMPLE_FIELDS)[source["fieldRef"]["fieldPath"]]
         else:
             ref = source["secretKeyRef"]
             sample = SAMPLE_SECRETS.get(ref["key"], SAMPLE_SECRET)

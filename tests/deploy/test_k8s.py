@@ -16,6 +16,7 @@ import io
 import os
 import re
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -30,6 +31,7 @@ from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, contain
                                         render, secret_values, secret_vars, selects, workloads)
 
 STAGE_ROLES = ("encoder", "prefill", "decode", "pd")
+CONTAINERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Containerfile"
 DRAIN_MARGIN_S = 5  # SIGKILL comes no sooner than this after the drain's own bound
 SECRET_FLAGS = ("--admin-token", "--redis-url")  # their values never go in args (the -file flags may)
 _DISCOVER = re.compile(r"^(\w+)=dns://([a-z0-9-]+):(\d+)$")  # a Service of the pod's namespace, by its short name
@@ -327,6 +329,15 @@ def check_resources(objects: list[dict[str, Any]], overlay: str) -> None:
             requests = container["resources"]["requests"]
             assert {"cpu", "memory"} <= set(requests), f"{workload} {container['name']}: requests {requests}"
             assert "memory" in container["resources"]["limits"], f"{workload} {container['name']}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_our_pods_run_as_the_images_non_root_user(rendered, overlay):
+    uid = int(re.search(r"useradd [^\n]*--uid (\d+)", CONTAINERFILE.read_text()).group(1))
+    for workload, spec, _ in workloads(rendered[overlay]):
+        if ours(spec):
+            security = spec["securityContext"]
+            assert (security["runAsNonRoot"], security["runAsUser"]) == (True, uid), workload
 
 
 def test_cpu_demo_generates_its_model_in_an_init_container(rendered):

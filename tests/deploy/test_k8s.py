@@ -27,11 +27,12 @@ from router.cli import router_config
 from router.openapi import document
 from stages.cli import build_parser
 from stages.cli.serve import server_config
-from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, container_env, expand, name, ours, references,
-                                        render, secret_values, secret_vars, selects, workloads)
+from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, container_env, expand, load_yaml, name, ours,
+                                        references, render, secret_values, secret_vars, selects, workloads)
 
 STAGE_ROLES = ("encoder", "prefill", "decode", "pd")
 CONTAINERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Containerfile"
+PROMETHEUS = CONTAINERFILE.parent / "prometheus"  # scrape-kubernetes.yml: the `role` label the rules group by
 DRAIN_MARGIN_S = 5  # SIGKILL comes no sooner than this after the drain's own bound
 SECRET_FLAGS = ("--admin-token", "--redis-url")  # their values never go in args (the -file flags may)
 _DISCOVER = re.compile(r"^(\w+)=dns://([a-z0-9-]+):(\d+)$")  # a Service of the pod's namespace, by its short name
@@ -378,6 +379,9 @@ def test_the_servicemonitor_overlay_scrapes_every_stage_and_the_router():
                      and endpoint["port"] in {port["name"] for port in o["spec"]["ports"]})
     assert scraped == ["epd-decode", "epd-encoder", "epd-prefill", "epd-router"]
     assert endpoint["path"] == "/metrics"
+    scrape = load_yaml(PROMETHEUS / "scrape-kubernetes.yml")["scrape_configs"][0]["relabel_configs"]
+    (role,) = [r["source_labels"] for r in scrape if r.get("target_label") == "role"]
+    assert [r["sourceLabels"] for r in endpoint["relabelings"] if r["targetLabel"] == "role"] == [role]
 
 
 def _pod(objects: list[dict[str, Any]], workload: str) -> dict[str, Any]:

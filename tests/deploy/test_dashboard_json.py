@@ -80,8 +80,8 @@ def test_ids_unique_and_the_grid_has_no_overlap(dashboard):
 def test_units_are_grafana_units(dashboard):
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
-            units = [panel["fieldConfig"]["defaults"]["unit"]] + [
-                prop["value"] for o in panel["fieldConfig"]["overrides"] for prop in o["properties"] if prop["id"] == "unit"]
+            overrides = [prop for o in panel["fieldConfig"]["overrides"] for prop in o["properties"]]
+            units = [panel["fieldConfig"]["defaults"]["unit"]] + [p["value"] for p in overrides if p["id"] == "unit"]
             assert set(units) <= UNITS, (panel["title"], units)
 
 

@@ -111,7 +111,8 @@ def traffic(stack, prometheus) -> Prometheus:
             assert reply.usage.completion_tokens == 6
     client.close()
     success = 'sum(epd_router_requests_total{outcome="success"})'
-    wait_for(f"{success} == {REQUESTS}", lambda: [float(s["value"][1]) for s in prometheus.query(success)] == [REQUESTS])
+    wait_for(f"{success} == {REQUESTS}",
+             lambda: [float(s["value"][1]) for s in prometheus.query(success)] == [REQUESTS])
     for record in dict.fromkeys(r["record"] for r in rules() if "record" in r):
         wait_for(f"recorded {record}", lambda: prometheus.query(record))
     return prometheus
@@ -171,7 +172,8 @@ def kubernetes_pods(stack: Up) -> list[dict]:
         return {"targets": ["127.0.0.1:1"], "labels": {**meta, "__meta_kubernetes_namespace": "epd",
                                                        "__meta_kubernetes_pod_name": f"epd-{role}-0",
                                                        "__meta_kubernetes_pod_label_app_kubernetes_io_component": role}}
-    return [pod(role, {"prometheus_io_scrape": "true", "prometheus_io_port": str(port), "prometheus_io_path": "/metrics"})
+    scraped = {"prometheus_io_scrape": "true", "prometheus_io_path": "/metrics"}
+    return [pod(role, {**scraped, "prometheus_io_port": str(port)})
             for role, (port, _) in stack.children().items()] + [pod("redis", {})]
 
 
@@ -181,6 +183,7 @@ def test_the_kubernetes_scrape_job_finds_annotated_pods_and_labels_their_role(st
     (job,) = config["scrape_configs"]
     assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
     job["file_sd_configs"] = [{"files": ["pods/*.json"]}]
+    job["metrics_path"] = "/wrong"  # only the prometheus.io/path annotation can make the scrapes work
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"}
     shutil.copy(CONFIG / "rules.yml", tmp_path)
     (tmp_path / "pods").mkdir()
@@ -194,6 +197,7 @@ def test_the_kubernetes_scrape_job_finds_annotated_pods_and_labels_their_role(st
             (f"http://127.0.0.1:{port}/metrics", {"instance": f"127.0.0.1:{port}", "job": "epd", "namespace": "epd",
                                                   "pod": f"epd-{role}-0", "role": role})
             for role, (port, _) in stack.children().items())
-        assert [t["discoveredLabels"]["__meta_kubernetes_pod_name"] for t in targets["droppedTargets"]] == ["epd-redis-0"]
+        dropped = [t["discoveredLabels"]["__meta_kubernetes_pod_name"] for t in targets["droppedTargets"]]
+        assert dropped == ["epd-redis-0"]
     finally:
         server.stop()

@@ -33,7 +33,7 @@ from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, contain
 STAGE_ROLES = ("encoder", "prefill", "decode", "pd")
 CONTAINERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Containerfile"
 PROMETHEUS = CONTAINERFILE.parent / "prometheus"  # scrape-kubernetes.yml: the `role` label the rules group by
-DRAIN_MARGIN_S = 5  # SIGKILL comes no sooner than this after the drain's own bound
+DRAIN_MARGIN_S = 10  # past --shutdown-grace-s, aborted requests get 5 s to end, then the lifespan stops
 SECRET_FLAGS = ("--admin-token", "--redis-url")  # their values never go in args (the -file flags may)
 _DISCOVER = re.compile(r"^(\w+)=dns://([a-z0-9-]+):(\d+)$")  # a Service of the pod's namespace, by its short name
 
@@ -150,9 +150,12 @@ def check_probe_paths(objects: list[dict[str, Any]], overlay: str) -> None:
     paths = set(document(None)["paths"])
     for workload, container, args, _ in serving(objects):
         if args.role == "router":
-            assert "startupProbe" not in container  # nothing to load
-            probes = {p: container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
-            assert probes == {"readinessProbe": "/health", "livenessProbe": "/server_info"}, workload
+            probes = {p: container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+            assert probes == {"startupProbe": "/server_info", "readinessProbe": "/health",
+                              "livenessProbe": "/server_info"}, workload
+            startup = container["startupProbe"]
+            assert startup["periodSeconds"] * startup["failureThreshold"] > args.startup_timeout_s, (
+                f"{workload}: the startup probe gives up before --startup-timeout-s {args.startup_timeout_s}")
             assert set(probes.values()) | {"/metrics"} <= paths
         else:  # what each stage answers on them is test_k8s_run.py's, on real servers
             probes = {p: container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}

@@ -85,6 +85,9 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="an open circuit lets a trial request through after this long")
     r.add_argument("--startup-timeout-s", type=float, default=_D["startup_timeout_s"],
                    help="wait this long for every worker to answer at startup")
+    r.add_argument("--shutdown-grace-s", type=float, default=_D["shutdown_grace_s"],
+                   help="on SIGTERM: stop accepting, let the requests in flight (streams included) finish within "
+                        "this, then exit 0")
 
 
     a = parser.add_argument_group("admin API (docs/admin.md)")

@@ -74,6 +74,7 @@ class RouterConfig:
     ratio_window_s: float = 60.0  # demand, utilization and capacity are measured over this window
     auto_ratio_interval_s: float = 0.0  # apply the recommended P:D split this often (0: never)
     drain_timeout_s: float = 120.0  # a switch or a waiting drain gives up on a worker still busy after this
+    shutdown_grace_s: float = 30.0  # SIGTERM: stop accepting, let requests in flight finish within this, exit 0
     # this process's start id in /server_info; `stage serve router` gives its own (EPD_INSTANCE_ID when its
     # starter set one, stages.launch.instance), so a starter can tell its router from another on the port
     instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
@@ -99,7 +100,7 @@ class RouterConfig:
                      "health_interval_s",
                      "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
                      "ratio_window_s", "drain_timeout_s", "discover_interval_s", "cache_ttl_s", "cache_op_timeout_s",
-                     "claim_lease_s"):
+                     "claim_lease_s", "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",

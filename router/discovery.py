@@ -6,7 +6,9 @@ Contract: ``discover`` runs at startup for every worker (until each answers, or 
 deadline); ``health_loop`` runs for the router's whole life as a supervised task: every
 ``--health-interval-s`` it asks every worker's ``/health`` (each within ``--health-timeout-s``),
 marks it healthy or not, and re-reads a worker's info when it comes back (a restarted prefill may
-have a new bootstrap port). Only these functions write a worker's info and (with the dispatcher,
+have a new bootstrap port). A stage shutting down answers 503 ``{"status": "draining"}``: out of
+rotation from that check on (health checks never touch a breaker), back once it answers 200 (a
+pod that came back). Only these functions write a worker's info and (with the dispatcher,
 which marks a worker it could not reach) its ``healthy`` flag.
 """
 
@@ -133,6 +135,8 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
                                timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
             ok = response.status == 200
             reason = f"/health answered HTTP {response.status}"
+            if response.status == 503 and await _draining(response):
+                reason = "it is draining (shutting down): out of rotation, its breaker untouched"
         if ok and not (worker.healthy and worker.known):
             await read_info(session, worker, config.health_timeout_s, config.admin_token)
     except InfoError as exc:
@@ -153,6 +157,16 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
             log.warning("%s %s is unhealthy: %s", worker.role, worker.url, reason)
     worker.healthy = ok
     return misfit
+
+
+async def _draining(response: aiohttp.ClientResponse) -> bool:
+    """A stage's /health 503 that says ``{"status": "draining"}`` (it got SIGTERM; docs/protocol.md
+    "Draining"): out of rotation like any unhealthy answer, and said so in the log."""
+    try:
+        body = await response.json(content_type=None)
+    except (aiohttp.ClientError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("status") == "draining"
 
 
 async def discover(session: aiohttp.ClientSession, workers: Iterable[Worker], config: RouterConfig) -> None:

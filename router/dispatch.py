@@ -6,7 +6,10 @@ failing (its stage is to blame; the rest of the attempt is aborted at once inste
 the answering stage to time out), or the answering stage failing (``blame`` decides whether its
 partner was the cause). A failure before anything reached the client is retried once on a fresh
 plan (new room, the blamed worker excluded) unless the request itself was wrong (4xx) or a
-dependency every worker shares failed (``verdict.SHARED_CODES``: the embedding cache's Redis).
+dependency every worker shares failed (``verdict.SHARED_CODES``: the embedding cache's Redis). A
+stage shutting down (``verdict.LEAVING_CODES``: 503 ``draining``, it took none of the request; or
+``drain_timeout``) is taken out of rotation at once without a breaker charge, and the request is
+retried on another worker, as when a connection could not be opened.
 
 Aborting: whenever an attempt ends early (a failure, or the client leaving, which cancels the
 handler), every upstream call still open is cancelled, which closes its connection; the prefill and
@@ -151,7 +154,7 @@ class Dispatcher:
             failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.images, plan.sides)
             self._charge(failure, plan, leases)
             outcome = f"failed: the {failure.stage} stage: {failure.message}"
-            untouched = frozenset({failure.url} if failure.unreachable or failure.busy else ())
+            untouched = frozenset({failure.url} if failure.unreachable or failure.refused else ())
             raise exc if failure is exc.failure else StageError(failure) from None
         finally:
             if outcome != "success" and plan.on_abort is not None:
@@ -247,11 +250,11 @@ class Dispatcher:
                 continue
             if failure.client_fault:
                 lease.success()  # it answered, correctly refusing a bad request
-            elif failure.busy or failure.code in ROUTER_CODES or failure.code in SHARED_CODES:
-                lease.cancel()  # back-pressure, or not its fault
+            elif failure.busy or failure.leaving or failure.code in ROUTER_CODES or failure.code in SHARED_CODES:
+                lease.cancel()  # back-pressure, shutting down, or not its fault
             else:
                 lease.failure()
-            if failure.unreachable and target.worker.healthy:
+            if (failure.unreachable or failure.leaving) and target.worker.healthy:
                 log.warning("%s stage %s marked unhealthy: %s", target.stage, target.worker.url, failure.message)
                 target.worker.healthy = False  # the health loop brings it back once /health answers
 

@@ -1,5 +1,7 @@
 """Running the router process: bind, start (discovery; refuse to start if the mode cannot serve),
-serve until SIGINT/SIGTERM.
+serve until SIGINT/SIGTERM. On either, aiohttp stops listening, lets the requests in flight (streams
+included) finish within ``--shutdown-grace-s``, cancels what is left, then the router closes; the
+process exits 0.
 
 The socket is bound first, by the CLI (``stages/cli/router.py``) before anything heavy is imported (so the port is ours,
 and a port in use is one line at once) and listens only after startup has succeeded, so
@@ -26,7 +28,6 @@ from router.config import RouterConfig
 from router.runtime import Router
 
 log = logging.getLogger(__name__)
-SHUTDOWN_GRACE_S = 5.0
 
 
 def serve(config: RouterConfig, sock: socket.socket) -> None:
@@ -36,6 +37,6 @@ def serve(config: RouterConfig, sock: socket.socket) -> None:
     log.info("%s router starting on http://%s:%d", config.mode, host, port)
     try:
         web.run_app(create_app(Router(config)), loop=uvloop.new_event_loop(), sock=sock, handler_cancellation=True,
-                    print=None, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+                    print=None, access_log=None, shutdown_timeout=config.shutdown_grace_s)
     finally:
         sock.close()

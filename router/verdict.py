@@ -31,9 +31,15 @@ IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached
 # the typed fields of a stage's error body besides the OpenAI four (``stages.api.errors.TYPED_FIELDS``,
 # held equal by tests/test_error_fields.py); ``Failure`` keeps ``room``, ``image_key`` and ``peer_code``
 TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
+# a stage's codes that say it is shutting down (SIGTERM; docs/protocol.md "Draining"): ``draining`` refused
+# the request before taking any of it, ``drain_timeout`` aborted it at the stage's --shutdown-grace-s. Not a
+# fault: no breaker charge, the worker out of rotation at once (the health loop re-admits it if it comes
+# back healthy), and, before anything reached the client, retried on another worker
+LEAVING_CODES = frozenset({"draining", "drain_timeout"})
 # the HTTP status an in-band error code stands for (a stream's status is already 200)
 CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
-               "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503}
+               "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503,
+               "draining": 503, "drain_timeout": 503}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,16 @@ class Failure:
         taking any of it (back-pressure, not a fault): no breaker charge, the worker stays healthy,
         another worker may take it; when none can, the client gets the 503 with ``Retry-After``."""
         return self.status == 503 and self.retry_after is not None
+
+    @property
+    def leaving(self) -> bool:
+        """The stage is shutting down (``LEAVING_CODES``): it is taken out of rotation, not blamed."""
+        return self.code in LEAVING_CODES
+
+    @property
+    def refused(self) -> bool:
+        """The stage took none of the request: busy (503 with Retry-After) or draining."""
+        return self.busy or self.code == "draining"
 
     @property
     def client_fault(self) -> bool:

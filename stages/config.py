@@ -145,6 +145,8 @@ class ServerConfig:
     stream_keepalive_s: float = 2.0  # an open chat stream silent this long gets an SSE comment (": keep-alive")
     debug_faults: bool = False  # serve /debug/faults (fault points for tests); loopback only
     log_level: str = "info"
+    # SIGTERM: new requests refused (503 draining), those in flight finish within this, the rest are aborted
+    shutdown_grace_s: float = 30.0
     disagg: DisaggConfig | None = None
     encoder: EncoderConfig | None = None
 
@@ -165,6 +167,8 @@ class ServerConfig:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
         if not self.stream_keepalive_s > 0:
             raise ValueError(f"--stream-keepalive-s must be > 0, got {self.stream_keepalive_s}")
+        if not self.shutdown_grace_s > 0:
+            raise ValueError(f"--shutdown-grace-s must be > 0, got {self.shutdown_grace_s}")
         if self.debug_faults and not is_loopback(self.host):
             raise ValueError(f"--debug-faults is refused on a server bound to {self.host!r}: fault points are for "
                              "tests on loopback only (bind 127.0.0.1 or drop --debug-faults)")

@@ -39,8 +39,8 @@ def test_two_forked_servers_are_two_processes_with_two_ids(tiny_model, tmp_path)
         assert infos[0]["instance_id"] != infos[1]["instance_id"]
         assert len({server.proc.pid for server in servers} | {os.getpid()}) == 3
         servers[0].proc.send_signal(signal.SIGTERM)
-        # uvicorn stops gracefully, then re-raises the signal: a fresh `stage serve` exits the same way
-        assert servers[0].proc.wait(30) == -signal.SIGTERM
+        # SIGTERM drains (stages.server: nothing in flight here), then exits 0: a fresh `stage serve` does the same
+        assert servers[0].proc.wait(30) == 0
         assert "Finished server process" in servers[0].log()
         assert servers[1].proc.poll() is None
         assert httpx.get(f"{servers[1].url}/health", timeout=10).status_code == 200

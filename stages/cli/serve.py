@@ -84,6 +84,10 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--stream-keepalive-s", type=float, default=server["stream_keepalive_s"],
                    help="a chat stream that has sent nothing this long gets an SSE comment (': keep-alive'), so "
                         "the router's --stream-idle-timeout-s can tell a slow stage from a vanished one")
+    g.add_argument("--shutdown-grace-s", type=float, default=server["shutdown_grace_s"],
+                   help="on SIGTERM: refuse new requests (503 draining, /health 503), let those in flight finish "
+                        "within this, abort the rest with an error, exit 0 (keep it below Kubernetes' "
+                        "terminationGracePeriodSeconds)")
     g.add_argument("--debug-faults", action="store_true",
                    help="serve /debug/faults to arm fault points (stages/faults.py); refused off loopback")
     g.add_argument("--log-level", default=server["log_level"], choices=["debug", "info", "warning", "error"],
@@ -254,7 +258,8 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
         max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
-        stream_keepalive_s=args.stream_keepalive_s, log_level=args.log_level, disagg=disagg, encoder=encoder)
+        stream_keepalive_s=args.stream_keepalive_s, log_level=args.log_level, shutdown_grace_s=args.shutdown_grace_s,
+        disagg=disagg, encoder=encoder)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,252 @@
+"""SIGTERM drains a stage (``stages.drain``, ``stages.api.drain_gate``) and the router takes it out of
+rotation (docs/protocol.md "Draining"):
+
+- two colocated workers behind a router, a bounded load of concurrent streaming and non-streaming
+  requests (official client), SIGTERM to one worker while it holds some: every request gets the text
+  it would have had (greedy, compared with the other worker's answers to the same bodies), the
+  worker answers ``/health`` 503 ``{"status": "draining"}`` and a new chat 503 ``draining`` while it
+  finishes its requests, exits 0 within its ``--shutdown-grace-s``, and the router has it out of
+  rotation with its circuit closed (a drain is not a failure);
+- a worker whose requests outlive its grace aborts them cleanly: a stream ends with an in-band
+  ``drain_timeout`` error event and ``[DONE]``, a non-stream answer is a 503 ``drain_timeout``; the
+  worker still exits 0;
+- the router's own SIGTERM lets a stream in flight finish, then it exits 0;
+- the pure parts: the drain's states, and the router's verdict on a draining answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from router.verdict import from_answer, from_event
+from stages.drain import Drain, DrainState
+from stages.launch.ports import free_port
+from tests.router_helpers import arm, metric
+
+pytestmark = pytest.mark.timeout(300)
+TOKEN = "a-token-of-twenty-chars"
+GRACE_S = 20.0
+WAIT_S = 30.0  # every bounded wait below
+DRAINING = {"error": {"message": "This server is shutting down and takes no new requests; send it to another "
+                                 "worker.", "type": "server_error", "param": None, "code": "draining",
+                      "stage": "colocated"}}
+
+
+# --- pure ------------------------------------------------------------------------------------
+async def test_the_drain_waits_for_work_in_flight_then_expires():
+    drain = Drain(0.2)
+    assert (drain.state, drain.draining) == (DrainState.SERVING, False)
+    drain.enter()
+    asyncio.get_running_loop().call_later(0.05, drain.leave)
+    assert await drain.run() is True and drain.state is DrainState.DRAINING and not drain.expired().done()
+    late = Drain(0.1)
+    late.enter()
+    expired = late.expired()
+    expired.add_done_callback(lambda _: late.leave())  # the gate aborts the request: it leaves
+    assert await late.run() is False and late.state is DrainState.EXPIRED and expired.done()
+    with pytest.raises(RuntimeError, match="Drain.leave without a matching enter"):
+        late.leave()
+    with pytest.raises(ValueError, match=r"--shutdown-grace-s must be > 0, got 0"):
+        Drain(0)
+
+
+def test_the_router_retries_a_draining_answer_without_blame():
+    refused = from_answer("decode", "http://d", 503, json.dumps(DRAINING).encode())
+    assert (refused.code, refused.leaving, refused.refused, refused.busy, refused.client_fault) == (
+        "draining", True, True, False, False)
+    aborted = from_event("decode", "http://d", {"error": {"message": "m", "code": "drain_timeout"}})
+    assert (aborted.status, aborted.leaving, aborted.refused) == (503, True, False)
+    other = from_answer("decode", "http://d", 503, b'{"error": {"message": "m", "code": "engine_unavailable"}}')
+    assert (other.leaving, other.refused) == (False, False)
+
+
+# --- real servers ----------------------------------------------------------------------------
+def bodies(count: int) -> list[tuple[list[dict], bool]]:
+    return [([{"role": "user", "content": f"Tell me about thing number {i}."}], i % 2 == 0) for i in range(count)]
+
+
+async def answer(client: openai.AsyncOpenAI, model: str, msgs: list[dict], stream: bool, max_tokens: int = 16) -> str:
+    kwargs = dict(model=model, messages=msgs, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
+    if not stream:
+        return (await client.chat.completions.create(**kwargs)).choices[0].message.content
+    return "".join([chunk.choices[0].delta.content or "" async for chunk in
+                    await client.chat.completions.create(**kwargs, stream=True) if chunk.choices])
+
+
+def workers_of(router_url: str) -> dict[str, dict]:
+    listing = httpx.get(f"{router_url}/admin/workers", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert listing.status_code == 200, listing.text
+    return {w["url"]: w for w in listing.json()["workers"]}
+
+
+def wait_until(what: str, check, within_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        time.sleep(0.05)
+
+
+def health(url: str) -> tuple[int, dict]:
+    response = httpx.get(f"{url}/health", timeout=5)
+    return response.status_code, response.json()
+
+
+@pytest.fixture
+def model_path(tiny_model) -> str:
+    return str(tiny_model("qwen2_vl"))
+
+
+def drain_under_load(router, watcher, leaving, staying_url: str, expected_base: str, count: int = 12) -> None:
+    """A first wave of ``count`` mixed requests through ``router``; once each is taken and the
+    ``leaving`` worker holds two or more in its engine, SIGTERM to it; a second wave while it drains.
+    Every answer must be the greedy one (the same bodies sent to ``expected_base`` afterwards), the
+    worker must exit 0 within its grace, both routers must have it out of rotation with its circuit
+    closed, and ``router`` (health loop asleep) must have retried a draining answer."""
+    first, second = bodies(count), bodies(count + 8)[count:]
+
+    def first_wave_placed() -> bool:
+        workers = workers_of(router.url)
+        held = workers[leaving.url]["outstanding"]
+        done = metric(router.url, 'epd_router_requests_total{outcome="success"}')
+        engine = metric(leaving.url, "epd_running_requests") + metric(leaving.url, "epd_queue_depth")
+        return held >= 2 and held + workers[staying_url]["outstanding"] + done == count and engine == held
+
+    async def load() -> tuple[list[str], float]:
+        client = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=120)
+        model = (await client.models.list()).data[0].id
+        wave = [asyncio.ensure_future(answer(client, model, m, s)) for m, s in first]
+        await asyncio.to_thread(wait_until, "every request of the first wave taken, the leaving worker's in its "
+                                "engine (none reaches it after the SIGTERM)", first_wave_placed)
+        leaving.proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        await asyncio.to_thread(wait_until, "/health says draining",
+                                lambda: health(leaving.url) == (503, {"status": "draining"}))
+        refused = httpx.post(f"{leaving.url}/v1/chat/completions", json={"messages": first[0][0]}, timeout=10)
+        role = workers_of(router.url)[leaving.url]["role"]
+        assert (refused.status_code, refused.json()) == (503, {"error": {**DRAINING["error"], "stage": role}})
+        await asyncio.to_thread(wait_until, "the watching router has it out of rotation",
+                                lambda: not workers_of(watcher.url)[leaving.url]["healthy"])
+        assert workers_of(router.url)[leaving.url]["healthy"]  # the router under load has not checked yet
+        late = [asyncio.ensure_future(answer(client, model, m, s)) for m, s in second]  # while it drains
+        answers = await asyncio.wait_for(asyncio.gather(*wave, *late), 120)
+        await client.close()
+        return answers, sent
+
+    answers, sent = asyncio.run(load())
+    assert leaving.proc.wait(GRACE_S) == 0
+    assert time.monotonic() - sent < GRACE_S
+    assert "drained: every request in flight finished" in leaving.log()
+    assert [(w[leaving.url]["healthy"], w[leaving.url]["circuit"]) for w in map(workers_of, (router.url, watcher.url))
+            ] == [(False, "closed")] * 2
+    role = workers_of(router.url)[leaving.url]["role"]
+    assert metric(router.url, f'epd_router_retries_total{{stage="{role}"}}') >= 1  # a draining answer, retried
+    assert f"{role} {leaving.url} is unhealthy: it is draining (shutting down): out of rotation, its breaker " \
+           "untouched" in watcher.log()
+
+    async def expected() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=expected_base, api_key="x", max_retries=0, timeout=120)
+        model = (await client.models.list()).data[0].id
+        texts = await asyncio.gather(*(answer(client, model, m, s) for m, s in first + second))
+        await client.close()
+        return texts
+
+    assert metric(router.url, 'epd_router_requests_total{outcome="success"}') == len(first) + len(second)
+    assert answers == asyncio.run(expected()) and all(answers)
+
+
+# the router under load learns of the drain only from the draining answers (its health loop sleeps), which it
+# must retry elsewhere without a breaker charge (one charge would open the circuit); a second router watches
+# /health only
+UNDER_LOAD = ("--admin-token", TOKEN, "--health-interval-s", "60", "--breaker-failures", "1")
+WATCHING = ("--admin-token", TOKEN, "--health-interval-s", "0.2")
+
+
+def test_sigterm_under_load_loses_no_request(start_server, model_path):
+    flags = ("--model", model_path, "--debug-faults", "--shutdown-grace-s", str(GRACE_S))
+    leaving, staying = start_server("colocated", *flags), start_server("colocated", *flags)
+    pair = ("--colocated", leaving.url, "--colocated", staying.url)
+    router = start_server("router", *pair, *UNDER_LOAD, "--policy-colocated", "round_robin")
+    watcher = start_server("router", *pair, *WATCHING)
+    arm(leaving, "engine.stall", times=1000, delay_s=0.1)  # its requests stay in flight for seconds
+    drain_under_load(router, watcher, leaving, staying.url, staying.base_url)
+
+
+def test_a_decode_drains_under_pd_load(start_server, model_path):
+    pd = ("--model", model_path, "--kv-cache-mib", "16", "--transfer", "mooncake")
+    prefill = start_server("prefill", *pd, "--bootstrap-port", str(free_port()))
+    leaving, staying = (start_server("decode", *pd, "--debug-faults", "--shutdown-grace-s", str(GRACE_S))
+                        for _ in range(2))
+    workers = ("--prefill", prefill.url, "--decode", leaving.url, "--decode", staying.url)
+    router = start_server("router", *workers, *UNDER_LOAD, "--policy-decode", "round_robin")
+    watcher = start_server("router", *workers, *WATCHING)
+    arm(leaving, "engine.stall", times=1000, delay_s=0.1)
+    drain_under_load(router, watcher, leaving, staying.url, router.base_url, count=8)  # then: P + the other D
+
+
+def test_requests_that_outlive_the_grace_end_with_a_clean_error(start_server, model_path):
+    server = start_server("colocated", "--model", model_path, "--debug-faults", "--shutdown-grace-s", "2")
+    arm(server, "engine.stall", times=1000, delay_s=0.5)  # 64 tokens: some 30 s, far past the grace
+    body = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 64, "temperature": 0,
+            "ignore_eos": True}
+
+    async def run() -> tuple[list[str], httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            whole = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+            async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+                lines = stream.aiter_lines()
+                events = [await anext(lines)]  # the role chunk: the stream is in flight
+                await asyncio.to_thread(wait_until, "both requests run",
+                                        lambda: metric(server.url, "epd_running_requests") == 2)
+                server.proc.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+                events += [line async for line in lines]
+            return [e for e in events if e.startswith("data: ")], await whole, sent
+
+    events, whole, sent = asyncio.run(run())
+    message = ("This server is shutting down and the request was still running after 2 s (--shutdown-grace-s); "
+               "it was aborted.")
+    error = {"error": {"message": message, "type": "server_error", "param": None, "code": "drain_timeout",
+                       "stage": "colocated"}}
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2].removeprefix("data: ")) == error
+    assert len(events) < 64  # cut short, not finished
+    assert (whole.status_code, whole.json()) == (503, error)
+    assert server.proc.wait(WAIT_S) == 0
+    assert time.monotonic() - sent < 2 + 5 + 3  # the grace, the aborted requests' ending (ABORT_WAIT_S), slack
+    assert "2 request(s) still running after 2 s (--shutdown-grace-s): aborting them" in server.log()
+
+
+def test_the_router_lets_a_stream_finish_on_sigterm(start_server, model_path):
+    worker = start_server("colocated", "--model", model_path, "--debug-faults")
+    router = start_server("router", "--colocated", worker.url, "--shutdown-grace-s", "20")
+    arm(worker, "engine.stall", times=1000, delay_s=0.1)
+
+    async def run() -> tuple[str, float]:
+        client = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60)
+        model = (await client.models.list()).data[0].id
+        stream = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi."}],
+                                                      max_tokens=20, temperature=0, stream=True,
+                                                      extra_body={"ignore_eos": True})
+        text = ""
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content and not text:
+                router.proc.send_signal(signal.SIGTERM)  # the first text is out: the stream is in flight
+                sent = time.monotonic()
+            text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+        await client.close()
+        return text, sent
+
+    text, sent = asyncio.run(run())
+    assert router.proc.wait(WAIT_S) == 0
+    assert time.monotonic() - sent < 20
+    direct = openai.OpenAI(base_url=worker.base_url, api_key="x", max_retries=0, timeout=60)
+    reply = direct.chat.completions.create(model=direct.models.list().data[0].id, max_tokens=20, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi."}],
+                                           extra_body={"ignore_eos": True})
+    assert text == reply.choices[0].message.content != ""

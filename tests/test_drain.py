@@ -1,7 +1,7 @@
 """SIGTERM drains a stage (``stages.drain``, ``stages.api.drain_gate``) and the router takes it out of
 rotation (docs/protocol.md "Draining"):
 
-- two colocated workers behind a router, a bounded load of concurrent streaming and non-streaming
+- two colocated workers behind a router (and a prefill with two decodes, one of them leaving), a bounded load of concurrent streaming and non-streaming
   requests (official client), SIGTERM to one worker while it holds some: every request gets the text
   it would have had (greedy, compared with the other worker's answers to the same bodies), the
   worker answers ``/health`` 503 ``{"status": "draining"}`` and a new chat 503 ``draining`` while it
@@ -11,15 +11,19 @@ rotation (docs/protocol.md "Draining"):
   ``drain_timeout`` error event and ``[DONE]``, a non-stream answer is a 503 ``drain_timeout``; the
   worker still exits 0;
 - the router's own SIGTERM lets a stream in flight finish, then it exits 0;
+- an encoder finishes the encode in flight and refuses a new one (503 ``draining``), then exits 0;
 - the pure parts: the drain's states, and the router's verdict on a draining answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import re
 import signal
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -28,7 +32,8 @@ import pytest
 from router.verdict import from_answer, from_event
 from stages.drain import Drain, DrainState
 from stages.launch.ports import free_port
-from tests.router_helpers import arm, metric
+from tests.redis_fixtures import redis_server, redis_url  # noqa: F401
+from tests.router_helpers import arm, metric, png
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "a-token-of-twenty-chars"
@@ -103,27 +108,36 @@ def model_path(tiny_model) -> str:
     return str(tiny_model("qwen2_vl"))
 
 
-def drain_under_load(router, watcher, leaving, staying_url: str, expected_base: str, count: int = 12) -> None:
-    """A first wave of ``count`` mixed requests through ``router``; once each is taken and the
-    ``leaving`` worker holds two or more in its engine, SIGTERM to it; a second wave while it drains.
-    Every answer must be the greedy one (the same bodies sent to ``expected_base`` afterwards), the
-    worker must exit 0 within its grace, both routers must have it out of rotation with its circuit
-    closed, and ``router`` (health loop asleep) must have retried a draining answer."""
-    first, second = bodies(count), bodies(count + 8)[count:]
+def engine_load(server) -> float:
+    return metric(server.url, "epd_running_requests") + metric(server.url, "epd_queue_depth")
 
-    def first_wave_placed() -> bool:
+
+def all_placed(router, leaving, staying, count: int) -> Callable[[], bool]:
+    """Every one of the first ``count`` requests is leased (or done), and the ``leaving`` worker holds
+    two or more, each in its engine: none of them reaches it after the SIGTERM."""
+    def placed() -> bool:
         workers = workers_of(router.url)
         held = workers[leaving.url]["outstanding"]
         done = metric(router.url, 'epd_router_requests_total{outcome="success"}')
-        engine = metric(leaving.url, "epd_running_requests") + metric(leaving.url, "epd_queue_depth")
-        return held >= 2 and held + workers[staying_url]["outstanding"] + done == count and engine == held
+        return held >= 2 and held + workers[staying.url]["outstanding"] + done == count and engine_load(leaving) == held
+    return placed
+
+
+def drain_under_load(router, watcher, leaving, placed: Callable[[], bool], expected_base: str, count: int = 12,
+                     refused_before_checked: bool = True) -> None:
+    """A first wave of ``count`` mixed requests through ``router``; once ``placed()``, SIGTERM to the
+    ``leaving`` worker; a second wave while it drains. Every answer must be the greedy one (the same
+    bodies sent to ``expected_base`` afterwards), the worker must exit 0 within its grace, both routers
+    must have it out of rotation with its circuit closed, and ``router`` (its health loop asleep) must
+    have retried a draining answer (``refused_before_checked``: and not have marked it before the second
+    wave)."""
+    first, second = bodies(count), bodies(count + 8)[count:]
 
     async def load() -> tuple[list[str], float]:
         client = openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=120)
         model = (await client.models.list()).data[0].id
         wave = [asyncio.ensure_future(answer(client, model, m, s)) for m, s in first]
-        await asyncio.to_thread(wait_until, "every request of the first wave taken, the leaving worker's in its "
-                                "engine (none reaches it after the SIGTERM)", first_wave_placed)
+        await asyncio.to_thread(wait_until, "the first wave placed", placed)
         leaving.proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         await asyncio.to_thread(wait_until, "/health says draining",
@@ -133,7 +147,8 @@ def drain_under_load(router, watcher, leaving, staying_url: str, expected_base: 
         assert (refused.status_code, refused.json()) == (503, {"error": {**DRAINING["error"], "stage": role}})
         await asyncio.to_thread(wait_until, "the watching router has it out of rotation",
                                 lambda: not workers_of(watcher.url)[leaving.url]["healthy"])
-        assert workers_of(router.url)[leaving.url]["healthy"]  # the router under load has not checked yet
+        if refused_before_checked:
+            assert workers_of(router.url)[leaving.url]["healthy"]  # the router under load has not checked yet
         late = [asyncio.ensure_future(answer(client, model, m, s)) for m, s in second]  # while it drains
         answers = await asyncio.wait_for(asyncio.gather(*wave, *late), 120)
         await client.close()
@@ -175,7 +190,7 @@ def test_sigterm_under_load_loses_no_request(start_server, model_path):
     router = start_server("router", *pair, *UNDER_LOAD, "--policy-colocated", "round_robin")
     watcher = start_server("router", *pair, *WATCHING)
     arm(leaving, "engine.stall", times=1000, delay_s=0.1)  # its requests stay in flight for seconds
-    drain_under_load(router, watcher, leaving, staying.url, staying.base_url)
+    drain_under_load(router, watcher, leaving, all_placed(router, leaving, staying, 12), staying.base_url)
 
 
 def test_a_decode_drains_under_pd_load(start_server, model_path):
@@ -187,7 +202,27 @@ def test_a_decode_drains_under_pd_load(start_server, model_path):
     router = start_server("router", *workers, *UNDER_LOAD, "--policy-decode", "round_robin")
     watcher = start_server("router", *workers, *WATCHING)
     arm(leaving, "engine.stall", times=1000, delay_s=0.1)
-    drain_under_load(router, watcher, leaving, staying.url, router.base_url, count=8)  # then: P + the other D
+    drain_under_load(router, watcher, leaving, all_placed(router, leaving, staying, 8), router.base_url,
+                     count=8)  # then: P and the other D
+
+
+def test_a_prefill_drains_its_paired_rooms(start_server, model_path):
+    """The leaving prefill's rooms, paired and held in its engine at SIGTERM, still prefill and write
+    their KV (its bootstrap endpoint stays up until they end)."""
+    pd = ("--model", model_path, "--kv-cache-mib", "16", "--transfer", "mooncake")
+    leaving, staying = (start_server("prefill", *pd, "--bootstrap-port", str(free_port()), "--debug-faults",
+                                     "--shutdown-grace-s", str(GRACE_S)) for _ in range(2))
+    decode = start_server("decode", *pd)
+    workers = ("--prefill", leaving.url, "--prefill", staying.url, "--decode", decode.url)
+    router = start_server("router", *workers, *UNDER_LOAD, "--policy-prefill", "round_robin")
+    watcher = start_server("router", *workers, *WATCHING)
+    arm(leaving, "engine.stall", times=1000, delay_s=1.0)  # each prefill step waits 1 s
+    # a prefill's lease ends before its request's answer: placed once it holds two; one that reaches it after
+    # the SIGTERM is refused and retried (so the router under load may mark it before the second wave)
+    drain_under_load(router, watcher, leaving, lambda: workers_of(router.url)[leaving.url]["outstanding"] >= 2,
+                     router.base_url, count=8, refused_before_checked=False)
+    held = re.search(r"draining: (\d+) request\(s\) in flight", leaving.log())
+    assert held is not None and int(held[1]) >= 1, leaving.log()[-3000:]
 
 
 def test_requests_that_outlive_the_grace_end_with_a_clean_error(start_server, model_path):
@@ -250,3 +285,27 @@ def test_the_router_lets_a_stream_finish_on_sigterm(start_server, model_path):
                                            messages=[{"role": "user", "content": "Hi."}],
                                            extra_body={"ignore_eos": True})
     assert text == reply.choices[0].message.content != ""
+
+
+def test_an_encoder_finishes_its_encode_and_refuses_new_ones(start_server, model_path, redis_url):
+    encoder = start_server("encoder", "--model", model_path, "--redis-url", redis_url, "--debug-faults",
+                           "--shutdown-grace-s", str(GRACE_S))
+    arm(encoder, "encoder.stall", times=1, delay_s=2.0)  # the first batch waits 2 s before its vision-tower call
+    image = {"data": base64.b64encode(png(40, 24, 5)).decode()}
+
+    async def run() -> tuple[httpx.Response, httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=encoder.url, timeout=60) as client:
+            first = asyncio.ensure_future(client.post("/v1/encode", json={"room": 1, "images": [image]}))
+            await asyncio.to_thread(wait_until, "the encode is in flight (its room has a timeline)",
+                                    lambda: httpx.get(f"{encoder.url}/rooms/1", timeout=5).status_code == 200)
+            encoder.proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            await asyncio.to_thread(wait_until, "/health says draining",
+                                    lambda: health(encoder.url) == (503, {"status": "draining"}))
+            refused = await client.post("/v1/encode", json={"room": 2, "images": [image]})
+            return await first, refused, sent
+
+    first, refused, sent = asyncio.run(run())
+    assert first.status_code == 200 and [i["status"] for i in first.json()["images"]] == ["encoded"]
+    assert (refused.status_code, refused.json()) == (503, {"error": {**DRAINING["error"], "stage": "encoder"}})
+    assert encoder.proc.wait(GRACE_S) == 0 and time.monotonic() - sent < GRACE_S

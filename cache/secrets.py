@@ -32,8 +32,9 @@ def read_secret(value: str | None, path: str | None, *, flag: str, env: str,
                 environ: Mapping[str, str]) -> str | None:
     """The secret of ``flag`` (e.g. ``--redis-url``): ``value`` (the flag's), else the content of
     ``path`` (``FLAG-file``'s) less one trailing newline, else ``environ[env]``; None when none is
-    given (an empty variable counts as none). SecretError when both ``value`` and ``path`` are given,
-    or the file cannot be read or holds nothing."""
+    given (an empty value or variable counts as none, as before files came). SecretError when both
+    ``value`` and ``path`` are given, or the file cannot be read or holds nothing."""
+    value = value or None
     if value is not None and path is not None:
         raise SecretError(f"give {flag} or {flag}-file, not both")
     if value is not None:

@@ -22,6 +22,8 @@ import base64
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,7 @@ import pytest
 from router.verdict import from_answer, from_event
 from stages.drain import Drain, DrainState
 from stages.launch.ports import free_port
+from tests.conftest import REPO
 from tests.redis_fixtures import redis_server, redis_url  # noqa: F401
 from tests.router_helpers import arm, metric, png
 
@@ -309,3 +312,11 @@ def test_an_encoder_finishes_its_encode_and_refuses_new_ones(start_server, model
     assert first.status_code == 200 and [i["status"] for i in first.json()["images"]] == ["encoded"]
     assert (refused.status_code, refused.json()) == (503, {"error": {**DRAINING["error"], "stage": "encoder"}})
     assert encoder.proc.wait(GRACE_S) == 0 and time.monotonic() - sent < GRACE_S
+
+
+def test_a_grace_that_is_not_positive_is_one_line_and_exit_2():
+    for argv, role in ((("colocated", "--model", "/m"), "colocated"), (("router", "--colocated", "http://h:1"), "router")):
+        done = subprocess.run([sys.executable, "-m", "stages.cli", "serve", *argv, "--shutdown-grace-s", "0"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stderr.strip()) == (
+            2, f"stage serve {role}: error: --shutdown-grace-s must be > 0, got 0.0")

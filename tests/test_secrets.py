@@ -46,6 +46,7 @@ def test_the_flag_wins_then_the_file_then_the_environment(tmp_path):
     assert read_secret(None, None, environ=env, **kw) == "redis://:from-env@h:1/0"
     assert read_secret(None, None, environ={REDIS_URL_ENV: ""}, **kw) is None
     assert read_secret(None, None, environ={}, **kw) is None
+    assert read_secret("", None, environ=env, **kw) == "redis://:from-env@h:1/0"  # an empty flag is none
     path.write_text("two-newlines\n\n")  # one trailing newline is dropped, not more
     assert read_secret(None, str(path), environ={}, **kw) == "two-newlines\n"
     path.write_text("no-newline")

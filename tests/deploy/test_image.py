@@ -1,0 +1,157 @@
+"""The container image (deploy/Containerfile), built as this machine can (deploy/image/build.sh:
+mmdebstrap's bookworm base imported by podman under the Containerfile's base name, ``buildah bud
+--isolation chroot --format docker``) in a private storage, with the CPU torch wheel from this
+machine's pip find-links folder in the build context (pip inside a build cannot see that folder),
+the rest from the index. ``podman run`` is refused here (crun and this kernel's hybrid cgroups), so
+``buildah from`` + ``buildah run --isolation chroot`` runs it:
+
+- the image's config: the HEALTHCHECK command and timings, the non-root USER, ENTRYPOINT ``stage``;
+- inside it, as that user: torch is the CPU build, and ``stage demo --mode epd``, with no network but
+  loopback, makes its model in the user's cache (the image holds none) and answers through encoder,
+  prefill, decode and router;
+- the image's healthcheck finds a server's port on its command line and reports its 200.
+
+Slow (a fresh machine builds from nothing: ~4 min on 2 cores); tools missing fail naming setup.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stages.launch.ports import free_port
+from tests.conftest import REPO
+from tests.deploy.image_store import ImageStore, missing_tools
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+CONTAINERFILE = REPO / "deploy" / "Containerfile"
+TAG = "localhost/epd-stage:test-cpu"
+BUILD_S = 1200.0
+DEMO_S = 300.0
+
+
+def containerfile_arg(name: str) -> str:
+    return re.search(rf"^ARG {name}=(.*)$", CONTAINERFILE.read_text(), re.M).group(1)
+
+
+def pip_config() -> dict[str, str]:
+    """``pip config list`` of this machine: key (without its scope) -> value."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+    return {m.group(1): m.group(2) for m in re.finditer(r"^[^.\n]*\.([\w-]+)='(.*)'$", listed, re.M)}
+
+
+def cpu_torch_wheel() -> Path:
+    """torch==TORCH_VERSION+cpu for this Python from pip's find-links folders, or fail naming where it looked."""
+    version = containerfile_arg("TORCH_VERSION")
+    folders = [Path(f) for f in pip_config().get("find-links", "").split() if Path(f).is_dir()]
+    pattern = f"torch-{version}+cpu-cp{sys.version_info.major}{sys.version_info.minor}-*.whl"
+    wheels = [w for folder in folders for w in sorted(folder.glob(pattern))]
+    if not wheels:
+        pytest.fail(f"no {pattern} in pip's find-links folders {[str(f) for f in folders]} (`pip config list`): "
+                    "the CPU image is built from it")
+    return wheels[0]
+
+
+def ca_bundle() -> str | None:
+    """The CA bundle this machine's pip trusts (pip's ``cert``, else the system's): a proxy that
+    intercepts TLS for this machine does so for the build too."""
+    cert = pip_config().get("cert") or ssl.get_default_verify_paths().cafile
+    return cert if cert and Path(cert).is_file() else None
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageStore]:
+    if missing := missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: run `bash scripts/setup.sh test`")
+    image_store = ImageStore(tmp_path_factory.mktemp("image-store"))
+    try:
+        yield image_store
+    finally:
+        image_store.close()
+
+
+@pytest.fixture(scope="module")
+def image(store: ImageStore) -> str:
+    """Build the CPU image (torch from the local wheel: it outranks the index's 2.13.0, so the index is
+    PyPI's and the CPU index, which this machine cannot reach, is not asked)."""
+    command = [str(REPO / "deploy" / "image" / "build.sh"), "--variant", "cpu", "--tag", TAG, "--store",
+               str(store.folder), "--local-wheel", str(cpu_torch_wheel()), "--torch-index", "https://pypi.org/simple"]
+    if cert := ca_bundle():
+        command += ["--pip-cert", cert]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_S)
+    assert done.returncode == 0, f"build.sh exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-6000:]}"
+    assert done.stdout.strip().endswith(f"build.sh: built {TAG}"), done.stdout
+    return TAG
+
+
+@pytest.fixture
+def container(store: ImageStore, image: str) -> Iterator[str]:
+    """A new container of the image for each test (nothing one test writes is seen by another)."""
+    name = store.buildah("from", "--pull-never", image).stdout.strip()
+    yield name
+    store.buildah("rm", name, check=False)
+
+
+def run_in(store: ImageStore, container: str, script: str, timeout_s: float = 120.0,
+           offline: bool = False) -> subprocess.CompletedProcess:
+    return store.buildah("run", "--isolation", "chroot", container, "--", "sh", "-c", script,
+                         timeout_s=timeout_s, check=False, offline=offline)
+
+
+def test_image_config_has_healthcheck_user_and_entrypoint(store, image):
+    config = json.loads(store.buildah("inspect", "--type", "image", image).stdout)["Docker"]["config"]
+    assert config["Healthcheck"] == {"Test": ["CMD", "/opt/epd/bin/python", "/opt/epd/bin/epd-healthcheck"],
+                                     "Interval": 30 * 10**9, "Timeout": 5 * 10**9, "StartPeriod": 300 * 10**9,
+                                     "Retries": 3}
+    assert config["User"] == "epd"
+    assert config["Entrypoint"] == ["stage"]
+    assert config["Cmd"] == ["serve", "--help"]
+    assert "HF_HUB_OFFLINE=1" in config["Env"]
+
+
+def test_runs_as_non_root_with_cpu_torch_and_no_model(store, container):
+    done = run_in(store, container, 'id -un; id -u; python -c "import torch; print(torch.__version__)"; '
+                                    'ls "$HOME/.cache/epd-stage" 2>&1; stage serve --help | head -1')
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lines[:3] == ["epd", "10001", f"{containerfile_arg('TORCH_VERSION')}+cpu"]
+    assert "No such file or directory" in lines[3]  # no model, no cache: the image carries no weights
+    assert lines[4].startswith("usage: stage serve [-h]")
+
+
+def test_demo_epd_answers_inside_the_image(store, container):
+    """Offline (loopback alone): the demo generates its model in the container and needs no network."""
+    done = run_in(store, container, "stage demo --mode epd --max-tokens 6 --timeout 240", timeout_s=DEMO_S,
+                  offline=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "making a random-weight qwen2_vl (tiny) checkpoint in /home/epd/.cache/epd-stage/qwen2_vl-tiny" in lines
+    prompt = "prompt: [image: 224x224 PNG, a red disc and a blue square on a gradient] What is in this picture?"
+    answer = next(i for i, line in enumerate(lines) if line.startswith("answer (length): "))
+    assert lines.index(prompt) < answer
+    assert lines[answer + 1] == "finish_reason 'length': the answer was cut at --max-tokens (6 tokens)"
+    assert re.match(r"^usage: \d+ prompt \+ 6 completion tokens", lines[answer + 2]), lines[answer + 2]
+    assert re.match(r"^room \d+: encoder [\d.]+ ms, prefill [\d.]+ ms", lines[answer + 3]), lines[answer + 3]
+
+
+def test_healthcheck_finds_the_port_on_the_command_line(store, container):
+    """A colocated server on a free port (a tiny model made in the container); the image's healthcheck,
+    given the server's pid, reads the port from its command line and reports 200 (exit 0) once the
+    model is loaded (a bounded poll: 300 tries, 0.2 s apart)."""
+    port = free_port()
+    model = "$HOME/.cache/epd-stage/qwen2_vl-tiny"
+    script = (f"stage make-model --family qwen2_vl --size tiny --out {model} >/dev/null; "
+              f"stage serve colocated --model {model} --port {port} >/dev/null 2>&1 & server=$!; "
+              "for i in $(seq 300); do out=$(epd-healthcheck $server); code=$?; [ $code = 0 ] && break; sleep 0.2; "
+              'done; kill $server; wait $server; echo "$out"; echo "exit $code"')
+    done = run_in(store, container, script, timeout_s=180)
+    assert done.stdout.splitlines()[-2:] == [f"epd-healthcheck: healthy: http://127.0.0.1:{port}/health: 200",
+                                             "exit 0"], done.stdout + done.stderr

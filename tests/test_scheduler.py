@@ -18,8 +18,14 @@ def make_scheduler(num_blocks=16, block_size=4, max_num_seqs=8, max_batched_toke
 
 
 def run_step(scheduler: Scheduler, finished: set[str] = frozenset()):
-    """Pretend the step ran: prefilled requests keep running, the named ones finish."""
+    """Pretend the step ran as the runner does (each prefill computes its chunk, each decode one
+    token); the named requests finish."""
     batch = scheduler.schedule()
+    assert batch.num_tokens <= scheduler.max_batched_tokens
+    for request in batch.prefills:
+        request.num_computed = request.chunk_end
+    for request in batch.decodes:
+        request.num_computed += 1
     for request in batch.requests:
         if request.request_id in finished:
             request.finish(FinishReason.LENGTH)
@@ -50,12 +56,85 @@ def test_decodes_come_first_then_prefills_within_budget():
     assert batch.num_tokens == 20
 
 
-def test_first_prompt_larger_than_budget_runs_alone():
+def test_prompt_longer_than_the_budget_is_prefilled_in_chunks():
     scheduler = make_scheduler(num_blocks=64, max_batched_tokens=8)
-    scheduler.add(make_request("long", 30))
-    scheduler.add(make_request("short", 2))
-    batch = scheduler.schedule()
-    assert [r.request_id for r in batch.prefills] == ["long"]
+    long, short = make_request("long", 30), make_request("short", 2)
+    scheduler.add(long)
+    scheduler.add(short)
+    chunks = []
+    while not long.prompt_done:
+        batch = run_step(scheduler)
+        chunks.append([(r.request_id, n) for r, n in zip(batch.prefills, batch.chunks)])
+    # 30 = 8 + 8 + 8 + 6; "short" takes what the last chunk leaves (it is admitted in order, after "long")
+    assert chunks == [[("long", 8)], [("long", 8)], [("long", 8)], [("long", 6), ("short", 2)]]
+    assert long.blocks and len(long.blocks) == 9  # reserved whole on admission: (30 + 4 - 1) / 4
+    assert run_step(scheduler).decodes == [long, short]
+
+
+def test_decodes_run_in_every_step_beside_a_chunk_and_the_budget_holds():
+    scheduler = make_scheduler(num_blocks=64, max_batched_tokens=10)
+    streams = [make_request(f"s{i}", 3, max_tokens=20) for i in range(3)]
+    for request in streams:
+        scheduler.add(request)
+    run_step(scheduler)
+    long = make_request("long", 40)
+    scheduler.add(long)
+    batches = []
+    while not long.prompt_done:
+        batches.append(run_step(scheduler))
+    # each step: the 3 decodes, then 10 - 3 = 7 prompt tokens of "long": 40 = 5 x 7 + 5
+    assert [b.decodes for b in batches] == [streams] * 6
+    assert [b.num_tokens for b in batches] == [10] * 5 + [8]
+    assert [b.chunks for b in batches] == [[7]] * 5 + [[5]]
+    assert run_step(scheduler).decodes == [*streams, long]
+
+
+def test_chunks_in_progress_go_before_new_prompts():
+    scheduler = make_scheduler(num_blocks=64, max_batched_tokens=8)
+    first = make_request("first", 12)
+    scheduler.add(first)
+    run_step(scheduler)  # 8 of 12
+    second = make_request("second", 12)
+    scheduler.add(second)
+    batch = run_step(scheduler)
+    assert batch.prefills == [first, second] and batch.chunks == [4, 4]
+
+
+def test_decodes_that_fill_the_budget_hold_prefills_back():
+    scheduler = make_scheduler(num_blocks=64, max_batched_tokens=2)
+    a, b = make_request("a", 2, max_tokens=9), make_request("b", 2, max_tokens=9)
+    scheduler.add(a)
+    run_step(scheduler)
+    scheduler.add(b)
+    assert run_step(scheduler).prefills == [b]  # budget 2 - 1 decode = 1 token of "b"
+    batch = run_step(scheduler)
+    assert batch.decodes == [a] and batch.prefills == [b] and batch.chunks == [1]
+    batch = run_step(scheduler)
+    assert batch.decodes == [a, b] and batch.prefills == []
+    scheduler.add(make_request("c", 2))
+    assert run_step(scheduler).prefills == []  # no budget left: "c" waits
+
+
+def test_request_in_chunked_prefill_counts_against_max_num_seqs():
+    scheduler = make_scheduler(num_blocks=64, max_num_seqs=2, max_batched_tokens=8)
+    scheduler.add(make_request("long", 12))
+    scheduler.add(make_request("a", 2))
+    scheduler.add(make_request("b", 2))
+    run_step(scheduler)
+    batch = run_step(scheduler)
+    # "long" finishes its prompt (4) and "a" (2) fills the second seat: "b" waits with budget left
+    assert [r.request_id for r in batch.prefills] == ["long", "a"] and batch.chunks == [4, 2]
+    assert scheduler.num_waiting == 1
+
+
+def test_abort_mid_chunking_frees_its_blocks():
+    scheduler = make_scheduler(num_blocks=64, max_batched_tokens=8)
+    long = make_request("long", 30)
+    scheduler.add(long)
+    run_step(scheduler)
+    assert 0 < long.num_computed < long.prompt_len and scheduler.allocator.num_used == 9
+    assert scheduler.abort("long") is long
+    assert scheduler.allocator.num_used == 0 and not scheduler.has_work()
 
 
 def test_waits_in_order_when_blocks_run_out_and_resumes_after_release():

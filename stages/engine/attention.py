@@ -6,8 +6,11 @@ project and rotate q/k/v and then call ``paged_attention`` (registered as ``ATTE
 which receives the step's ``AttentionMetadata`` through the ``epd_attn`` keyword that the runner
 passes to every decoder layer. Nothing is global: the metadata carries the pool.
 
-Prefills here always start from an empty context (no prefix reuse, no chunking), so a prefill
-attends causally over its own fresh keys, exactly as Hugging Face's SDPA path does. Decodes read
+A prefill that starts the prompt (the whole prompt, or its first chunk) attends causally over its
+own fresh keys, exactly as Hugging Face's SDPA path does. A later chunk of a chunked prefill
+(``PrefillContext``) attends to the prompt's earlier tokens too: its queries read the K/V of every
+prompt slot up to their own out of the pool (a copy through the request's blocks, which holds the
+chunk's own K/V as well, written first), under a causal mask aligned to the end. Decodes read
 their context from the pool with one of three kernels, chosen once per process (``decode_kernel``):
 
 - ``"sdpa"`` (the CPU, and a GPU without Triton): gather each decode's context out of the pool
@@ -60,12 +63,33 @@ class DecodeGroup:
 
 
 @dataclass
+class PrefillContext:
+    """A prefill chunk that continues a prompt: where its keys live in the pool and what each query sees."""
+
+    kv_blocks: torch.Tensor  # [L] block of each prompt slot 0 .. L-1 (L = earlier tokens + the chunk)
+    kv_offsets: torch.Tensor  # [L] offset within the block
+    mask: torch.Tensor  # [chunk, L] True where query i (prompt slot L - chunk + i) may attend slot j
+
+
+@dataclass
 class AttentionMetadata:
     pool: KVPool
     slot_blocks: torch.Tensor  # [T] where each packed token's K/V is stored
     slot_offsets: torch.Tensor  # [T]
     prefill_spans: list[tuple[int, int]]  # [start, end) of each prefill in the packed sequence
     decode: DecodeGroup | None
+    prefill_contexts: list[PrefillContext | None] | None = None  # per span; None: the span starts its prompt
+
+
+def build_prefill_context(blocks: list[int], context: int, chunk: int, block_size: int,
+                          device: torch.device) -> PrefillContext:
+    """Index tensors, on ``device``, for a chunk of ``chunk`` tokens after ``context`` prompt tokens
+    already in the pool, for a request holding ``blocks``."""
+    slots = torch.arange(context + chunk, device=device)
+    table = torch.tensor(blocks[: -(-(context + chunk) // block_size)], dtype=torch.long, device=device)
+    queries = torch.arange(context, context + chunk, device=device)
+    return PrefillContext(kv_blocks=table[slots // block_size], kv_offsets=slots % block_size,
+                          mask=slots[None, :] <= queries[:, None])
 
 
 def build_decode_group(start: int, blocks: list[list[int]], lengths: list[int], block_size: int,
@@ -106,11 +130,18 @@ def paged_attention(
         raise RuntimeError(f"{ATTENTION_NAME} attention needs a module with an int layer_idx, got {type(layer).__name__}")
     meta.pool.write(layer, meta.slot_blocks, meta.slot_offsets, key[0].transpose(0, 1), value[0].transpose(0, 1))
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
-    for start, end in meta.prefill_spans:
+    contexts = meta.prefill_contexts or [None] * len(meta.prefill_spans)
+    for (start, end), context in zip(meta.prefill_spans, contexts):
         span = slice(start, end)
-        o = F.scaled_dot_product_attention(
-            query[:, :, span], key[:, :, span], value[:, :, span], is_causal=True, scale=scaling, enable_gqa=True
-        )
+        if context is None:
+            o = F.scaled_dot_product_attention(
+                query[:, :, span], key[:, :, span], value[:, :, span], is_causal=True, scale=scaling, enable_gqa=True
+            )
+        else:
+            k, v = meta.pool.gather(layer, context.kv_blocks, context.kv_offsets)  # [L, KVH, D]: a copy
+            o = F.scaled_dot_product_attention(query[:, :, span], k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), attn_mask=context.mask,
+                                               scale=scaling, enable_gqa=True)
         out[span] = o[0].transpose(0, 1)
     if meta.decode is not None:
         group = meta.decode

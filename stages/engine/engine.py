@@ -168,8 +168,9 @@ class Engine:
 
     # --- running ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduled batch: one output per request in it. Requests that fail (images, forward,
-        sampling, detokenizing) finish with ``error`` set; the others are not affected."""
+        """One scheduled batch: one output per request in it, except prefills whose chunk left part of
+        their prompt for a later step (chunked prefill: no token yet). Requests that fail (images,
+        forward, sampling, detokenizing) finish with ``error`` set; the others are not affected."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -177,7 +178,8 @@ class Engine:
         self._encode_missing(batch.prefills, errors)
         tokens = self._forward([r for r in batch.prefills if r.request_id not in errors], batch.decodes, errors)
         outputs = [self._finish(r, FinishReason.ABORT, error=errors[r.request_id]) if r.request_id in errors
-                   else self._append_or_fail(r, tokens[r.request_id]) for r in batch.requests]
+                   else self._append_or_fail(r, tokens[r.request_id]) for r in batch.requests
+                   if r.request_id in errors or r.request_id in tokens]  # a mid-prompt chunk has no output
         self.scheduler.after_step(batch)
         return outputs
 
@@ -203,13 +205,14 @@ class Engine:
                 request.prompt.embeddings = result
 
     def _forward(self, prefills: list[Request], decodes: list[Request], errors: dict[str, str]) -> dict[str, int]:
-        """Run one forward pass over ``prefills`` + ``decodes`` and sample each; returns the tokens of
-        those that succeed and records why the others failed in ``errors``.
+        """Run one forward pass over ``prefills`` + ``decodes`` and sample each that has logits (a
+        prefill only once its prompt is complete); returns the tokens of those that succeed and
+        records why the others failed in ``errors``.
 
         If the pass raises, each half is run on its own (down to single requests), so only requests
         whose own pass fails get the error. Re-running is safe: a pass that raises has advanced no
         request (the runner moves ``num_computed`` only after it returns), and the retry writes the
-        same KV slots again (every layer, prompt slots of prefills, the new slot of decodes), so
+        same KV slots again (every layer, the chunk's slots of prefills, the new slot of decodes), so
         whatever the failed pass wrote is overwritten; a decode's older slots are only read."""
         requests = prefills + decodes
         if not requests:
@@ -225,6 +228,9 @@ class Engine:
             half, cut = len(requests) // 2, max(0, len(requests) // 2 - len(prefills))
             return {**self._forward(prefills[:half], decodes[:cut], errors),
                     **self._forward(prefills[half:], decodes[cut:], errors)}
+        requests = [r for r in prefills if r.prompt_done] + decodes  # the rows of ``logits``
+        if not requests:
+            return {}
         drawn = sample(logits, [r.params for r in requests], [self._tracked[r.request_id].generator for r in requests])
         tokens: dict[str, int] = {}
         for request, token in zip(requests, drawn):

@@ -76,3 +76,21 @@ class Prompt:
                 raise ValueError(f"image {i} fills {want} placeholder tokens but its "
                                  f"{'embedding has' if self.embeddings is not None else 'pixels make'} "
                                  f"{item.num_tokens}")
+
+
+def slice_embeddings(embeddings: list[ImageEmbedding], first: int, last: int) -> list[ImageEmbedding]:
+    """The rows ``[first, last)`` of the images' embeddings laid end to end (image token k of the
+    prompt is row k), as one piece per image they touch: what a prefill chunk whose image tokens are
+    the prompt's k = ``first`` .. ``last - 1`` splices in. Images wholly inside come back as they are."""
+    pieces, offset = [], 0
+    for embedding in embeddings:
+        lo, hi = max(first - offset, 0), min(last - offset, embedding.num_tokens)
+        offset += embedding.num_tokens
+        if lo >= hi:
+            continue
+        if (lo, hi) == (0, embedding.num_tokens):
+            pieces.append(embedding)
+            continue
+        deepstack = None if embedding.deepstack is None else embedding.deepstack[:, lo:hi]
+        pieces.append(ImageEmbedding(embedding.embeds[lo:hi], embedding.grid_thw, deepstack))
+    return pieces

@@ -3,6 +3,11 @@
 A request's ``status`` only moves forward: WAITING -> RUNNING -> FINISHED. The scheduler moves it;
 the engine appends tokens. Blocks are reserved for the whole request (prompt plus ``max_tokens``)
 when it starts running and are freed exactly once when it finishes or is aborted.
+
+A RUNNING request whose prompt is not all computed yet (``prompt_done`` False) is in chunked
+prefill: each step the scheduler sets ``num_scheduled`` (the prompt tokens that step computes), the
+runner computes ``[num_computed, chunk_end)`` and moves ``num_computed`` to ``chunk_end``. Only the
+step that completes the prompt yields a token.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Request:
     blocks: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in the pool
+    num_scheduled: int = 0  # prompt tokens this step's prefill chunk computes (set by the scheduler)
     rope_delta: int = 0  # M-RoPE: decode position = tokens so far + rope_delta
     finish_reason: FinishReason | None = None
     # Prefill-only (a prefill server's request): when it finishes normally its blocks are not freed
@@ -54,6 +60,16 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return self.prompt_len + len(self.output_ids)
+
+    @property
+    def prompt_done(self) -> bool:
+        """Every prompt token's KV is in the pool: the request decodes from now on."""
+        return self.num_computed >= self.prompt_len
+
+    @property
+    def chunk_end(self) -> int:
+        """Prompt tokens computed once this step's chunk is (``num_computed`` + ``num_scheduled``)."""
+        return self.num_computed + self.num_scheduled
 
     @property
     def max_total_tokens(self) -> int:

@@ -6,6 +6,12 @@ including Qwen M-RoPE deltas, KV slots), runs the model's own decoder layers wit
 and returns the logits of each request's last position. It advances ``num_computed`` and sets
 ``rope_delta`` on prefilled requests; everything else about a request is the engine's business.
 
+Chunked prefill: a prefill computes its chunk ``[num_computed, chunk_end)`` of the prompt. The
+chunk's positions are that slice of the whole prompt's positions, its image rows take the matching
+rows of the images' embeddings (an image may straddle chunks), and a chunk after the first attends
+to the earlier prompt tokens' K/V in the pool (``attention.PrefillContext``). A whole prompt in one
+chunk takes exactly the path it always did. Only a chunk that completes its prompt yields logits.
+
 Devices: the step's inputs are built on the host as plain lists (``PackedStep``), then each becomes
 one tensor made on the pool's device; image embeddings (which may come from the cache on the CPU)
 are moved there once per step. Nothing in a step makes a tensor without naming its device
@@ -18,10 +24,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from stages.engine.attention import AttentionMetadata, build_decode_group, decode_kernel
+from stages.engine.attention import AttentionMetadata, PrefillContext, build_decode_group, build_prefill_context, decode_kernel
 from stages.engine.kv_pool import KVPool
 from stages.engine.models.base import ModelAdapter
-from stages.engine.multimodal import ImageEmbedding
+from stages.engine.multimodal import ImageEmbedding, slice_embeddings
 from stages.engine.request import Request
 
 
@@ -36,6 +42,7 @@ class PackedStep:
     slot_blocks: list[int] = field(default_factory=list)
     slot_offsets: list[int] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
+    context_lengths: list[int] = field(default_factory=list)  # per span: earlier prompt tokens already in the pool
     image_rows: list[int] = field(default_factory=list)
     embeddings: list[ImageEmbedding] = field(default_factory=list)
     last_rows: list[int] = field(default_factory=list)
@@ -62,7 +69,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, prefills: list[Request], decodes: list[Request]) -> torch.Tensor:
-        """Logits [len(prefills) + len(decodes), vocab] in float32 on the device, prefills first."""
+        """Logits [prompts completed + len(decodes), vocab] in float32 on the device: one row per
+        prefill whose chunk completes its prompt (in order), then one per decode. A prefill computes
+        its chunk ``[num_computed, chunk_end)``."""
         step = self._pack(prefills, decodes)
         decode_group = None
         if decodes:
@@ -80,12 +89,13 @@ class ModelRunner:
             slot_offsets=self._tensor(step.slot_offsets),
             prefill_spans=step.spans,
             decode=decode_group,
+            prefill_contexts=self._contexts(prefills, step),
         )
         hidden = self._run_layers(step, meta)
         self.pool.mark_written()
         logits = self._logits(hidden[0, self._tensor(step.last_rows)]).float()
         for request in prefills:
-            request.num_computed = request.prompt_len
+            request.num_computed = request.chunk_end
         for request in decodes:
             request.num_computed += 1
         return logits
@@ -105,13 +115,22 @@ class ModelRunner:
             torch.matmul(rows, self._lm_head_t[:, start:end], out=out[:, start:end])
         return out
 
+    def _contexts(self, prefills: list[Request], step: PackedStep) -> list[PrefillContext | None]:
+        """Per prefill span: the pool slots of its prompt so far, for a chunk after the first."""
+        return [build_prefill_context(r.blocks, context, end - start, self.block_size, self.device) if context else None
+                for r, (start, end), context in zip(prefills, step.spans, step.context_lengths)]
+
     def _pack(self, prefills: list[Request], decodes: list[Request]) -> PackedStep:
         step = PackedStep(positions=[[] for _ in range(self.adapter.position_rows)])
         for request in prefills:
+            first, last = request.num_computed, request.chunk_end
             start, ids = len(step.token_ids), request.prompt.token_ids
             positions, request.rope_delta = self.adapter.prefill_positions(ids, request.prompt.image_grids)
-            self._add_tokens(step, request, ids, positions.tolist(), first_slot=0)
+            self._add_tokens(step, request, ids[first:last], positions[:, first:last].tolist(), first_slot=first)
+            if last < request.prompt_len:
+                step.last_rows.pop()  # a chunk that leaves prompt tokens for later yields no logits
             step.spans.append((start, len(step.token_ids)))
+            step.context_lengths.append(first)
             self._add_images(step, request, start)
         for request in decodes:
             position = request.num_computed + request.rope_delta
@@ -130,10 +149,14 @@ class ModelRunner:
         step.last_rows.append(len(step.token_ids) - 1)
 
     def _add_images(self, step: PackedStep, request: Request, start: int) -> None:
-        image_token = self.adapter.image_token_id
+        """The chunk's image rows and, for each image it overlaps, the matching rows of its embedding."""
+        image_token, first, last = self.adapter.image_token_id, request.num_computed, request.chunk_end
         # Engine.check_request has made sure the placeholders and the images' tokens agree
-        step.image_rows.extend(start + i for i, token in enumerate(request.prompt.token_ids) if token == image_token)
-        step.embeddings.extend(request.prompt.embeddings or [])
+        ids = request.prompt.token_ids
+        step.image_rows.extend(start + i - first for i in range(first, last) if ids[i] == image_token)
+        before = ids[:first].count(image_token)  # image tokens of earlier chunks
+        step.embeddings.extend(slice_embeddings(request.prompt.embeddings or [], before,
+                                                before + ids[first:last].count(image_token)))
 
     def _on_device(self, embedding: ImageEmbedding) -> ImageEmbedding:
         """``embedding`` with its tensors on the device (those from the cache arrive on the CPU)."""

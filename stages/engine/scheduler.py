@@ -1,18 +1,25 @@
-"""Continuous batching under a token budget. Pure logic: no torch, no I/O.
+"""Continuous batching under a token budget, with chunked prefill. Pure logic: no torch, no I/O.
 
-Each ``schedule()`` call builds one batch for one forward pass:
+Each ``schedule()`` call builds one batch for one forward pass, holding at most
+``max_batched_tokens`` tokens (a decode counts one):
 
-1. every running request decodes one token (up to ``max_num_seqs`` requests);
-2. waiting requests are admitted first-come first-served while their prompt fits in what is left
-   of ``max_batched_tokens`` and the allocator can reserve their blocks. The first prompt of a step
-   is admitted even when it is larger than what is left of the budget, so a long prompt cannot starve.
+1. every running request whose prompt is computed decodes one token (up to ``max_num_seqs``);
+2. running requests still in chunked prefill take the next chunk of their prompt, in admission
+   order, as much as what is left of the budget allows;
+3. waiting requests are admitted first-come first-served while budget is left and the allocator can
+   reserve their blocks; a prompt longer than what is left is cut, and the rest follows in later
+   steps (between which the decodes keep going). A prefill's ``num_scheduled`` is its chunk.
+
+If the decodes alone fill the budget no prefill runs that step; decodes end (``max_tokens``), so
+prompts wait a bounded time.
 
 **When blocks run out** a request is not admitted: it waits, in order, until running requests
 finish and free theirs. Blocks are reserved for the whole request (prompt plus ``max_tokens``) on
-admission, so a running request never needs a block it cannot get: no preemption, no recompute,
-no deadlock. A request that could never fit in the pool is refused by ``add`` with an error. The
-price is memory held for tokens that may never be generated; the server bounds ``max_tokens`` by the
-context length, and the pool is sized for ``max_num_seqs`` long requests by default.
+admission, so a running request (in chunked prefill or decoding) never needs a block it cannot get:
+no preemption, no recompute, no deadlock. A request that could never fit in the pool is refused by
+``add`` with an error. The price is memory held for tokens that may never be generated; the server
+bounds ``max_tokens`` by the context length, and the pool is sized for ``max_num_seqs`` long
+requests by default.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from stages.engine.request import FinishReason, Request, RequestStatus
 
 @dataclass
 class ScheduledBatch:
+    """One step's work: prefill chunks (``chunks[i]`` prompt tokens of ``prefills[i]``), then decodes."""
+
     prefills: list[Request] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
@@ -38,7 +48,7 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(r.prompt_len - r.num_computed for r in self.prefills) + len(self.decodes)
+        return sum(self.chunks) + len(self.decodes)
 
 
 class Scheduler:
@@ -78,27 +88,37 @@ class Scheduler:
         self.running.append(request)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch(decodes=self.running[: self.max_num_seqs])
+        batch = ScheduledBatch(decodes=[r for r in self.running if r.prompt_done][: self.max_num_seqs])
         budget = self.max_batched_tokens - len(batch.decodes)
-        while self.waiting and len(batch.decodes) + len(batch.prefills) < self.max_num_seqs:
+        for request in [r for r in self.running if not r.prompt_done]:  # chunked prefills in progress
+            if budget <= 0 or self._full(batch):
+                break
+            budget -= self._add_chunk(batch, request, budget)
+        while self.waiting and budget > 0 and not self._full(batch):
             request = self.waiting[0]
-            tokens = request.prompt_len
-            if (tokens > budget and batch.prefills) or not self.allocator.can_allocate(self.blocks_needed(request)):
+            if not self.allocator.can_allocate(self.blocks_needed(request)):
                 break
             self.waiting.popleft()
             request.blocks = self.allocator.allocate(self.blocks_needed(request))
             request.advance(RequestStatus.RUNNING)
-            batch.prefills.append(request)
-            budget -= tokens
+            self.running.append(request)
+            budget -= self._add_chunk(batch, request, budget)
         return batch
 
+    def _full(self, batch: ScheduledBatch) -> bool:
+        return len(batch.decodes) + len(batch.prefills) >= self.max_num_seqs
+
+    @staticmethod
+    def _add_chunk(batch: ScheduledBatch, request: Request, budget: int) -> int:
+        """Schedule the next chunk (at most ``budget`` tokens) of ``request``'s prompt; returns its size."""
+        request.num_scheduled = min(request.prompt_len - request.num_computed, budget)
+        batch.prefills.append(request)
+        batch.chunks.append(request.num_scheduled)
+        return request.num_scheduled
+
     def after_step(self, batch: ScheduledBatch) -> None:
-        """Move freshly prefilled requests into the running set, drop finished ones, free their blocks."""
-        for request in batch.prefills:
-            if request.status is RequestStatus.RUNNING:
-                self.running.append(request)
-            else:  # finished in its prefill step
-                self._release(request)
+        """Drop the requests that finished in this step (in a prefill or a decode), free their blocks.
+        Requests still in chunked prefill stay running and get their next chunk next step."""
         self.reap()
 
     def reap(self) -> None:

@@ -3,7 +3,8 @@ per step, images cut across chunk boundaries included, token for token as genera
 engine with the whole prompt in one step. Decodes keep going while a long prompt is chunked, blocks
 come back, and an abort mid-prompt frees them.
 
-On ``EPD_TEST_DEVICE`` (tests/devices.py); the CPU compares exactly."""
+On ``EPD_TEST_DEVICE`` (tests/devices.py); the CPU compares exactly, a GPU up to a near tie
+(a chunk's attention is a different kernel shape from the whole prompt's)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from stages.engine.engine import Engine
 from stages.engine.multimodal import ImageEmbedding, slice_embeddings
 from stages.engine.sampling_params import SamplingParams
 from stages.loading import load_engine
-from tests.devices import DEVICE
+from tests.devices import DEVICE, assert_same_or_near_tie, on_gpu
 from tests.generated_models import model_dir
-from tests.hf_reference import hf_greedy, load_reference, random_image
+from tests.hf_reference import hf_greedy, hf_inputs, load_reference, random_image
 
 STEPS = 8
 BUDGET = 16  # --max-batched-tokens of the chunked engine: every prompt below takes several chunks
@@ -41,6 +42,14 @@ def build(builder, name: str):
         parts += [{"type": "image"}, {"type": "text", "text": "and"}]
     parts.append({"type": "text", "text": "describe the scene " * words})
     return builder.build([{"role": "user", "content": parts}], images)
+
+
+def assert_same_tokens(reference, prompt, image_token: int, expected: list[int], got: list[int]) -> None:
+    """``got`` == ``expected``; on a GPU, or parting from it only where the reference saw a near tie."""
+    if on_gpu():
+        assert_same_or_near_tie(reference, hf_inputs(prompt, image_token), expected, got)
+    else:
+        assert got == expected
 
 
 def run_until_done(engine: Engine, max_steps: int = 200) -> int:
@@ -81,7 +90,8 @@ def test_chunked_greedy_matches_generate_and_the_whole_prompt(engines, name):
     assert steps == -(-len(prompt.token_ids) // BUDGET) + STEPS - 1  # one step per chunk, then one per token
     reference_request = whole.add_request(f"whole-{name}", build(builder, name), greedy())
     assert run_until_done(whole) == STEPS
-    assert request.output_ids == expected == reference_request.output_ids
+    assert reference_request.output_ids == expected  # the unchunked engine, as test_engine_parity asserts
+    assert_same_tokens(reference, prompt, image_token, expected, request.output_ids)
     assert chunked.allocator.num_used == 0 and whole.allocator.num_used == 0
 
 
@@ -103,8 +113,10 @@ def test_decodes_keep_going_while_a_long_prompt_is_chunked(engines):
     # every chunk step also decoded the stream: budget 16 - 1 decode = 15 prompt tokens per step
     assert produced_while_chunking == -(-len(long_prompt.token_ids) // (BUDGET - 1))
     run_until_done(chunked)
-    assert stream.output_ids == short_expected
-    assert long.output_ids == hf_greedy(reference, long_prompt, chunked.adapter.image_token_id, STEPS)
+    image_token = chunked.adapter.image_token_id
+    assert_same_tokens(reference, short, image_token, short_expected, stream.output_ids)
+    assert_same_tokens(reference, long_prompt, image_token, hf_greedy(reference, long_prompt, image_token, STEPS),
+                       long.output_ids)
     assert chunked.allocator.num_used == 0
 
 
@@ -128,7 +140,8 @@ def test_hand_off_request_hands_its_blocks_over_only_after_the_last_chunk(engine
     for _ in range(chunks - 1):
         assert chunked.step() == []
     (output,) = chunked.step()
-    assert output.token_ids == first_token and output.finished and output.blocks == request.blocks
+    assert_same_tokens(reference, prompt, chunked.adapter.image_token_id, first_token, output.token_ids)
+    assert output.finished and output.blocks == request.blocks
     assert request.num_computed == len(prompt.token_ids) and not chunked.has_work()
     assert chunked.allocator.num_used == len(output.blocks)  # held for the KV transfer until freed
     chunked.free_blocks(output.blocks)

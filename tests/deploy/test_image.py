@@ -17,6 +17,7 @@ Slow (a fresh machine builds from nothing: ~4 min on 2 cores); tools missing fai
 from __future__ import annotations
 
 import json
+import os
 import re
 import ssl
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from stages.launch.ports import free_port
+from stages.launch.processes import start_group, stop_process
 from tests.conftest import REPO
 from tests.deploy.image_store import ImageStore, missing_tools
 
@@ -86,9 +88,20 @@ def image(store: ImageStore) -> str:
                str(store.folder), "--local-wheel", str(cpu_torch_wheel()), "--torch-index", "https://pypi.org/simple"]
     if cert := ca_bundle():
         command += ["--pip-cert", cert]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_S)
-    assert done.returncode == 0, f"build.sh exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-6000:]}"
-    assert done.stdout.strip().endswith(f"build.sh: built {TAG}"), done.stdout
+    log_path = store.folder / "build.log"
+    with open(log_path, "wb") as log:
+        build = start_group(command, log, os.environ)  # its own group: a build past its time is stopped whole
+    try:
+        code = build.wait(BUILD_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop_process(build, group=True)
+    output = log_path.read_text(errors="replace")
+    if code is None:
+        pytest.fail(f"build.sh ran past {BUILD_S} s:\n{output[-8000:]}")
+    assert code == 0, f"build.sh exited {code}:\n{output[-8000:]}"
+    assert output.rstrip().endswith(f"build.sh: built {TAG}"), output[-3000:]
     return TAG
 
 
@@ -155,3 +168,19 @@ def test_healthcheck_finds_the_port_on_the_command_line(store, container):
     done = run_in(store, container, script, timeout_s=180)
     assert done.stdout.splitlines()[-2:] == [f"epd-healthcheck: healthy: http://127.0.0.1:{port}/health: 200",
                                              "exit 0"], done.stdout + done.stderr
+
+
+def test_repo_root_as_context_leaves_out_what_containerignore_names(store, image, tmp_path):
+    """``buildah bud -f deploy/Containerfile .`` from the work tree: .containerignore keeps the venv,
+    git's folder and caches out of the context (a probe build on the same base lists what it got)."""
+    left_out = {".git", ".venv", "epd_stage.egg-info"}
+    assert all((REPO / name).exists() for name in left_out)  # there to be left out: the check can fail
+    probe = tmp_path / "Containerfile"
+    probe.write_text(f"FROM {containerfile_arg('BASE_IMAGE')}\nCOPY . /src\n"
+                     "RUN echo top: $(ls -A /src); echo pycache: $(find /src -name __pycache__ | wc -l)\n")
+    done = store.buildah("bud", "--isolation", "chroot", "--pull=never", "-f", str(probe), "-t", "probe", str(REPO))
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("top: ", "pycache: ")))
+    listed = set(said["top"].split())
+    assert {"stages", "router", "transfer", "cache", "bench", "pyproject.toml", "README.md", "deploy"} <= listed
+    assert not (left_out | {".mypy_cache", ".pytest_cache"}) & listed, listed
+    assert said["pycache"] == "0"

@@ -53,8 +53,8 @@ if ! podman ${storage[@]+"${storage[@]}"} image exists "$base"; then
   tarball="${base_tar:-$work/base.tar}"
   if [ ! -f "$tarball" ]; then
     echo "build.sh: making the base $base (mmdebstrap bookworm + ${packages// /,})"
-    mmdebstrap --quiet --format=tar --variant=minbase --include="${packages// /,}" bookworm "$tarball.partial"
-    mv "$tarball.partial" "$tarball"
+    mmdebstrap --quiet --format=tar --variant=minbase --include="${packages// /,}" bookworm "$tarball.partial.$$"
+    mv "$tarball.partial.$$" "$tarball"  # whole or absent: a parallel build reads no half-written file
   fi
   podman ${storage[@]+"${storage[@]}"} import --quiet "$tarball" "$base" >/dev/null
 fi

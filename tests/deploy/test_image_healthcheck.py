@@ -61,7 +61,9 @@ def test_command_line_that_does_not_parse_is_an_error():
 @pytest.mark.parametrize(("cmdline", "argv"), [
     (["/opt/epd/bin/python3", "/opt/epd/bin/stage", "serve", "router"], ["serve", "router"]),
     (["python", "-m", "stages.cli", "demo"], ["demo"]),
+    (["/sbin/docker-init", "--", "stage", "serve", "prefill"], ["serve", "prefill"]),  # docker run --init
     (["sh", "-c", "sleep 1"], None),
+    (["sh", "-c", "stage serve prefill --model m"], None),  # a shell's one argument: EPD_HEALTH_URL (README)
 ])
 def test_stage_arguments_in_a_process_command_line(cmdline, argv):
     assert healthcheck.stage_argv(cmdline) == argv

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_libs=()
-libs=(libibverbs1 librdmacm1)
+libs=(libibverbs1 librdmacm1 libnuma1 libcurl4)  # what Mooncake's library loads
 # the test suite: the multi-host rig (tests/multihost/) filters a host's ports with nft; tests/deploy/
 # builds the image (mmdebstrap, buildah, podman), checks Prometheus rules and scrapes a stack (prometheus:
 # promtool), and serves DNS records to the router's discovery (dnsmasq)

@@ -4,7 +4,7 @@
 # BASE_IMAGE uses, buildah builds (chroot isolation; docker format, so HEALTHCHECK is kept).
 #
 #   deploy/image/build.sh [--variant cpu|cuda] [--tag NAME] [--local-wheel FILE ...] [--pip-cert FILE]
-#                         [--torch-index URL] [--store DIR] [--base-tar FILE]
+#                         [--torch-index URL] [--store DIR [--runroot DIR]] [--base-tar FILE]
 #
 #   --variant      cpu (default) or cuda: the Containerfile's VARIANT
 #   --tag          the image's name (default localhost/epd-stage:VARIANT)
@@ -14,6 +14,7 @@
 #                  intercepts TLS; not stored in the image
 #   --torch-index  TORCH_INDEX (default: the Containerfile's, per variant)
 #   --store DIR    container storage under DIR (--root DIR/root --runroot DIR/run), not the machine's
+#   --runroot DIR  the storage's runroot instead of DIR/run (containers/storage refuses one over 50 characters)
 #   --base-tar F   the base's root filesystem tarball: made with mmdebstrap when F does not exist, reused
 #                  when it does; without it a temporary one, unless the store has the base already
 #
@@ -22,7 +23,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-variant=cpu tag="" store="" base_tar="" wheels=() build_args=() secrets=()
+variant=cpu tag="" store="" runroot="" base_tar="" wheels=() build_args=() secrets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --variant) variant="$2"; shift 2 ;;
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
     --pip-cert) secrets=(--secret "id=pip-cert,src=$2"); shift 2 ;;
     --torch-index) build_args+=(--build-arg "TORCH_INDEX=$2"); shift 2 ;;
     --store) store="$2"; shift 2 ;;
+    --runroot) runroot="$2"; shift 2 ;;
     --base-tar) base_tar="$2"; shift 2 ;;
     *) echo "build.sh: unknown argument $1 (see the top of $0)" >&2; exit 2 ;;
   esac
@@ -41,7 +43,7 @@ for tool in mmdebstrap buildah podman git; do
   command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing: run bash scripts/setup.sh test" >&2; exit 3; }
 done
 storage=()
-[ -n "$store" ] && storage=(--root "$store/root" --runroot "$store/run")
+[ -n "$store" ] && storage=(--root "$store/root" --runroot "${runroot:-$store/run}")
 containerfile="$repo/deploy/Containerfile"
 base="$(sed -n 's/^ARG BASE_IMAGE=//p' "$containerfile")"
 packages="$(sed -n 's/.*pkgs="\([^"]*\)".*/\1/p' "$containerfile")"  # what the Containerfile installs if missing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 # command: Debian package (unshare and ip: the offline runs)
@@ -26,7 +27,9 @@ class ImageStore:
     def __init__(self, folder: Path):
         self.folder = folder
         self.root = folder / "root"
-        self.runroot = folder / "run"
+        # containers/storage refuses a runroot longer than 50 characters, which a pytest-xdist worker's
+        # temporary folder is: the runroot gets a short folder of its own
+        self.runroot = Path(tempfile.mkdtemp(prefix="epd-run-"))
 
     @property
     def flags(self) -> list[str]:
@@ -51,12 +54,13 @@ class ImageStore:
         if self.root.exists():
             self.buildah("rm", "--all", check=False)
             self.buildah("rmi", "--all", "--force", check=False)
-            for mount in reversed(self._mounts()):
-                subprocess.run(["umount", "--lazy", mount], check=False)
+        for mount in reversed(self._mounts()):
+            subprocess.run(["umount", "--lazy", mount], check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.runroot, ignore_errors=True)
 
     def _mounts(self) -> list[str]:
-        """Mount points under the folder, parents first (/proc/self/mountinfo's fifth field)."""
-        inside = str(self.folder.resolve()) + "/"
+        """Mount points under the folder or the runroot, parents first (/proc/self/mountinfo's fifth field)."""
+        inside = tuple(str(f.resolve()) + "/" for f in (self.folder, self.runroot))
         points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
         return sorted(p for p in points if p.startswith(inside))

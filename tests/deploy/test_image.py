@@ -105,7 +105,8 @@ def image(store: ImageStore) -> str:
     """Build the CPU image (torch from the local wheel: it outranks the index's 2.13.0, so the index is
     PyPI's and the CPU index, which this machine cannot reach, is not asked)."""
     command = [str(REPO / "deploy" / "image" / "build.sh"), "--variant", "cpu", "--tag", TAG, "--store",
-               str(store.folder), "--local-wheel", str(cpu_torch_wheel()), "--torch-index", "https://pypi.org/simple",
+               str(store.folder), "--runroot", str(store.runroot), "--local-wheel", str(cpu_torch_wheel()),
+               "--torch-index", "https://pypi.org/simple",
                "--base-tar", str(base_tarball())]
     if cert := ca_bundle():
         command += ["--pip-cert", cert]

@@ -15,7 +15,9 @@ libs=(libibverbs1 librdmacm1 libnuma1 libcurl4)  # what Mooncake's library loads
 # builds the image (mmdebstrap, buildah, podman), checks Prometheus rules and scrapes a stack (prometheus:
 # promtool), and serves DNS records to the router's discovery (dnsmasq)
 [ "${1:-}" = "test" ] && libs+=(nftables mmdebstrap buildah podman prometheus dnsmasq)
-# kubectl renders the manifests (`kubectl kustomize`): Debian's kubernetes-client where none is installed
+# kubectl renders the manifests (`kubectl kustomize`, 1.21 or newer: deploy/k8s uses kustomize components).
+# Where none is installed this takes Debian's kubernetes-client, whose 1.20 is too old for them: install a
+# newer kubectl from Kubernetes' own packages there (the test then fails with kustomize's complaint)
 [ "${1:-}" = "test" ] && ! command -v kubectl >/dev/null && libs+=(kubernetes-client)
 for lib in "${libs[@]}"; do
   dpkg -s "$lib" >/dev/null 2>&1 || need_libs+=("$lib")

@@ -210,7 +210,13 @@ async def test_decode_dies_before_the_write(start_server, model, pair):
     body = pair.room(chat("orphan"))
     async with httpx.AsyncClient(timeout=60) as client:
         pending = asyncio.ensure_future(client.post(f"{doomed.url}/v1/chat/completions", json=body))
-        await asyncio.sleep(1.5)  # the decode has reserved blocks and sent its KV request
+        # the decode has reserved blocks and its KV request reached the prefill (the room is known there);
+        # the prefill's own half must follow within its --pair-timeout-s, so no fixed sleep here
+        room = f"{pair.prefill.url}/rooms/{body['bootstrap_room']}"
+        deadline = time.monotonic() + 20
+        while (await client.get(room)).json().get("status") != "bootstrapping":
+            assert time.monotonic() < deadline, "the decode's KV request never reached the prefill"
+            await asyncio.sleep(0.02)
         doomed.proc.send_signal(signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
             await pending

@@ -161,12 +161,21 @@ def drain_under_load(router, watcher, leaving, placed: Callable[[], bool], expec
     assert leaving.proc.wait(GRACE_S) == 0
     assert time.monotonic() - sent < GRACE_S
     assert "drained: every request in flight finished" in leaving.log()
-    assert [(w[leaving.url]["healthy"], w[leaving.url]["circuit"]) for w in map(workers_of, (router.url, watcher.url))
-            ] == [(False, "closed")] * 2
+    # the watcher only ever saw /health say draining: out of rotation, breaker untouched. The router under
+    # load may, where refused_before_checked is False, have sent a request after the worker had drained and
+    # exited: a refused connection is a real failure and may open its breaker (once it has learned of the
+    # drain it sends none; it never learns before the exit when all the worker's requests were placed early)
+    circuits = ("closed",) if refused_before_checked else ("closed", "open")
+    seen = [(w[leaving.url]["healthy"], w[leaving.url]["circuit"]) for w in map(workers_of, (router.url, watcher.url))]
+    assert seen[1] == (False, "closed") and seen[0][0] is False and seen[0][1] in circuits, seen
     role = workers_of(router.url)[leaving.url]["role"]
     assert metric(router.url, f'epd_router_retries_total{{stage="{role}"}}') >= 1  # a draining answer, retried
-    assert f"{role} {leaving.url} is unhealthy: it is draining (shutting down): out of rotation, its breaker " \
-           "untouched" in watcher.log()
+    marked = (f"{role} {leaving.url} is unhealthy: it is draining (shutting down): out of rotation, its breaker "
+              "untouched")
+    # a worker whose requests were all placed early may finish them and exit between two of the watcher's
+    # checks (a prefill drained 4 rooms in 42 ms): then the watcher finds it gone, not draining
+    gone = f"{role} {leaving.url} is unhealthy: ClientConnectorError"
+    assert marked in watcher.log() or (not refused_before_checked and gone in watcher.log()), watcher.log()[-3000:]
 
     async def expected() -> list[str]:
         client = openai.AsyncOpenAI(base_url=expected_base, api_key="x", max_retries=0, timeout=120)

@@ -38,14 +38,14 @@ class Admitting(Membership):
         return {}
 
 
-@pytest.fixture
-def watch(monkeypatch):
-    config = RouterConfig(colocated=(STATIC,), discover=("colocated=dns://w.test:8000",), drain_timeout_s=5.0)
+def scripted_watch(monkeypatch, config: RouterConfig,
+                   answers: list[frozenset[str] | DnsFailure]) -> dns_watch.DnsWatch:
+    """A DnsWatch on the real registry, metrics and drain whose resolutions are ``answers``, in order
+    (a DnsFailure is raised); admission skips HTTP (``Admitting``)."""
     metrics = Metrics()
     registry = Registry.for_config(config, metrics)
     membership = Admitting(config, registry, None, None, None)  # type: ignore[arg-type]
     membership.refuse = {}
-    answers: list[frozenset[str] | DnsFailure] = []
 
     async def resolve(resolver, source):
         answer = answers.pop(0)
@@ -54,7 +54,14 @@ def watch(monkeypatch):
         return answer
 
     monkeypatch.setattr(dns_watch, "resolve", resolve)
-    watcher = dns_watch.DnsWatch(config, registry, membership, metrics)
+    return dns_watch.DnsWatch(config, registry, membership, metrics)
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    config = RouterConfig(colocated=(STATIC,), discover=("colocated=dns://w.test:8000",), drain_timeout_s=5.0)
+    answers: list[frozenset[str] | DnsFailure] = []
+    watcher = scripted_watch(monkeypatch, config, answers)
     watcher.answers = answers  # type: ignore[attr-defined]
     return watcher
 
@@ -149,20 +156,9 @@ def test_a_static_worker_is_not_the_sources(watch):
 
 def test_first_round_waits_for_a_worker_within_the_deadline(monkeypatch):
     config = RouterConfig(discover=("colocated=dns://w.test:8000",), discover_interval_s=0.01)
-    metrics = Metrics()
-    registry = Registry.for_config(config, metrics)
-    membership = Admitting(config, registry, None, None, None)  # type: ignore[arg-type]
-    membership.refuse = {}
     answers = [DnsFailure("nxdomain", "w.test does not exist (NXDOMAIN)")] * 3 + [frozenset({A})]
-
-    async def resolve(resolver, source):
-        answer = answers.pop(0)
-        if isinstance(answer, DnsFailure):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(dns_watch, "resolve", resolve)
-    watcher = dns_watch.DnsWatch(config, registry, membership, metrics)
+    watcher = scripted_watch(monkeypatch, config, answers)
+    registry = watcher.registry
     asyncio.run(watcher.first_round(time.monotonic() + 5))
     assert [w.url for w in registry] == [A] and answers == []
     answers[:] = [DnsFailure("timeout", "t")] * 1000

@@ -5,10 +5,8 @@ server only then; the decode's answer equals Hugging Face generate() token for t
 from __future__ import annotations
 
 import asyncio
-import random
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import torch
 
@@ -19,7 +17,7 @@ from tests.conftest import launch
 from tests.devices import DEVICE
 from tests.generated_models import model_dir
 from tests.hf_reference import hf_greedy, random_image
-from tests.test_pd_parity import png_url
+from tests.test_pd_parity import run_room
 from tests.test_pd_servers import wait_blocks_free
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,14 +47,7 @@ def pair(tmp_path_factory):
 async def test_decode_answer_equals_generate_with_a_chunked_prefill(pair, sizes):
     path, prefill, decode, bootstrap = pair
     text = "describe every detail you can see " * 4
-    parts = [{"type": "image_url", "image_url": {"url": png_url(w, h, i)}} for i, (w, h) in enumerate(sizes)]
-    body = {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
-            "max_tokens": STEPS, "temperature": 0, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
-            "bootstrap_room": random.getrandbits(63)}
-    async with httpx.AsyncClient(timeout=60) as client:
-        p, d = await asyncio.gather(client.post(f"{prefill.url}/v1/chat/completions", json=body),
-                                    client.post(f"{decode.url}/v1/chat/completions", json=body))
-    assert p.status_code == d.status_code == 200, (p.text, d.text)
+    p, d = await run_room(prefill, decode, bootstrap, text, sizes, STEPS)
 
     adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
     prompts = PromptBuilder.load(path, adapter)

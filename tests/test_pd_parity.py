@@ -60,19 +60,27 @@ def reference(pair):
     return adapter, prompts.tokenizer, prompts
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-async def test_decode_answer_equals_generate(pair, reference, case):
-    _, prefill, decode, bootstrap = pair
-    adapter, tokenizer, prompts = reference
-    text, sizes = CASES[case]
+async def run_room(prefill, decode, bootstrap: int, text: str, sizes: list[tuple[int, int]],
+                   max_tokens: int) -> tuple[httpx.Response, httpx.Response]:
+    """One greedy request (``text`` after PNGs of ``sizes``) sent to ``prefill`` and ``decode`` at once
+    with a fresh bootstrap room; both answers, each asserted 200."""
     parts = [{"type": "image_url", "image_url": {"url": png_url(w, h, i)}} for i, (w, h) in enumerate(sizes)]
     body = {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
-            "max_tokens": STEPS, "temperature": 0, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
+            "max_tokens": max_tokens, "temperature": 0, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
             "bootstrap_room": random.getrandbits(63)}
     async with httpx.AsyncClient(timeout=60) as client:
         p, d = await asyncio.gather(client.post(f"{prefill.url}/v1/chat/completions", json=body),
                                     client.post(f"{decode.url}/v1/chat/completions", json=body))
     assert p.status_code == d.status_code == 200, (p.text, d.text)
+    return p, d
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_decode_answer_equals_generate(pair, reference, case):
+    _, prefill, decode, bootstrap = pair
+    adapter, tokenizer, prompts = reference
+    text, sizes = CASES[case]
+    p, d = await run_room(prefill, decode, bootstrap, text, sizes, STEPS)
 
     images = [random_image(w, h, i) for i, (w, h) in enumerate(sizes)]
     hf_parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]

@@ -57,11 +57,12 @@ def serve(config: ServerConfig, sock: socket.socket) -> None:
     drain = Drain(config.shutdown_grace_s)
     app.add_middleware(DrainGate, drain=drain, stage=config.role if config.role != "pd" else None)
     host, port = sock.getsockname()[:2]
-    server = _DrainingServer(uvicorn.Config(app, log_level=config.log_level, access_log=False, loop="asyncio",
+    server = _DrainingServer(uvicorn.Config(app, log_level=config.log_level, access_log=False,
+                                            loop="asyncio",  # not uvloop (the router's)
                                             timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s)), drain)
     log.info("%s server for model %r listening on http://%s", config.role, config.model_name, host_port(host, port))
     try:
-        server.run(sockets=[sock])  # not uvloop (the router's)
+        server.run(sockets=[sock])
     finally:
         sock.close()
 

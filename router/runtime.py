@@ -91,6 +91,15 @@ class Router:
         return self.registry.pools["colocated" if self.config.mode == "colocated" else "decode"]
 
     async def start(self) -> None:
+        """Open the clients, discover, check, start the loops; if any of it raises, whatever was
+        opened is closed again before the error goes on (aiohttp runs no cleanup hook for a failed start)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         await self.upstream.start()
         try:

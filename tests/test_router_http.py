@@ -384,6 +384,7 @@ def test_refuses_to_start_without_an_answering_worker():
     assert result.returncode == 2
     assert f"stage serve router: cannot start: no colocated worker answered within 1 s (--startup-timeout-s): " \
            f"['{dead}']" in result.stderr
+    assert "Unclosed" not in result.stderr  # the failed start closed the clients it had opened
 
 
 def test_refuses_bad_flags():

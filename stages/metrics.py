@@ -45,8 +45,16 @@ class Metrics:
         self.step_seconds = Histogram("epd_engine_step_seconds", "Seconds per engine step (forward pass and "
                                       "sampling); the sum is the engine's busy time.", buckets=_TOKEN_BUCKETS,
                                       registry=r)
-        self.kv_blocks_used = Gauge("epd_kv_blocks_used", "KV cache blocks in use.", registry=r)
+        self.kv_blocks_used = Gauge("epd_kv_blocks_used", "KV cache blocks in use (held by live requests or a "
+                                    "KV transfer).", registry=r)
         self.kv_blocks_total = Gauge("epd_kv_blocks_total", "KV cache blocks in the pool.", registry=r)
+        self.kv_blocks_cached = Gauge("epd_kv_blocks_cached", "Prefix cache: cached KV blocks nobody uses, kept for "
+                                      "later hits and evicted when the pool needs them.", registry=r)
+        self.prefix_queries = Counter("epd_prefix_cache_queries", "Prefix cache: prompt tokens looked up.",
+                                      registry=r)
+        self.prefix_hit_tokens = Counter("epd_prefix_cache_hit_tokens", "Prefix cache: prompt tokens whose KV was "
+                                         "found cached (not computed).", registry=r)
+        self._prefix_seen = (0, 0)  # the engine's counts at the last refresh
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)
 
@@ -68,6 +76,11 @@ class Metrics:
         self.running.set(stats.running)
         self.kv_blocks_used.set(stats.blocks_used)
         self.kv_blocks_total.set(stats.blocks_total)
+        self.kv_blocks_cached.set(stats.blocks_cached)
+        queries, hits = self._prefix_seen
+        self.prefix_queries.inc(max(0, stats.prefix_queries - queries))  # the engine counts; the counters follow
+        self.prefix_hit_tokens.inc(max(0, stats.prefix_hit_tokens - hits))
+        self._prefix_seen = (max(queries, stats.prefix_queries), max(hits, stats.prefix_hit_tokens))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -147,7 +147,7 @@ def test_messages_convert_in_order_with_images_as_placeholders():
     ]
     assert [param for _, param in image_sources(req)] == [
         "messages[1].content[0].image_url", "messages[1].content[2].image_url", "messages[3].content[1].image_url"]
-    assert [im.getpixel((0, 0)) for im in load_images(req, LIMITS)] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
+    assert [im.getpixel((0, 0)) for im, _ in load_images(req, LIMITS)] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
 
 
 def test_developer_is_the_system_role():
@@ -279,7 +279,8 @@ def test_non_stream_completion_shape():
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion" and body["model"] == MODEL
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello world"},
                                 "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert engine.params[0].max_tokens == 8
 
 

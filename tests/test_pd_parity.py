@@ -87,6 +87,8 @@ async def test_decode_answer_equals_generate(pair, reference, case):
     prompt = prompts.build([{"role": "user", "content": hf_parts}], images)
     expected = hf_greedy(adapter.model, prompt, adapter.image_token_id, STEPS)
     answer = d.json()
+    cached = answer["usage"].pop("prompt_tokens_details")["cached_tokens"]  # earlier cases may share a prefix
     assert answer["usage"] == {"prompt_tokens": len(prompt.token_ids), "completion_tokens": len(expected),
                                "total_tokens": len(prompt.token_ids) + len(expected)}
+    assert cached % 16 == 0 and 0 <= cached < len(prompt.token_ids)  # whole blocks (--block-size 16), never all
     assert answer["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)

@@ -139,9 +139,11 @@ class BootstrapServer:
             self._events.put_nowait(None)  # wake the next waiter too
         raise BootstrapClosed(f"bootstrap server {self.address} is closed")
 
-    async def send_ready(self, room: int, *, first_token: int, rope_delta: int, prompt_tokens: int) -> bool:
+    async def send_ready(self, room: int, *, first_token: int, rope_delta: int, prompt_tokens: int,
+                         cached_tokens: int = 0) -> bool:
         """Tell D its KV for ``room`` is in place. False if D is gone or the room is unknown."""
-        msg = KVReady(room=room, first_token=first_token, rope_delta=rope_delta, prompt_tokens=prompt_tokens)
+        msg = KVReady(room=room, first_token=first_token, rope_delta=rope_delta, prompt_tokens=prompt_tokens,
+                      cached_tokens=cached_tokens)
         return await self._answer(room, msg)
 
     async def send_failed(self, room: int, reason: str, *, code: str | None = None,

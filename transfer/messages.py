@@ -241,13 +241,16 @@ class KVReady(_Message, frozen=True, kw_only=True):
     """P has written the whole prompt's KV into D's blocks; D may start decoding ``room``.
 
     ``first_token`` is the token P sampled from the prompt; ``rope_delta`` is the per-request M-RoPE
-    position delta (0 for models without M-RoPE); ``prompt_tokens`` is P's prompt length.
+    position delta (0 for models without M-RoPE); ``prompt_tokens`` is P's prompt length;
+    ``cached_tokens`` how many of them P found in its prefix cache (D reports it in its usage;
+    optional with a default, so either side of one protocol version reads the other's frames).
     """
 
     room: int
     first_token: int
     rope_delta: int
     prompt_tokens: int
+    cached_tokens: int = 0
 
 
 class KVFailed(_Message, frozen=True, kw_only=True):

@@ -22,11 +22,18 @@ from jinja2 import TemplateError
 from PIL import Image
 
 from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
+from cache.keys import image_key
 from stages.api.errors import bad_request
-from stages.api.images import ImageLimits, check_size, image_size, load_image
+from stages.api.images import ImageLimits, check_size, decode_data_url, image_size, open_image
 from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+
+
+# The key under which a stage that takes pixels names its images for prefix caching. Those keys never
+# leave the process (one engine, one model), so they need no model's vision fingerprint; in EPD mode
+# the image_ref's key (the encoder's) is used instead.
+LOCAL_FINGERPRINT = "0" * 64
 
 
 class ImageMode(str, enum.Enum):
@@ -75,10 +82,15 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[Image.Image]:
-    """Decode every image, after checking how many there are (before decoding any)."""
+def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[tuple[Image.Image, str]]:
+    """Decode every image, after checking how many there are (before decoding any); each with its
+    content key (``cache.keys.image_key`` of its bytes under ``LOCAL_FINGERPRINT``)."""
     check_images(request, limits, ImageMode.PIXELS)
-    return [load_image(url, limits, param) for url, param in image_sources(request)]
+    images = []
+    for url, param in image_sources(request):
+        data = decode_data_url(url, limits, param)
+        images.append((open_image(data, limits, param), image_key(data, LOCAL_FINGERPRINT)))
+    return images
 
 
 def image_sizes(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> list[tuple[int, int]]:
@@ -152,7 +164,8 @@ class Preparer:
         """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
         tokenization); run it off the event loop. Raises APIError for anything the client got wrong."""
         engine, messages = self.engine, hf_messages(request)
-        images = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
+        loaded = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
+        images = [image for image, _ in loaded] if loaded is not None else None
         sizes = [image.size for image in images] if images is not None else \
             image_sizes(request, self.limits, self.mode)
         self._check_sizes(request, sizes)
@@ -162,6 +175,10 @@ class Preparer:
         except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
             raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
                               "invalid_prompt") from None
+        # content keys for prefix caching: the image's bytes (pixels), the reference's key (EPD); a
+        # decode in PD mode has neither and needs none
+        prompt.image_keys = [key for _, key in loaded] if loaded is not None else \
+            [ref.key for ref, _ in image_refs(request)] if self.mode is ImageMode.REFS else None
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
         try:
             engine.check_request(prompt, params)

@@ -189,7 +189,7 @@ async def _complete(call: _Call, outputs: AsyncGenerator[RequestOutput, None]) -
     if last is None or _failed(last) or last.finish_reason is None:
         raise _engine_error(last)
     return JSONResponse(completion(call.id, call.created, call.model, "".join(pieces), last.finish_reason.value,
-                                   last.prompt_tokens, last.completion_tokens))
+                                   last.prompt_tokens, last.completion_tokens, last.cached_tokens))
 
 
 async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None], include_usage: bool,
@@ -220,7 +220,7 @@ async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None],
             if last.finish_reason is not None:
                 yield piece({}, last.finish_reason.value)
         if include_usage and last is not None:
-            yield piece(None, usage_body=usage(last.prompt_tokens, last.completion_tokens))
+            yield piece(None, usage_body=usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens))
     except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
         yield event(stamped(exc, stage).body())
     finally:

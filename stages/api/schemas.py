@@ -192,10 +192,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PromptTokensDetails(_Strict):
+    cached_tokens: int = Field(description="Prompt tokens whose KV came from the prefix cache (--prefix-caching), "
+                               "computed by no forward pass; in PD and EPD, the prefill's.")
+
+
 class Usage(_Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class AssistantMessage(_Strict):
@@ -280,18 +286,20 @@ class ErrorBody(_Strict):
     error: ErrorDetail
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object, ``prompt_tokens_details.cached_tokens`` included (as OpenAI sends it)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion(request_id: str, created: int, model: str, text: str, finish_reason: str,
-               prompt_tokens: int, completion_tokens: int) -> dict:
+               prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                      "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 

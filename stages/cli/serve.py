@@ -66,6 +66,9 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"], help="tokens per step")
     g.add_argument("--max-model-len", type=int, default=d["max_model_len"],
                    help="context length; None: the model's max_position_embeddings")
+    g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],
+                   help="reuse the KV of cached prompt prefixes (images keyed by content); a decode server "
+                        "computes no prompt and ignores it")
 
 
 def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -225,7 +228,7 @@ def role_parts(role: str, epd: bool) -> tuple[str, ...]:
 
 
 _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
-                 "threads", "seed")
+                 "threads", "seed", "prefix_caching")
 
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:

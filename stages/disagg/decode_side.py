@@ -128,7 +128,7 @@ class DecodeCoordinator:
             raise
         last = None
         async for output in self.engine.generate_prefilled(
-            f"room-{room}", prompt, params, blocks, ready.first_token, ready.rope_delta
+            f"room-{room}", prompt, params, blocks, ready.first_token, ready.rope_delta, ready.cached_tokens
         ):
             if last is None:
                 mark(room, "first_token")

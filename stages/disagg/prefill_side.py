@@ -76,6 +76,7 @@ class PrefillResult:
     prompt_tokens: int
     kv_bytes: int
     transfer_s: float
+    cached_tokens: int = 0  # prompt tokens found in this prefill's prefix cache (not computed; still sent)
 
 
 @dataclass
@@ -263,7 +264,7 @@ class PrefillCoordinator:
             last = await self._forward(state, local)
             assert last.blocks is not None  # _forward returns only an output that holds them
             blocks = last.blocks
-            mark(room, "prefilled", prompt_tokens=last.prompt_tokens)
+            mark(room, "prefilled", prompt_tokens=last.prompt_tokens, cached_tokens=last.cached_tokens)
             if self.faults.take("prefill.exit_after_forward"):
                 os._exit(EXIT_CODE)
             if self.faults.take("prefill.crash"):
@@ -277,9 +278,9 @@ class PrefillCoordinator:
                 await asyncio.sleep(delay.delay_s)
             _advance(state, RoomStatus.Success)  # before KVReady: the decode's kv_ready may come first
             await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
-                                         prompt_tokens=last.prompt_tokens)
+                                         prompt_tokens=last.prompt_tokens, cached_tokens=last.cached_tokens)
             _answer(local, PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
-                                         last.prompt_tokens, moved, elapsed))
+                                         last.prompt_tokens, moved, elapsed, last.cached_tokens))
         except Exception as exc:
             if blocks:  # before _fail, which may wait out a write still in flight: the source blocks are
                 await self._free(room, blocks)  # only read, and the decode's stay held until KVFailed

@@ -98,7 +98,7 @@ async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None
     fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
     result = await coordinator.prefill(room, prompt, params, fill)
     yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
-                        result.prompt_tokens, 1, rope_delta=result.rope_delta)
+                        result.prompt_tokens, 1, rope_delta=result.rope_delta, cached_tokens=result.cached_tokens)
 
 
 def decode_generate(coordinator: DecodeCoordinator):

@@ -15,9 +15,10 @@ Nobody waits forever:
   ``call``/``generate``/``generate_prefilled`` issued afterwards, at once. The end is marked under
   the same lock that guards putting a command, so no command can slip in after the final drain.
 
-``before_step`` (optional) is called on the engine thread at the top of every loop iteration:
-before each step, and about every ``IDLE_WAIT_S`` while idle. Servers wire their fault points to
-it (an exception it raises ends the engine thread; a sleep in it stalls the engine).
+``before_step(busy)`` (optional) is called on the engine thread once per loop iteration, after the
+queued commands are applied: with ``busy`` True right before a step, False about every
+``IDLE_WAIT_S`` while idle. Servers wire their fault points to it (an exception it raises ends the
+engine thread; a sleep in it stalls the engine).
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ class EngineTimeout(EngineUnavailable, TimeoutError):
 class EngineStats:
     waiting: int
     running: int
-    blocks_used: int
+    blocks_used: int  # referenced by live requests (or held for a KV transfer)
     blocks_total: int
+    blocks_cached: int = 0  # prefix cache: cached blocks nobody references (evictable)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_hit_tokens: int = 0  # of those, tokens found there
 
 
 @dataclass(eq=False)
@@ -73,10 +77,10 @@ class _Call:
 
 class AsyncEngine:
     def __init__(self, engine: Engine, on_step: Callable[[int, float], None] | None = None,
-                 before_step: Callable[[], None] | None = None) -> None:
+                 before_step: Callable[[bool], None] | None = None) -> None:
         self.engine = engine
         self._on_step = on_step  # called on the engine thread after each step: batch size, seconds it took
-        self._before_step = before_step  # called on the engine thread at the top of each loop iteration
+        self._before_step = before_step  # called on the engine thread each loop iteration: busy (a step follows)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()  # guards _ended, putting commands, registering streams, call states
@@ -119,9 +123,9 @@ class AsyncEngine:
         self.engine.pool.sync()
 
     def stats(self) -> EngineStats:
-        allocator = self.engine.allocator
-        return EngineStats(self.engine.scheduler.num_waiting, self.engine.scheduler.num_running,
-                           allocator.num_used, allocator.num_blocks)
+        allocator, scheduler = self.engine.allocator, self.engine.scheduler
+        return EngineStats(scheduler.num_waiting, scheduler.num_running, allocator.num_used, allocator.num_blocks,
+                           allocator.num_cached, scheduler.prefix_queries, scheduler.prefix_hit_tokens)
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                  hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:
@@ -137,13 +141,16 @@ class AsyncEngine:
         return self._stream(request_id, start)
 
     def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                           first_token: int, rope_delta: int) -> AsyncGenerator[RequestOutput, None]:
-        """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s.
+                           first_token: int, rope_delta: int,
+                           cached_tokens: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s
+        (``cached_tokens``: the prefill's prefix-cache hit, reported in the outputs).
         The engine owns ``blocks`` from the moment the command runs. Raises EngineUnavailable if the
         engine thread is not running (then the caller still owns the blocks)."""
         self._check_running()
         return self._stream(
-            request_id, lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_token, rope_delta)
+            request_id, lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_token, rope_delta,
+                                                  cached_tokens)
         )
 
     async def _stream(self, request_id: str,
@@ -234,10 +241,11 @@ class AsyncEngine:
         reason = "the engine was shut down"
         try:
             while not self._stop.is_set():
-                if self._before_step is not None:
-                    self._before_step()
                 self._drain_commands(block=not self.engine.has_work())
-                if not self.engine.has_work():
+                busy = self.engine.has_work()
+                if self._before_step is not None:
+                    self._before_step(busy)
+                if not busy:
                     continue
                 started = time.perf_counter()
                 outputs = self.engine.step()

@@ -31,6 +31,7 @@ class EngineConfig:
     seed: int = 0
     parts: tuple[str, ...] = PARTS  # what to load: ("text",) for a stage that never encodes images
     device: str = "auto"  # see DEVICE_HELP; resolved (and checked against the machine) by torch_device
+    prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (scheduler.py); a decode has none to reuse
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,6 +42,8 @@ class EngineConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if not self.parts or not set(self.parts) <= set(PARTS):
             raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {self.parts}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"--prefix-caching must be a bool, got {self.prefix_caching!r}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"--max-model-len must be > 1, got {self.max_model_len}")
 

@@ -32,7 +32,8 @@ from stages.engine.detokenizer import Detokenizer, TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
-from stages.engine.multimodal import Prompt
+from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import FinishReason, Request
 from stages.engine.runner import ModelRunner
 from stages.engine.sampler import SamplingError, make_generator, sample
@@ -55,6 +56,7 @@ class RequestOutput:
     error: str | None = None
     rope_delta: int = 0
     blocks: list[int] | None = None  # a finished hand-off request's blocks, now owned by the caller
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (here, or on the prefill)
 
     @property
     def finished(self) -> bool:
@@ -117,7 +119,7 @@ class Engine:
         self._check_new_id(request_id)
         self.check_request(prompt, params)
         prompt.check_images(self.adapter.image_token_id, prefill=True)
-        request = Request(request_id, prompt, params, hand_off=hand_off)
+        request = Request(request_id, prompt, params, hand_off=hand_off, block_hashes=self._block_hashes(prompt))
         tracked = self._new_tracked(request)
         self.scheduler.add(request)
         self._tracked[request_id] = tracked
@@ -135,16 +137,17 @@ class Engine:
         self.allocator.free(blocks)
 
     def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                      first_token: int, rope_delta: int) -> RequestOutput:
+                      first_token: int, rope_delta: int, cached_tokens: int = 0) -> RequestOutput:
         """Start decoding a request whose prompt KV is already in ``blocks`` (from ``reserve_blocks``)
-        and whose first token came with it. The engine owns the blocks from this call on: if it raises
+        and whose first token came with it (``cached_tokens``: how many prompt tokens the prefill found
+        in its prefix cache, reported in the outputs). The engine owns the blocks from this call on: if it raises
         (ValueError: the request can never run, its id is in use, ``first_token`` is no token id or the
         blocks are too few), the blocks are already freed and nothing else has changed."""
         try:
             self._check_new_id(request_id)
             self.check_request(prompt, params)
             request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
-                              rope_delta=rope_delta)
+                              rope_delta=rope_delta, num_cached_tokens=cached_tokens)
             if not 0 <= first_token < self.vocab_size:
                 raise ValueError(f"first token {first_token} is not in this model's vocabulary of {self.vocab_size}")
             need = self.scheduler.blocks_needed(request)
@@ -195,14 +198,35 @@ class Engine:
         params = request.params
         return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed, self.device))
 
+    def _block_hashes(self, prompt: Prompt) -> list[bytes] | None:
+        """The prompt's chain of block hashes when prefix caching is on, else None."""
+        if not self.config.prefix_caching:
+            return None
+        return block_hashes(prompt.token_ids, self.config.block_size, self.adapter.image_token_id,
+                            prompt.image_tokens, prompt.image_keys)
+
     def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
-        """Give the requests that came with pixels their embeddings; record those that fail."""
+        """Give the requests that came with pixels their embeddings; record those that fail. Images
+        whose placeholders lie wholly in the request's cached prefix are not encoded (their KV is
+        there): they get ``ImageEmbedding.skipped`` stand-ins."""
         pending = [r for r in requests if r.prompt.embeddings is None and r.prompt.images]
-        for request, result in zip(pending, encode_prompts(self.adapter.encode, [r.prompt for r in pending])):
+        needed = [self._images_to_encode(r) for r in pending]
+        encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted]
+                                                       for r, wanted in zip(pending, needed)])
+        for request, wanted, result in zip(pending, needed, encoded):
             if isinstance(result, str):
                 errors[request.request_id] = result
-            else:
-                request.prompt.embeddings = result
+                continue
+            embeddings = dict(zip(wanted, result))
+            request.prompt.embeddings = [embeddings[i] if i in embeddings else ImageEmbedding.skipped(image)
+                                         for i, image in enumerate(request.prompt.images)]
+
+    def _images_to_encode(self, request: Request) -> list[int]:
+        """Indexes of the request's images with a placeholder at or past ``num_computed``."""
+        if not request.num_computed:
+            return list(range(len(request.prompt.images)))
+        spans = image_spans(request.prompt.token_ids, self.adapter.image_token_id, request.prompt.image_tokens)
+        return [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
 
     def _forward(self, prefills: list[Request], decodes: list[Request], errors: dict[str, str]) -> dict[str, int]:
         """Run one forward pass over ``prefills`` + ``decodes`` and sample each that has logits (a
@@ -274,5 +298,6 @@ class Engine:
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:
         handed = request.hand_off and request.finish_reason not in (None, FinishReason.ABORT)
         return RequestOutput(request.request_id, text, tokens, request.finish_reason, request.prompt_len,
-                             len(request.output_ids), error, request.rope_delta, request.blocks if handed else None)
+                             len(request.output_ids), error, request.rope_delta, request.blocks if handed else None,
+                             request.num_cached_tokens)
 

@@ -34,6 +34,13 @@ class ImageEmbedding:
     def num_tokens(self) -> int:
         return self.embeds.shape[0]
 
+    @classmethod
+    def skipped(cls, image: ImageInput) -> ImageEmbedding:
+        """The stand-in of an image not encoded because its placeholders lie wholly in a prompt's
+        cached prefix (prefix caching): its token count and grid, no features (``[num_tokens, 0]``).
+        No step reads its rows: ``slice_embeddings`` only counts them."""
+        return cls(torch.empty((image.num_tokens, 0), device="cpu"), image.grid_thw)
+
 
 @dataclass
 class Prompt:
@@ -42,12 +49,17 @@ class Prompt:
     ``image_tokens[i]``: the placeholder tokens image i fills (set by the prompt builder from the
     pixels or from the image's size). Per image, either ``images`` (pixels, to encode in this
     process), ``embeddings`` (encoded elsewhere), or neither (a decode server: the prompt's KV comes
-    from the prefill). ``image_grids`` is all prefill needs for M-RoPE positions."""
+    from the prefill). ``image_grids`` is all prefill needs for M-RoPE positions.
+
+    ``image_keys``: each image's content key (``cache.keys``), set by whoever built the prompt (from
+    the image's bytes, or the reference's key in EPD); prefix caching hashes them into the blocks the
+    image's placeholders fall in. None: unknown, and no block holding an image token is cached."""
 
     token_ids: list[int]
     image_tokens: list[int] = field(default_factory=list)
     images: list[ImageInput] = field(default_factory=list)
     embeddings: list[ImageEmbedding] | None = None
+    image_keys: list[str] | None = None
 
     @property
     def num_images(self) -> int:

@@ -8,6 +8,11 @@ A RUNNING request whose prompt is not all computed yet (``prompt_done`` False) i
 prefill: each step the scheduler sets ``num_scheduled`` (the prompt tokens that step computes), the
 runner computes ``[num_computed, chunk_end)`` and moves ``num_computed`` to ``chunk_end``. Only the
 step that completes the prompt yields a token.
+
+Prefix caching: ``block_hashes`` (None when it is off) are the chain hashes of the prompt's full
+blocks (``stages.engine.prefix_cache``). On admission the scheduler starts the request past the
+longest cached chain (``num_cached_tokens`` = the first ``num_computed``: those blocks are shared,
+not computed); as later chunks complete blocks they are registered for others (``num_registered``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class Request:
     # Prefill-only (a prefill server's request): when it finishes normally its blocks are not freed
     # but handed to the caller, who moves the KV to a decode server and then frees them.
     hand_off: bool = False
+    block_hashes: list[bytes] | None = None  # prefix caching: the prompt's full blocks' chain hashes
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (set on admission)
+    num_registered: int = 0  # leading blocks already in the prefix cache's index
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 

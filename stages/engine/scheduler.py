@@ -20,6 +20,14 @@ no preemption, no recompute, no deadlock. A request that could never fit in the 
 ``add`` with an error. The price is memory held for tokens that may never be generated; the server
 bounds ``max_tokens`` by the context length, and the pool is sized for ``max_num_seqs`` long
 requests by default.
+
+**Prefix caching** (a request with ``block_hashes``): admission looks up the longest chain of its
+prompt's full blocks in the allocator's index (``cached_prefix``), capped so that at least the last
+prompt token is computed (the step must yield logits; so a request never writes into a shared
+block), takes a reference to those blocks (``share``), allocates the rest and starts the request
+at ``num_computed`` = the hit. After each step the blocks a prefill chunk completed are registered
+(``register``), so later requests hit them, even while this one still runs. Release is the same
+``free`` for shared and own blocks: it drops this request's references.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefix_queries = 0  # prompt tokens of admitted requests looked up in the prefix cache
+        self.prefix_hit_tokens = 0  # of those, tokens whose KV was found there
 
     def blocks_needed(self, request: Request) -> int:
         """Prompt plus every output token but the last; a hand-off (prefill-only) request needs the prompt only."""
@@ -96,14 +106,33 @@ class Scheduler:
             budget -= self._add_chunk(batch, request, budget)
         while self.waiting and budget > 0 and not self._full(batch):
             request = self.waiting[0]
-            if not self.allocator.can_allocate(self.blocks_needed(request)):
+            cached = self.cached_blocks(request)
+            if not self.allocator.can_allocate(self.blocks_needed(request) - len(cached), shared=cached):
                 break
             self.waiting.popleft()
-            request.blocks = self.allocator.allocate(self.blocks_needed(request))
-            request.advance(RequestStatus.RUNNING)
-            self.running.append(request)
+            self._admit(request, cached)
             budget -= self._add_chunk(batch, request, budget)
         return batch
+
+    def cached_blocks(self, request: Request) -> list[int]:
+        """The cached blocks a request would start from now: its longest cached chain, within
+        ``prompt_len - 1`` tokens. No side effects."""
+        if request.block_hashes is None:
+            return []
+        usable = (request.prompt_len - 1) // self.allocator.block_size
+        return self.allocator.cached_prefix(request.block_hashes[:usable])
+
+    def _admit(self, request: Request, cached: list[int]) -> None:
+        """Hold the request's blocks (the cached chain shared, the rest allocated) and start it past the hit."""
+        shared = self.allocator.share(cached)  # first: so that allocate cannot evict them
+        request.blocks = shared + self.allocator.allocate(self.blocks_needed(request) - len(cached))
+        request.num_computed = request.num_cached_tokens = len(cached) * self.allocator.block_size
+        request.num_registered = len(cached)
+        if request.block_hashes is not None:
+            self.prefix_queries += request.prompt_len
+            self.prefix_hit_tokens += request.num_cached_tokens
+        request.advance(RequestStatus.RUNNING)
+        self.running.append(request)
 
     def _full(self, batch: ScheduledBatch) -> bool:
         return len(batch.decodes) + len(batch.prefills) >= self.max_num_seqs
@@ -117,9 +146,21 @@ class Scheduler:
         return request.num_scheduled
 
     def after_step(self, batch: ScheduledBatch) -> None:
-        """Drop the requests that finished in this step (in a prefill or a decode), free their blocks.
-        Requests still in chunked prefill stay running and get their next chunk next step."""
+        """Register the prompt blocks this step's chunks completed, then drop the requests that
+        finished in this step (in a prefill or a decode) and free their blocks. Requests still in
+        chunked prefill stay running and get their next chunk next step."""
+        for request in batch.prefills:
+            self._register(request)
         self.reap()
+
+    def _register(self, request: Request) -> None:
+        """Put the request's full prompt blocks whose KV is now computed into the prefix cache's index."""
+        if request.block_hashes is None:
+            return
+        full = min(request.num_computed // self.allocator.block_size, len(request.block_hashes))
+        for index in range(request.num_registered, full):
+            self.allocator.register(request.blocks[index], request.block_hashes[index])
+        request.num_registered = max(request.num_registered, full)
 
     def reap(self) -> None:
         """Drop finished requests from the running set and release their blocks."""

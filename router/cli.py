@@ -14,7 +14,8 @@ import os
 from dataclasses import MISSING, fields
 
 from cache.secrets import REDIS_URL_ENV, TOKEN_ENV, read_secret
-from router.config import ENCODER_POLICIES, POLICIES, RouterConfig
+from router.config import ROLE_POLICIES, RouterConfig
+from router.prefix_tree import CHUNK_CHARS, IMAGE_CHARS
 
 _D = {f.name: f.default for f in fields(RouterConfig) if f.default is not MISSING}
 
@@ -44,9 +45,23 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--claim-lease-s", type=float, default=_D["claim_lease_s"],
                    help="epd: a claim the router takes for an encoder lapses after this unless the encoder renews it")
     p = parser.add_argument_group("policies")
-    for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
-                          ("encoder", ENCODER_POLICIES)):
-        p.add_argument(f"--policy-{role}", choices=choices, default=_D[f"policy_{role}"], help=f"picks the {role}")
+    for role, choices in ROLE_POLICIES.items():
+        p.add_argument(f"--policy-{role}", choices=choices, default=_D[f"policy_{role}"], help=f"picks the {role}"
+                       + (" (prefix_aware: the worker already sent the longest prefix of the conversation, "
+                          "unless loads are imbalanced; docs/router.md)" if "prefix_aware" in choices else ""))
+    p.add_argument("--prefix-cache-threshold", type=float, default=_D["prefix_cache_threshold"],
+                   help="prefix_aware: the worker with the longest match gets the request if its match covers at "
+                        f"least this share of the request's text (an image counts as {IMAGE_CHARS} characters); "
+                        "below it, the worker whose prefix tree is smallest")
+    p.add_argument("--prefix-balance-abs", type=int, default=_D["prefix_balance_abs"],
+                   help="prefix_aware: loads are imbalanced, and the least loaded worker gets the request, when the "
+                        "most and the fewest requests in flight differ by more than this ...")
+    p.add_argument("--prefix-balance-rel", type=float, default=_D["prefix_balance_rel"],
+                   help="... and the most is more than this times the fewest")
+    p.add_argument("--prefix-tree-nodes", type=int, default=_D["prefix_tree_nodes"],
+                   help="prefix_aware: the router's picture of each worker's cache holds at most this many nodes "
+                        f"(a node: up to {CHUNK_CHARS} characters of a message, or one image; about 120 bytes), least "
+                        "recently used evicted first")
     h = parser.add_argument_group("http")
     h.add_argument("--host", default=_D["host"], help="address to bind")
     h.add_argument("--port", type=int, default=_D["port"], help="port to bind (0: any free port)")

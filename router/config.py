@@ -14,10 +14,14 @@ from urllib.parse import urlsplit
 
 from cache.config import DEFAULT_TTL_S
 from router.dns_source import DnsSource, parse_discover, parse_nameserver
+from router.policy import PrefixSettings
 
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
 ENCODER_POLICIES = (*POLICIES, "cache_aware")
+PREFIX_POLICIES = (*POLICIES, "prefix_aware")  # the roles that compute a prompt: prefill, colocated
+ROLE_POLICIES = {"prefill": PREFIX_POLICIES, "decode": POLICIES, "colocated": PREFIX_POLICIES,
+                 "encoder": ENCODER_POLICIES}
 ROLES = ("encoder", "prefill", "decode", "colocated")
 MODE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
 MIN_TOKEN_CHARS = 16
@@ -43,6 +47,11 @@ class RouterConfig:
     policy_decode: str = "least_load"
     policy_colocated: str = "least_load"
     policy_encoder: str = "cache_aware"
+    # prefix_aware (router.policy.PrefixAware; docs/router.md, "Prefix-aware routing")
+    prefix_cache_threshold: float = PrefixSettings.cache_threshold
+    prefix_balance_abs: int = PrefixSettings.balance_abs
+    prefix_balance_rel: float = PrefixSettings.balance_rel
+    prefix_tree_nodes: int = PrefixSettings.tree_nodes
     max_body_mb: float = 64.0  # whole request body; checked from Content-Length and while reading
     max_in_flight: int = 1024  # requests held at once; beyond: 503 + Retry-After
     upstream_timeout_s: float = 600.0  # deadline of one upstream call, from sending to its last byte
@@ -88,10 +97,10 @@ class RouterConfig:
                 raise ValueError(f"--{role} names the same URL twice: {sorted(urls)}")
         self._check_discover()
         self._check_roles()
-        for role, choices in (("prefill", POLICIES), ("decode", POLICIES), ("colocated", POLICIES),
-                              ("encoder", ENCODER_POLICIES)):
+        for role, choices in ROLE_POLICIES.items():
             if getattr(self, f"policy_{role}") not in choices:
                 raise ValueError(f"--policy-{role} must be one of {choices}, got {getattr(self, f'policy_{role}')!r}")
+        self._check_prefix()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         if not self.upstream_host_timeout_s >= 2:
@@ -116,6 +125,16 @@ class RouterConfig:
         for host in self.allowed_image_hosts:
             if not host or "/" in host or host != host.strip():
                 raise ValueError(f"--allowed-image-hosts takes host or host:port entries, got {host!r}")
+
+    def _check_prefix(self) -> None:
+        if not 0 <= self.prefix_cache_threshold <= 1:
+            raise ValueError(f"--prefix-cache-threshold must be in [0, 1], got {self.prefix_cache_threshold}")
+        if self.prefix_balance_abs < 0:
+            raise ValueError(f"--prefix-balance-abs must be >= 0, got {self.prefix_balance_abs}")
+        if not self.prefix_balance_rel >= 1:
+            raise ValueError(f"--prefix-balance-rel must be >= 1, got {self.prefix_balance_rel}")
+        if self.prefix_tree_nodes <= 0:
+            raise ValueError(f"--prefix-tree-nodes must be > 0, got {self.prefix_tree_nodes}")
 
     def _check_discover(self) -> None:
         labels = [(s.role, s.label) for s in self.dns_sources]  # each parsed: ValueError names --discover
@@ -165,6 +184,11 @@ class RouterConfig:
 
     def policy(self, role: str) -> str:
         return getattr(self, f"policy_{role}")
+
+    @property
+    def prefix_settings(self) -> PrefixSettings:
+        return PrefixSettings(self.prefix_cache_threshold, self.prefix_balance_abs, self.prefix_balance_rel,
+                              self.prefix_tree_nodes)
 
 
 def check_worker_url(url: str, role: str) -> None:

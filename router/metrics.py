@@ -14,10 +14,12 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from router.prefix_tree import IMAGE_CHARS
 from router.workers import Worker
 
 OUTCOMES = ("success", "client_error", "upstream_error", "rejected", "aborted", "internal_error")
 CACHE = ("hit", "miss")
+PREFIX_BY = ("match", "spread", "load")  # router.policy.PrefixAware: how a pick was made
 STAGES = ("encoder", "prefill", "decode", "colocated")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -47,6 +49,15 @@ class Metrics:
         self.images = Counter("epd_router_images", "Images in the chat requests received (the encode demand), by "
                               "cache: hit if the embedding cache held the image when the request was planned (epd), "
                               "else miss.", ["cache"], registry=r)
+        self.prefix_routes = Counter("epd_router_prefix_routes", "prefix_aware picks, by how: match (the longest "
+                                     "prefix match covered --prefix-cache-threshold), spread (it did not: the "
+                                     "smallest prefix tree), load (loads imbalanced: the least loaded).", ["by"],
+                                     registry=r)
+        self.prefix_request_chars = Counter("epd_router_prefix_request_chars", "prefix_aware picks: characters of "
+                                            f"the requests' messages (an image counts as {IMAGE_CHARS}).", registry=r)
+        self.prefix_match_chars = Counter("epd_router_prefix_match_chars", "prefix_aware picks: of those, the "
+                                          "characters the chosen worker was already sent, by the router's prefix "
+                                          "tree (the estimated hit rate: this / request chars).", registry=r)
         self.in_flight = Gauge("epd_router_in_flight_requests", "Requests the router holds now.", registry=r)
         self._health = Gauge("epd_router_worker_healthy", "1 if the worker's last health check passed.",
                              ["role", "worker"], registry=r)
@@ -61,6 +72,14 @@ class Metrics:
             self.stage_seconds.labels(stage=stage)
         for cache in CACHE:
             self.images.labels(cache=cache)
+        for by in PREFIX_BY:
+            self.prefix_routes.labels(by=by)
+
+    def observe_prefix(self, by: str, matched: int, total: int) -> None:
+        """One prefix_aware pick (``router.policy.Observe``)."""
+        self.prefix_routes.labels(by=by).inc()
+        self.prefix_request_chars.inc(total)
+        self.prefix_match_chars.inc(matched)
 
     def watch(self, workers: Iterable[Worker]) -> None:
         """Export each worker's health, circuit state and load (read when scraped)."""

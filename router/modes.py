@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +24,7 @@ import msgspec
 
 from router.errors import no_allowed_pair, no_worker
 from router.pairing import Pairing
+from router.prefix_tree import Prefix, chat_units
 from router.upstream import CHAT_PATH
 from router.workers import Pool, Worker, compatible, has_pair, pick_pair
 
@@ -42,6 +44,11 @@ class Call:
     model: str | None
     started: float  # arrival, time.perf_counter()
     images: tuple[RefImage, ...] = ()  # epd: the body's image parts with their keys and sizes
+
+    @cached_property
+    def prefix(self) -> Prefix:
+        """The body's routing units (``router.prefix_tree``), for prefix_aware: computed when it first reads them."""
+        return Prefix.of(chat_units(self.body))
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class ColocatedPlanner:
         candidates = self.pool.candidates(call.model, exclude)
         if not candidates:
             raise no_worker("colocated", call.model)
-        return Plan(Target("colocated", self.pool.pick(candidates), _encode(call.body)))
+        return Plan(Target("colocated", self.pool.pick(candidates, context=call), _encode(call.body)))
 
 
 class PDPlanner:
@@ -95,7 +102,7 @@ class PDPlanner:
         self.pairing = pairing or Pairing()
 
     async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
-        pair = pick_pair(self.prefills, self.decodes, call.model, exclude, self.pairing.pairable)
+        pair = pick_pair(self.prefills, self.decodes, call.model, exclude, self.pairing.pairable, call)
         if pair is None:
             if has_pair(self.prefills, self.decodes, call.model, exclude, compatible):
                 raise no_allowed_pair(self.pairing.rules.describe())

@@ -10,7 +10,8 @@ Contracts:
 - A pool's ``workers`` are the registry's workers of its role, read when asked: a worker added,
   removed or moved is in the right views at once, and never in two.
 - The router's metrics export exactly the workers in the registry, under their current role;
-  ``on_remove`` callbacks (the load history, the pairing state) forget a worker that left.
+  ``on_remove`` callbacks (the load history, the pairing state) forget a worker that left, and so does
+  the policy of the pool it leaves (removed, or moved to another role: ``Policy.forget``).
 - A refused change is a ``RouterError`` (4xx) and changes nothing.
 - Each worker's source, where it came from, is kept from ``add`` to ``remove``: ``static`` (a
   ``--prefill``-like flag), ``admin`` (the admin API) or a ``--discover`` source's label
@@ -48,7 +49,9 @@ class Registry:
     def for_config(cls, config: RouterConfig, metrics: Metrics) -> Registry:
         """The registry of ``config``'s mode with its workers (``--prefill`` etc.) added, in flag order."""
         roles = MODE_ROLES[config.mode]
-        registry = cls(config.mode, {role: make_policy(config.policy(role)) for role in roles}, metrics,
+        policies = {role: make_policy(config.policy(role), config.prefix_settings, metrics.observe_prefix)
+                    for role in roles}
+        registry = cls(config.mode, policies, metrics,
                        lambda: CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s))
         for role in roles:
             for url in getattr(config, role):
@@ -121,6 +124,7 @@ class Registry:
         self._workers.remove(worker)
         self._sources.pop(worker.id, None)
         self.metrics.unwatch(worker)
+        self.pools[worker.role].policy.forget(worker.name)
         for forget in self.on_remove:
             forget(worker)
 
@@ -144,6 +148,7 @@ class Registry:
         if role not in self.pools or not self.switching(worker):
             raise ValueError(f"{worker.id} cannot move to {role!r}: only a switching worker moves, between pools")
         self.metrics.unwatch(worker)
+        self.pools[worker.role].policy.forget(worker.name)
         worker.role = role
         self.metrics.watch([worker])
 

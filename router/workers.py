@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from router.breaker import CircuitBreaker
-from router.policy import Policy
+from router.policy import Policy, RouteContext
 
 
 @dataclass
@@ -115,8 +115,8 @@ class Pool:
     def candidates(self, model: str | None = None, exclude: Collection[str] = ()) -> list[Worker]:
         return [w for w in self.workers if w.eligible() and w.serves(model) and w.url not in exclude]
 
-    def pick(self, candidates: Sequence[Worker], key: str | None = None) -> Worker:
-        return self.policy.choose(candidates, key)
+    def pick(self, candidates: Sequence[Worker], key: str | None = None, context: RouteContext | None = None) -> Worker:
+        return self.policy.choose(candidates, key, context)
 
 
 def compatible(prefill: Worker, decode: Worker) -> bool:
@@ -135,15 +135,15 @@ Pairable = Callable[[Worker, Worker], bool]  # (prefill, decode) -> may they for
 
 
 def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str],
-              pairable: Pairable = compatible) -> tuple[Worker, Worker] | None:
+              pairable: Pairable = compatible, context: RouteContext | None = None) -> tuple[Worker, Worker] | None:
     """D by its policy among decodes with at least one prefill it is ``pairable`` with, then P by its
-    policy among those prefills; None when no such pair is eligible."""
+    policy (given ``context``, the request) among those prefills; None when no such pair is eligible."""
     ps = prefills.candidates(model, exclude)
     ds = [d for d in decodes.candidates(model, exclude) if any(pairable(p, d) for p in ps)]
     if not ds:
         return None
     decode = decodes.pick(ds)
-    prefill = prefills.pick([p for p in ps if pairable(p, decode)])
+    prefill = prefills.pick([p for p in ps if pairable(p, decode)], context=context)
     return prefill, decode
 
 

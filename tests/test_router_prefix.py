@@ -14,7 +14,7 @@ from router.breaker import CircuitBreaker
 from router.cli import add_router_args, router_config
 from router.config import RouterConfig
 from router.metrics import Metrics
-from router.modes import Call
+from router.modes import Call, PDPlanner
 from router.policy import PrefixAware, PrefixSettings, RoundRobin, make_policy
 from router.prefix_tree import CHUNK_CHARS, IMAGE_CHARS, Prefix, PrefixTree, chat_units, image_key
 from router.registry import Registry
@@ -251,3 +251,16 @@ def test_the_registry_forgets_a_removed_or_moved_workers_tree_and_metrics_count_
     registry.begin_switch(p2)
     registry.move(p2, "decode")
     assert pool.policy.tree_sizes() == {}
+
+
+async def test_pd_plans_pick_their_prefill_by_prefix():
+    config = RouterConfig(prefill=("http://p:1", "http://p:2"), decode=("http://d:1",), policy_prefill="prefix_aware")
+    registry = Registry.for_config(config, Metrics())
+    for w in registry:
+        w.known, w.healthy, w.fingerprint = True, True, {"model": "m"}
+        w.bootstrap = ("127.0.0.1", 9000) if w.role == "prefill" else None
+    planner = PDPlanner(registry.pools["prefill"], registry.pools["decode"])
+    cats, dogs = turns("cats", 3), turns("dogs", 3)
+    order = [cats[0], dogs[0], cats[1], cats[2], dogs[1], dogs[2]]
+    assert [(await planner.plan(c, ())).sides[0].worker.url for c in order] == \
+        ["http://p:1", "http://p:2", "http://p:1", "http://p:1", "http://p:2", "http://p:2"]

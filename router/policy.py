@@ -2,7 +2,7 @@
 
 A policy chooses among candidates the caller has already filtered (healthy, circuit allows,
 compatible, not excluded). ``choose`` is called once per pick, on the event loop; it may update
-the policy's own cursor but never the candidates.
+the policy's own state (its cursor, prefix_aware's trees) but never the candidates.
 
     round_robin   each candidate in turn
     least_load    fewest outstanding requests; ties go round robin (so equal loads alternate)

@@ -3,7 +3,8 @@
 The router does not tokenize. A chat body becomes its routing units (``chat_units``): each message in
 order, as its role and its text cut into pieces of at most ``CHUNK_CHARS`` characters, each image one
 unit named by its content key (epd: the ``image_ref`` key; other modes: a hash of its URL, a ``data:``
-URL by the time a policy reads it). A message is cut on its own, so a later turn of a conversation,
+URL by the time a policy reads it; of a long one, its length and its first and last ``URL_SAMPLE``
+characters, so that the event loop never hashes megabytes: a routing key need not be exact). A message is cut on its own, so a later turn of a conversation,
 which repeats every earlier message, starts with exactly the earlier request's units. A text unit
 weighs its characters, an image ``IMAGE_CHARS``.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 CHUNK_CHARS = 64  # text per unit: about 16 tokens, one KV block of the engine's default --block-size
 IMAGE_CHARS = 1024  # an image's weight: about the text of the 256 tokens a small image takes
+URL_SAMPLE = 32 << 10  # characters hashed at each end of a long image URL
 _MESSAGE = "\x1e"  # starts each message's first unit (no client text is read as a message boundary)
 _IMAGE = "\x1d"  # starts an image's unit
 
@@ -121,8 +123,13 @@ def image_key(part: object) -> str | None:
     if part.get("type") == "image_url":
         image_url = part.get("image_url")
         url = image_url.get("url") if isinstance(image_url, dict) else image_url
-        return hashlib.blake2b(url.encode(), digest_size=16).hexdigest() if isinstance(url, str) else None
+        return _url_key(url) if isinstance(url, str) else None
     return None
+
+
+def _url_key(url: str) -> str:
+    sample = url if len(url) <= 2 * URL_SAMPLE else f"{len(url)}:{url[:URL_SAMPLE]}:{url[-URL_SAMPLE:]}"
+    return hashlib.blake2b(sample.encode(), digest_size=16).hexdigest()
 
 
 def _chunks(text: str) -> list[tuple[str, int]]:

@@ -16,7 +16,7 @@ from router.config import RouterConfig
 from router.metrics import Metrics
 from router.modes import Call, PDPlanner
 from router.policy import PrefixAware, PrefixSettings, RoundRobin, make_policy
-from router.prefix_tree import CHUNK_CHARS, IMAGE_CHARS, Prefix, PrefixTree, chat_units, image_key
+from router.prefix_tree import CHUNK_CHARS, IMAGE_CHARS, URL_SAMPLE, Prefix, PrefixTree, chat_units, image_key
 from router.registry import Registry
 from router.workers import Pool, Worker
 
@@ -64,6 +64,18 @@ def test_chat_units_cut_each_message_and_name_images_by_key():
         ("\x1d" + "k" * 32, IMAGE_CHARS), ("what?", 5)]
     assert chat_units({"messages": "no"}) == [] and chat_units({}) == []
     assert image_key({"type": "text", "text": "x"}) is None
+
+
+
+def test_a_long_image_url_is_keyed_by_its_length_and_ends():
+    def key(url: str) -> str | None:
+        return image_key({"type": "image_url", "image_url": {"url": url}})
+
+    head, tail = "h" * URL_SAMPLE, "t" * URL_SAMPLE
+    assert key(head + "a" * 10 + tail) == key(head + "b" * 10 + tail)  # the middle of a long one is not read
+    assert key(head + "a" * 10 + tail) != key(head + "a" * 11 + tail)
+    assert key(head + "a" * 10 + tail[1:] + "x") != key(head + "a" * 10 + tail)
+    assert key("h" * 10 + "a" + "t" * 10) != key("h" * 10 + "b" + "t" * 10)  # a short one is read whole
 
 
 def test_a_later_turn_starts_with_the_earlier_turns_chain():

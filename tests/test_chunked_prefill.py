@@ -70,9 +70,11 @@ def image_cut_by_a_chunk(token_ids: list[int], image_token: int, budget: int) ->
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl", "llava"])
 def engines(request):
     path = model_dir(request.param)
+    # prefix caching off: these count chunks from the prompt's start (tests/test_prefix_cache_engine.py has it on)
     chunked, builder = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE,
-                                                max_batched_tokens=BUDGET), pixels=True)
-    whole, _ = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE), pixels=True)
+                                                max_batched_tokens=BUDGET, prefix_caching=False), pixels=True)
+    whole, _ = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE, prefix_caching=False),
+                           pixels=True)
     return chunked, whole, builder, load_reference(path)
 
 

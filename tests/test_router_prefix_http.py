@@ -1,7 +1,8 @@
 """``--policy-colocated prefix_aware`` for real: a router process in front of two colocated servers.
 Conversations whose history grows turn by turn each stay on one worker, and different conversations
-spread over both; which worker served each request is read from the workers' own ``/metrics``, and the
-router's prefix metrics count exactly the characters the test computes."""
+spread over both; which worker served each request is read from the workers' own ``/metrics``; every
+later turn finds the earlier turn's full KV blocks in that worker's prefix cache (the answer's
+``cached_tokens``); and the router's prefix metrics count exactly the characters the test computes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from router.prefix_tree import Prefix, chat_units
 from tests.router_helpers import metric, wait_metric
 
 pytestmark = pytest.mark.timeout(240)
+BLOCK = 16  # the engine's default --block-size: its prefix cache holds a prompt's full blocks
 CONVERSATIONS, TURNS = 3, 3  # odd: a policy blind to the prefix, alternating, would move them
 
 
@@ -35,8 +37,8 @@ def served(url: str) -> float:
     return sum(float(line.split()[-1]) for line in lines if line.startswith("epd_requests_total{"))
 
 
-def chat(router_url: str, workers, model: str, messages: list[dict]) -> tuple[str, int]:
-    """The answer's text and the index of the worker that served it (its finished count moved by one)."""
+def chat(router_url: str, workers, model: str, messages: list[dict]) -> tuple[dict, int]:
+    """The answer and the index of the worker that served it (its finished count moved by one)."""
     before = [served(w.url) for w in workers]
     response = httpx.post(f"{router_url}/v1/chat/completions", timeout=60, json={
         "model": model, "messages": messages, "max_tokens": 3, "temperature": 0, "ignore_eos": True})
@@ -46,7 +48,7 @@ def chat(router_url: str, workers, model: str, messages: list[dict]) -> tuple[st
         assert time.monotonic() < deadline, "no worker counted the request"
         time.sleep(0.05)
     assert sorted(moved) == [0, 1], moved
-    return response.json()["choices"][0]["message"]["content"], moved.index(1)
+    return response.json(), moved.index(1)
 
 
 def test_each_conversation_sticks_to_one_worker_and_conversations_spread(router, workers):
@@ -56,16 +58,20 @@ def test_each_conversation_sticks_to_one_worker_and_conversations_spread(router,
     placed: dict[int, list[int]] = {c: [] for c in range(CONVERSATIONS)}
     request_chars = match_chars = 0
     previous: dict[int, int] = {}  # each conversation's last request, in characters
+    prompts: dict[int, int] = {}  # and in prompt tokens
     for turn in range(TURNS):  # the conversations interleave, as concurrent clients' turns would
         for c, history in enumerate(histories):
             history.append({"role": "user", "content": f"question {turn}"})
             answer, worker = chat(router.url, workers, model, history)
             placed[c].append(worker)
+            cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached == prompts.get(c, 0) // BLOCK * BLOCK, (c, turn, answer["usage"])
+            prompts[c] = answer["usage"]["prompt_tokens"]
             total = Prefix.of(chat_units({"messages": history})).total
             match_chars += previous.get(c, 0)  # the conversation's last request is a prefix of this one
             request_chars += total
             previous[c] = total
-            history.append({"role": "assistant", "content": answer})
+            history.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
     assert all(len(set(where)) == 1 for where in placed.values()), placed
     assert sorted(where[0] for where in placed.values()) == [0, 0, 1]  # the smaller tree takes the next
     wait_metric(router.url, 'epd_router_requests_total{outcome="success"}', CONVERSATIONS * TURNS)

@@ -4,9 +4,10 @@ The router does not tokenize. A chat body becomes its routing units (``chat_unit
 order, as its role and its text cut into pieces of at most ``CHUNK_CHARS`` characters, each image one
 unit named by its content key (epd: the ``image_ref`` key; other modes: a hash of its URL, a ``data:``
 URL by the time a policy reads it; of a long one, its length and its first and last ``URL_SAMPLE``
-characters, so that the event loop never hashes megabytes: a routing key need not be exact). A message is cut on its own, so a later turn of a conversation,
-which repeats every earlier message, starts with exactly the earlier request's units. A text unit
-weighs its characters, an image ``IMAGE_CHARS``.
+characters, so that the event loop never hashes megabytes: a routing key need not be exact). A
+message is cut on its own, so a later turn of a conversation, which repeats every earlier message,
+starts with exactly the earlier request's units. A text unit weighs its characters, an image
+``IMAGE_CHARS``.
 
 A ``Prefix`` holds the units as a hash chain: node i is the hash of node i-1 and unit i, so one node
 names the whole prefix up to it (as the engine names its full KV blocks). A ``PrefixTree`` is the set of

@@ -295,7 +295,9 @@ async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
     try:
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{port}/accepted-socket-nodelay")).json() == 1
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+        # long enough that the stream is still open when the headers arrive: aiohttp releases the
+        # connection (response.connection None) once the whole body is in, which 8 tokens could be
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256, "ignore_eos": True, "stream": True}
         async with upstream.session.post(f"{colocated.url}/v1/chat/completions", json=body) as response:
             sock = response.connection.transport.get_extra_info("socket")  # held while the stream is open
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

@@ -210,5 +210,5 @@ def test_openai_spellings_answer_as_their_equivalents(request, where):
                                                {**developer, "top_p": 0})]
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
     texts = [a.json()["choices"][0]["message"]["content"] for a in answers]
-    usage = [a.json()["usage"] for a in answers]
+    usage = [{k: v for k, v in a.json()["usage"].items() if k != "prompt_tokens_details"} for a in answers]  # later ones hit the cache
     assert texts[0] == texts[1] and texts[2] == texts[3] and usage[0] == usage[1] == usage[2] == usage[3]

@@ -1,6 +1,7 @@
 """Prefix caching's pure parts: block hashes, the refcounted allocator's index, and the scheduler's
 admission (longest cached chain, capped below the last prompt token) and registration. No torch."""
 
+import msgspec
 import pytest
 
 from stages.engine.block_allocator import BlockAllocator
@@ -9,6 +10,7 @@ from stages.engine.prefix_cache import ROOT, block_hashes, hash_block, image_spa
 from stages.engine.request import FinishReason, Request
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import Scheduler
+from transfer.messages import Fingerprint, KVRequest, check_kv_request
 
 IMG = 99  # the image placeholder id of these prompts
 KEY_A, KEY_B = "a" * 64, "b" * 64
@@ -193,3 +195,40 @@ def test_a_hit_counts_only_the_blocks_it_does_not_share_against_the_pool():
     assert scheduler.schedule().prefills == [request] and request.num_computed == 8
     assert scheduler.allocator.num_free == 0
     scheduler.allocator.free(holder)
+
+
+def test_reserve_shares_the_cached_chain_for_a_prompt_written_from_elsewhere():
+    scheduler = Scheduler(BlockAllocator(8, 4), max_num_seqs=4, max_batched_tokens=64)
+    first = make_request("first", list(range(10)))
+    assert scheduler.reserve(first) == 0 and len(first.blocks) == 3  # 10 + 2 - 1 slots
+    first.num_computed = first.prompt_len  # its KV arrived (a decode's add_prefilled)
+    scheduler.register(first)
+    assert first.num_registered == 2
+    second = make_request("second", list(range(12)), max_tokens=4)
+    assert scheduler.reserve(second) == 2 and second.blocks[:2] == first.blocks[:2]  # within 11 tokens
+    assert second.num_cached_tokens == 8 and scheduler.allocator.num_used == 3 + 4 - 2
+    with pytest.raises(MemoryError, match="asked for 4 KV blocks, 3 free of 8"):
+        scheduler.reserve(make_request("third", list(range(20, 36)), max_tokens=1))
+    assert scheduler.allocator.num_used == 5  # the refused reservation holds nothing
+    scheduler.allocator.free(first.blocks)
+    scheduler.allocator.free(second.blocks)
+    assert (scheduler.allocator.num_used, scheduler.allocator.num_cached) == (0, 2)
+
+
+def test_a_kv_request_may_name_the_decodes_cached_blocks_but_not_all_of_them():
+    fingerprint = Fingerprint(model="m-0123456789abcdef", backend="mooncake", dtype="float32", block_size=16,
+                              num_layers=2, num_kv_heads=2, head_dim=16, block_bytes=8192)
+
+    def request(block_ids: list[int], cached: int, prompt_tokens: int = 40) -> KVRequest:
+        return KVRequest(room=1, fingerprint=fingerprint, block_ids=block_ids, prompt_tokens=prompt_tokens,
+                         descriptor=b"", decode_id="d", cached_blocks=cached)
+
+    assert check_kv_request(request([7], cached=2), fingerprint) is None  # 2 cached + 1 written = 48 slots
+    assert check_kv_request(request([7], cached=1), fingerprint) == \
+        "decode reserved 1 blocks of 16 tokens (32 slots with 1 cached) for a 40-token prompt"
+    refused = "cached_blocks must leave the prompt's last block to write: 3 of a 40-token prompt's blocks of 16 tokens"
+    assert check_kv_request(request([7], cached=3), fingerprint) == refused
+    assert (check_kv_request(request([7], cached=-1), fingerprint) or "").startswith("cached_blocks must leave")
+    old = msgspec.json.decode(msgspec.json.encode(request([5, 6, 7], cached=0)))  # a peer without the field
+    del old["cached_blocks"]
+    assert msgspec.convert(old, KVRequest).cached_blocks == 0

@@ -102,7 +102,7 @@ def test_multi_turn_chat_with_the_same_image_in_turns_1_and_3(engines, monkeypat
     on, off, builder = engines
     if on_gpu():
         pytest.skip("exact parity on the CPU only; the GPU case is covered by the near-tie tests")
-    turns: list[list] = [image("describe this picture in detail please")]
+    turns: list = [image("describe this picture in detail please")]
     seeds, cached = [1], set[bytes]()
     for turn in range(3):
         prompt_on, prompt_off = build(builder, turns, seeds), build(builder, turns, seeds)
@@ -177,3 +177,44 @@ def test_an_aborted_requests_completed_blocks_are_hit(engines):
     if not on_gpu():
         assert retry.output_ids == run(off, "retry", build(builder, turns, [1])).output_ids
     assert on.allocator.num_used == 0
+
+
+def test_a_decode_reuses_its_own_cached_blocks_and_gets_only_the_rest():
+    """A prefill engine and a decode engine, the KV copied block by block as the transfer does: the
+    decode's second turn starts from its own cached blocks, only the blocks after them are copied,
+    and it decodes the tokens an engine without prefix caching computes."""
+    config = EngineConfig(model=str(model_dir("qwen3_vl")), kv_cache_mib=1, device=DEVICE, block_size=BLOCK)
+    (prefill, builder), (decode, _) = load_engine(config, pixels=True), load_engine(config, pixels=True)
+    reference, _ = load_engine(dataclasses.replace(config, prefix_caching=False), pixels=True)
+    turns: list = [image("what is shown here, in detail?")]
+    previous: list[int] = []
+    for turn in range(2):
+        prompt = build(builder, turns, [1])
+        blocks, cached = decode.reserve_cached(prompt, greedy())
+        assert cached * BLOCK == hit_after(previous, prompt.token_ids)  # turn 2: turn 1's shared full blocks
+        handed = prefill.add_request(f"p-{turn}", prompt, greedy(), hand_off=True)
+        while prefill.has_work():
+            prefill.step()
+        assert handed.num_cached_tokens == cached * BLOCK  # the prefill's own cache holds the same blocks
+        copied = handed.blocks[cached:]  # what the transfer writes: the blocks after the decode's cached ones
+        decode.pool.tensor[blocks[cached:len(handed.blocks)]] = prefill.pool.tensor[copied]
+        prefill.free_blocks(handed.blocks)
+        first = decode.add_prefilled(f"d-{turn}", prompt, greedy(), blocks, handed.output_ids[0], handed.rope_delta,
+                                     cached_tokens=handed.num_cached_tokens)
+        (request,) = decode.scheduler.running
+        while decode.has_work():
+            decode.step()
+        expected = run(reference, f"r-{turn}", build(builder, turns, [1]))
+        assert first.cached_tokens == handed.num_cached_tokens
+        if not on_gpu():
+            assert request.output_ids == expected.output_ids
+        previous = prompt.token_ids
+        turns += [builder.tokenizer.decode(expected.output_ids, skip_special_tokens=True), "and then?"]
+    assert cached > 0 and (prefill.allocator.num_used, decode.allocator.num_used) == (0, 0)
+    assert decode.allocator.num_cached >= len(previous) // BLOCK
+
+
+def hit_after(earlier: list[int], later: list[int]) -> int:
+    """Tokens of ``later`` found cached after ``earlier`` ran alone (text-equal prefix, same images)."""
+    same = next((i for i, (a, b) in enumerate(zip(earlier, later)) if a != b), min(len(earlier), len(later)))
+    return min(same // BLOCK, len(earlier) // BLOCK, (len(later) - 1) // BLOCK) * BLOCK

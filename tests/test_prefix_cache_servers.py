@@ -2,7 +2,8 @@
 The second turn hits exactly the first turn's full blocks it shares; its answer equals Hugging Face
 generate() token for token (so prefix caching changes nothing but the work done); the hit reaches
 the client as ``usage.prompt_tokens_details.cached_tokens`` (streamed and not; in PD and EPD from
-the prefill, through the decode); /metrics counts it; blocks in use come back to 0."""
+the prefill, through the decode); the decode's own cache holds the first turn's blocks, so only the
+blocks after them travel; /metrics counts it; blocks in use come back to 0."""
 
 from __future__ import annotations
 
@@ -158,13 +159,23 @@ async def test_pd_second_turn_hits_on_the_prefill_and_the_decode_reports_it(pd_p
                     bootstrap_room=random.getrandbits(63))
 
     _, first = await room(prefill, decode, routed(None))
+    moved = info(prefill)["transfer"]["bytes"]
     p, second = await room(prefill, decode, routed(first["choices"][0]["message"]["content"]))
     check_turns(reference, first, second)
-    assert p["usage"]["prompt_tokens_details"] == second["usage"]["prompt_tokens_details"]  # the prefill's own
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert p["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}  # the prefill's own answer
     await asyncio.to_thread(wait_blocks_free, prefill, decode)
-    assert metric_values(prefill.url)["epd_prefix_cache_hit_tokens_total"] == \
-        second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert metric_values(decode.url)["epd_prefix_cache_queries_total"] == 0  # a decode computes no prompt
+    assert metric_values(prefill.url)["epd_prefix_cache_hit_tokens_total"] == cached
+    # the decode's own prefix cache holds turn 1's blocks too: only the blocks after them travel
+    assert metric_values(decode.url)["epd_prefix_cache_hit_tokens_total"] == cached
+    block_bytes = info(prefill)["fingerprint"]["block_bytes"]
+    prompt_blocks = -(-second["usage"]["prompt_tokens"] // BLOCK)
+    assert info(prefill)["transfer"]["bytes"] - moved == (prompt_blocks - cached // BLOCK) * block_bytes
+    assert metric_values(decode.url)["epd_kv_blocks_cached"] > 0
+
+
+def info(server) -> dict:
+    return httpx.get(f"{server.url}/server_info", timeout=10).json()
 
 
 # --- 1E1P1D ---------------------------------------------------------------------------------------

@@ -190,6 +190,11 @@ class KVRequest(_Message, frozen=True, kw_only=True):
     address and memory handle). ``prompt_tokens`` is D's prompt length; P checks that the blocks hold
     it and, once it has built its own prompt, that both lengths agree. ``decode_id`` names the D
     process in logs and timelines.
+
+    ``cached_blocks``: the prompt's first blocks D has in its own prefix cache already; ``block_ids``
+    then start at the prompt's block ``cached_blocks`` and P writes only its blocks from there. An
+    older P (no such field) finds ``block_ids`` too few for the prompt and refuses the room, so it
+    never writes into D's cached blocks.
     """
 
     room: int
@@ -198,6 +203,7 @@ class KVRequest(_Message, frozen=True, kw_only=True):
     prompt_tokens: int
     descriptor: bytes
     decode_id: str
+    cached_blocks: int = 0
 
 
 class Abort(_Message, frozen=True, kw_only=True):
@@ -336,10 +342,14 @@ def check_kv_request(req: KVRequest, mine: Fingerprint) -> str | None:
         return f"prompt_tokens must be > 0, got {req.prompt_tokens}"
     if any(b < 0 for b in req.block_ids) or len(set(req.block_ids)) != len(req.block_ids):
         return "block_ids must be distinct non-negative ints"
-    capacity = len(req.block_ids) * mine.block_size
+    if not 0 <= req.cached_blocks < -(-req.prompt_tokens // mine.block_size):
+        return (f"cached_blocks must leave the prompt's last block to write: {req.cached_blocks} of a "
+                f"{req.prompt_tokens}-token prompt's blocks of {mine.block_size} tokens")
+    capacity = (req.cached_blocks + len(req.block_ids)) * mine.block_size
     if capacity < req.prompt_tokens:
         return (
             f"decode reserved {len(req.block_ids)} blocks of {mine.block_size} tokens "
-            f"({capacity} slots) for a {req.prompt_tokens}-token prompt"
+            f"({capacity} slots{f' with {req.cached_blocks} cached' if req.cached_blocks else ''}) "
+            f"for a {req.prompt_tokens}-token prompt"
         )
     return None

@@ -24,7 +24,7 @@ from PIL import Image
 from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
 from cache.keys import image_key
 from stages.api.errors import bad_request
-from stages.api.images import ImageLimits, check_size, decode_data_url, image_size, open_image
+from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
@@ -93,17 +93,23 @@ def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[tup
     return images
 
 
-def image_sizes(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> list[tuple[int, int]]:
-    """(width, height) of every image without decoding pixels: from the file header (SIZES) or from
-    the reference (REFS). Checks the count and kinds first, and each size against the limits."""
+def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
+                mode: ImageMode) -> list[tuple[tuple[int, int], str]]:
+    """(width, height) of every image without decoding pixels, and its content key: from the file
+    header and the bytes' key (SIZES, as ``load_images``) or from the reference (REFS). Checks the
+    count and kinds first, and each size against the limits."""
     check_images(request, limits, mode)
     if mode is ImageMode.SIZES:
-        return [image_size(url, limits, param) for url, param in image_sources(request)]
-    sizes = []
+        sized = []
+        for url, param in image_sources(request):
+            data = decode_data_url(url, limits, param)
+            sized.append((header_size(data, limits, param), image_key(data, LOCAL_FINGERPRINT)))
+        return sized
+    refs = []
     for ref, param in image_refs(request):
         check_size(ref.width, ref.height, limits, param)
-        sizes.append((ref.width, ref.height))
-    return sizes
+        refs.append(((ref.width, ref.height), ref.key))
+    return refs
 
 
 def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> None:
@@ -166,8 +172,9 @@ class Preparer:
         engine, messages = self.engine, hf_messages(request)
         loaded = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
         images = [image for image, _ in loaded] if loaded is not None else None
-        sizes = [image.size for image in images] if images is not None else \
+        keyed = [(image.size, key) for image, key in loaded] if loaded is not None else \
             image_sizes(request, self.limits, self.mode)
+        sizes = [size for size, _ in keyed]
         self._check_sizes(request, sizes)
         try:
             prompt = self.prompts.build(messages, images) if images is not None else \
@@ -175,10 +182,7 @@ class Preparer:
         except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
             raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
                               "invalid_prompt") from None
-        # content keys for prefix caching: the image's bytes (pixels), the reference's key (EPD); a
-        # decode in PD mode has neither and needs none
-        prompt.image_keys = [key for _, key in loaded] if loaded is not None else \
-            [ref.key for ref, _ in image_refs(request)] if self.mode is ImageMode.REFS else None
+        prompt.image_keys = [key for _, key in keyed]  # for prefix caching: each image's content key
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
         try:
             engine.check_request(prompt, params)

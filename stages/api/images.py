@@ -43,7 +43,12 @@ def image_size(url: str, limits: ImageLimits, param: str | None = None) -> tuple
     """(width, height) of a ``data:`` URL's image from its header alone: no pixel is decoded (a
     decode server needs only the size). Same limits and errors as ``load_image``, except that a
     file whose pixel data is broken past its header is not noticed here."""
-    return _as_api_error(param, image_bytes.header_size, decode_data_url(url, limits, param), bounds(limits))
+    return header_size(decode_data_url(url, limits, param), limits, param)
+
+
+def header_size(data: bytes, limits: ImageLimits, param: str | None = None) -> tuple[int, int]:
+    """(width, height) of an image file's bytes from its header alone (see ``image_size``)."""
+    return _as_api_error(param, image_bytes.header_size, data, bounds(limits))
 
 
 def check_size(width: int, height: int, limits: ImageLimits, param: str | None = None) -> None:

@@ -201,7 +201,7 @@ class Usage(_Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails
 
 
 class AssistantMessage(_Strict):

@@ -7,6 +7,12 @@ room: it reserves KV blocks for the whole request, sends the prefill's bootstrap
 room while it holds it: a vanished prefill fails the room in seconds, a slow one is not cut), and
 hands the request to the engine, which decodes from the first token on.
 
+Prefix caching (the decode's own, ``Engine.reserve_cached``): the reservation starts with the longest
+chain of the prompt's full blocks this decode has cached (from earlier rooms: the engine registers a
+prompt's blocks once its KV has arrived); the ``KVRequest`` says how many (``cached_blocks``) and
+lists only the blocks after them, so the prefill writes only the rest. Freeing drops this room's
+references: cached blocks stay cached.
+
 If anything fails before the hand-over (rejected handshake, prefill failure or death, timeout,
 client disconnect), the request fails (a prefill's ``Rejected`` / ``KVFailed``: 502 ``peer_failed``
 carrying the prefill's ``code`` as ``peer_code`` and its ``image_key``), the room is aborted at the
@@ -105,14 +111,14 @@ class DecodeCoordinator:
                         params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
         mark = self.timeline.mark
         mark(room, "queued")
-        blocks = await self._reserve(prompt, params)
-        mark(room, "blocks_reserved", blocks=len(blocks))
+        blocks, cached = await self._reserve(prompt, params)
+        mark(room, "blocks_reserved", blocks=len(blocks), cached_blocks=cached)
         if self.faults.take("decode.exit_before_request"):
             os._exit(EXIT_CODE)
         try:
-            request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks,
+            request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks[cached:],
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
-                                decode_id=self.decode_id)
+                                decode_id=self.decode_id, cached_blocks=cached)
             await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
             ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s,
                                                  idle_timeout_s=self.config.peer_idle_timeout_s)
@@ -138,9 +144,11 @@ class DecodeCoordinator:
             mark(room, "finished", completion_tokens=last.completion_tokens,
                  finish_reason=last.finish_reason.value if last.finish_reason is not None else None)
 
-    async def _reserve(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_blocks(prompt, params),
-                                                      undo=lambda engine, blocks: engine.free_blocks(blocks)))
+    async def _reserve(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], int]:
+        """The request's blocks and how many leading ones hold the prompt's KV already (this decode's
+        prefix cache: the prefill need not send them)."""
+        call = asyncio.ensure_future(self.engine.call(lambda engine: engine.reserve_cached(prompt, params),
+                                                      undo=lambda engine, held: engine.free_blocks(held[0])))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:  # the blocks may still arrive: free them when they do
@@ -163,7 +171,7 @@ class DecodeCoordinator:
 
     def _free_when_reserved(self, done: asyncio.Future) -> None:
         if not done.cancelled() and done.exception() is None:
-            self._free_soon(done.result())
+            self._free_soon(done.result()[0])
 
     def _free_soon(self, blocks: list[int]) -> None:
         self._track(asyncio.ensure_future(self.engine.call(lambda engine: engine.free_blocks(blocks))))

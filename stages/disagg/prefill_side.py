@@ -341,7 +341,8 @@ class PrefillCoordinator:
                 f"bootstrap room {room}: the decode built a {remote.prompt_tokens}-token prompt, the prefill "
                 f"{prompt_tokens}; both must get the same request and run the same model and chat template"
             )
-        if len(remote.block_ids) < blocks_for_tokens(prompt_tokens, self.engine.engine.layout.block_size):
+        # the bootstrap server checked cached_blocks and the blocks against D's prompt length, equal to ours
+        if remote.cached_blocks + len(remote.block_ids) < blocks_for_tokens(prompt_tokens, self.engine.engine.layout.block_size):
             raise bad_gateway(f"bootstrap room {room}: the decode reserved too few blocks for {prompt_tokens} tokens")
 
     def _write(self, remote: KVRequest, blocks: list[int]) -> int:
@@ -350,7 +351,8 @@ class PrefillCoordinator:
         if self.faults.take("prefill.fail_kv_write"):
             raise TransferError("fault point prefill.fail_kv_write: the write was dropped, nothing was written")
         peer = self.backend.connect(remote.descriptor)
-        ops = block_ops(blocks, remote.block_ids[: len(blocks)], self.engine.engine.layout.block_bytes)
+        mine = blocks[remote.cached_blocks:]  # the decode has the first ones in its own prefix cache
+        ops = block_ops(mine, remote.block_ids[: len(mine)], self.engine.engine.layout.block_bytes)
         self.engine.kv_ready()  # on a GPU the forward pass that wrote them may still be running
         return self.backend.write(peer, ops)
 

@@ -133,7 +133,18 @@ class Engine:
         self.check_request(prompt, params)
         return self.allocator.allocate(self.scheduler.blocks_needed(Request("reserve", prompt, params)))
 
+    def reserve_cached(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], int]:
+        """``reserve_blocks`` from the prefix cache (a decode server's own): the longest cached chain of
+        the prompt's full blocks comes first, shared (its KV is here already), then fresh blocks.
+        Returns the blocks and how many leading ones are cached, which the prefill need not send.
+        With prefix caching off, ``(reserve_blocks(...), 0)``. Errors as ``reserve_blocks``."""
+        self.check_request(prompt, params)
+        request = Request("reserve", prompt, params, block_hashes=self._block_hashes(prompt))
+        cached = self.scheduler.reserve(request)
+        return request.blocks, cached
+
     def free_blocks(self, blocks: list[int]) -> None:
+        """Drop the caller's reference to each block (shared and cached ones stay with their other holders)."""
         self.allocator.free(blocks)
 
     def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
@@ -147,7 +158,8 @@ class Engine:
             self._check_new_id(request_id)
             self.check_request(prompt, params)
             request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
-                              rope_delta=rope_delta, num_cached_tokens=cached_tokens)
+                              rope_delta=rope_delta, num_cached_tokens=cached_tokens,
+                              block_hashes=self._block_hashes(prompt))
             if not 0 <= first_token < self.vocab_size:
                 raise ValueError(f"first token {first_token} is not in this model's vocabulary of {self.vocab_size}")
             need = self.scheduler.blocks_needed(request)
@@ -161,6 +173,7 @@ class Engine:
             raise
         self.scheduler.add_running(request)
         self._tracked[request_id] = tracked
+        self.scheduler.register(request)  # the prompt's KV is all here: later rooms may skip sending it
         output = self._append_or_fail(request, first_token)
         self.scheduler.reap()  # done already (a stop token or max_tokens=1): blocks go back now
         return output

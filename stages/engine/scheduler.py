@@ -124,15 +124,31 @@ class Scheduler:
 
     def _admit(self, request: Request, cached: list[int]) -> None:
         """Hold the request's blocks (the cached chain shared, the rest allocated) and start it past the hit."""
+        self._hold(request, cached)
+        request.num_computed = request.num_cached_tokens
+        request.advance(RequestStatus.RUNNING)
+        self.running.append(request)
+
+    def reserve(self, request: Request) -> int:
+        """Hold every block a request whose prompt KV will be written from elsewhere needs (a decode
+        server's), its longest cached chain shared; returns how many leading blocks are those (their KV
+        is here already). MemoryError, holding nothing, if the pool cannot give the rest now."""
+        cached = self.cached_blocks(request)
+        need = self.blocks_needed(request) - len(cached)
+        if not self.allocator.can_allocate(need, shared=cached):
+            raise MemoryError(f"asked for {need} KV blocks, {self.allocator.num_free} free of "
+                              f"{self.allocator.num_blocks}")
+        self._hold(request, cached)
+        return len(cached)
+
+    def _hold(self, request: Request, cached: list[int]) -> None:
         shared = self.allocator.share(cached)  # first: so that allocate cannot evict them
         request.blocks = shared + self.allocator.allocate(self.blocks_needed(request) - len(cached))
-        request.num_computed = request.num_cached_tokens = len(cached) * self.allocator.block_size
+        request.num_cached_tokens = len(cached) * self.allocator.block_size
         request.num_registered = len(cached)
         if request.block_hashes is not None:
             self.prefix_queries += request.prompt_len
             self.prefix_hit_tokens += request.num_cached_tokens
-        request.advance(RequestStatus.RUNNING)
-        self.running.append(request)
 
     def _full(self, batch: ScheduledBatch) -> bool:
         return len(batch.decodes) + len(batch.prefills) >= self.max_num_seqs
@@ -150,11 +166,11 @@ class Scheduler:
         finished in this step (in a prefill or a decode) and free their blocks. Requests still in
         chunked prefill stay running and get their next chunk next step."""
         for request in batch.prefills:
-            self._register(request)
+            self.register(request)
         self.reap()
 
-    def _register(self, request: Request) -> None:
-        """Put the request's full prompt blocks whose KV is now computed into the prefix cache's index."""
+    def register(self, request: Request) -> None:
+        """Put the request's full prompt blocks whose KV is now in the pool into the prefix cache's index."""
         if request.block_hashes is None:
             return
         full = min(request.num_computed // self.allocator.block_size, len(request.block_hashes))

@@ -70,7 +70,8 @@ class StackConfig:
     """What ``Stack`` starts. ``model``: a checkpoint directory (``ensure_model`` makes one); ``port``: the
     router's (0: any free port); ``redis_url``: epd only, an existing Redis instead of the embedded one;
     ``kv_cache_mib``: the KV pool of each server that has one (prefill, decode, colocated; None: their
-    default); ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
+    default); ``prefix_caching``: ``--prefix-caching`` or ``--no-prefix-caching`` on each of those (None:
+    their default); ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
     ``devices``: ``--device`` of every stage server (one value), or of each in start order (one per
     stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default.
     ``admin_token``: the router's admin API token (and its stages'), given to every child as
@@ -86,6 +87,7 @@ class StackConfig:
     startup_timeout_s: float = 300.0
     stop_timeout_s: float = 10.0
     kv_cache_mib: int | None = None
+    prefix_caching: bool | None = None
     stage_args: tuple[str, ...] = ()
     router: bool = True
     devices: tuple[str, ...] = ()
@@ -147,6 +149,8 @@ def stage_specs(config: StackConfig, ports: Iterator[int]) -> list[ChildSpec]:
         other: tuple[int, ...] = ()
         if role != "encoder" and config.kv_cache_mib is not None:  # the encoder has no KV pool
             flags += ["--kv-cache-mib", str(config.kv_cache_mib)]
+        if role != "encoder" and config.prefix_caching is not None:
+            flags += ["--prefix-caching" if config.prefix_caching else "--no-prefix-caching"]
         if (device := config.device_of(index)) is not None:
             flags += ["--device", device]
         if role in ("prefill", "decode"):

@@ -1,0 +1,48 @@
+"""bench/prefix_cache's pure parts: the conversation's bodies and the analysis (per turn medians,
+on / off, the goal, same texts)."""
+
+import pytest
+
+from bench.prefix_cache.analysis import per_turn, summarize
+from bench.prefix_cache.workload import QUESTIONS, TURNS, chat_body, messages
+
+
+def test_each_turn_carries_the_whole_history():
+    assert messages("data:x", []) == [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:x"}}, {"type": "text", "text": QUESTIONS[0]}]}]
+    third = messages("data:x", ["a1", "a2"])
+    assert [m["role"] for m in third] == ["user", "assistant", "user", "assistant", "user"]
+    assert [third[1]["content"], third[2]["content"], third[3]["content"], third[4]["content"]] == \
+        ["a1", QUESTIONS[1], "a2", QUESTIONS[2]]
+    body = chat_body("data:x", ["a1"], 16)
+    assert body["stream"] and body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 16
+    with pytest.raises(ValueError, match="5 turns; 5 answers given"):
+        messages("data:x", ["a"] * TURNS)
+
+
+def sample(turn: int, ttft_ms: float, cached: int = 0, text: str = "t") -> dict:
+    return {"turn": turn, "ttft_s": ttft_ms / 1e3, "prompt_tokens": 100 * turn, "cached_tokens": cached, "text": text}
+
+
+def phase(mode: str, caching: bool, conversations: list[list[dict]]) -> dict:
+    return {"mode": mode, "prefix_caching": caching, "conversations": conversations}
+
+
+def test_per_turn_pools_conversations_and_rounds():
+    turns = per_turn([phase("epd", True, [[sample(1, 100), sample(2, 30, 96)]]),
+                      phase("epd", True, [[sample(1, 300), sample(2, 10, 96)], [sample(1, 200), sample(2, 20, 96)]])])
+    assert turns == {1: {"n": 3, "ttft_ms_median": 200.0, "ttft_ms_min": 100.0, "prompt_tokens": 100, "cached_tokens": 0},
+                     2: {"n": 3, "ttft_ms_median": 20.0, "ttft_ms_min": 10.0, "prompt_tokens": 200, "cached_tokens": 96}}
+
+
+def test_summary_ratios_goal_and_same_texts():
+    on = phase("colocated", True, [[sample(t, ms, text=f"a{t}") for t, ms in ((1, 100), (2, 40), (3, 30), (4, 25))]])
+    off = phase("colocated", False, [[sample(t, 100, text=f"a{t}") for t in (1, 2, 3, 4)]])
+    s = summarize([on, off])["colocated"]
+    assert s["ratio_on_off"] == {1: 1.0, 2: 0.4, 3: 0.3, 4: 0.25}
+    assert s["worst_ratio_from_turn_3"] == 0.3 and s["goal_met"] and s["same_texts"]
+    slow = phase("colocated", True, [[sample(t, ms, text=f"a{t}") for t, ms in ((1, 100), (2, 40), (3, 31), (4, 25))]])
+    assert not summarize([slow, off])["colocated"]["goal_met"]
+    other = phase("colocated", True, [[sample(t, 10, text="b") for t in (1, 2, 3, 4)]])
+    assert not summarize([other, off])["colocated"]["same_texts"]
+    assert summarize([on]) == {}  # no off phase: nothing to compare

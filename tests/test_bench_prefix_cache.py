@@ -46,3 +46,15 @@ def test_summary_ratios_goal_and_same_texts():
     other = phase("colocated", True, [[sample(t, 10, text="b") for t in (1, 2, 3, 4)]])
     assert not summarize([other, off])["colocated"]["same_texts"]
     assert summarize([on]) == {}  # no off phase: nothing to compare
+
+
+def test_epd_samples_give_the_prefills_forward_pass_on_off():
+    def forward(turn: int, ttft_ms: float, prefill_ms: float | None) -> dict:
+        return {**sample(turn, ttft_ms), "prefill_s": None if prefill_ms is None else prefill_ms / 1e3}
+
+    on = phase("epd", True, [[forward(1, 900, 300), forward(2, 150, 60)], [forward(1, 800, None), forward(2, 140, 40)]])
+    off = phase("epd", False, [[forward(1, 900, 300), forward(2, 400, 300)]])
+    s = summarize([on, off])["epd"]
+    assert s["on"][2]["prefill_ms_median"] == 50.0 and s["on"][1]["prefill_ms_median"] == 300.0
+    assert s["prefill_ratio_on_off"] == {1: 1.0, 2: 0.167} and s["ratio_on_off"] == {1: 0.944, 2: 0.362}
+    assert "prefill_ms_median" not in per_turn([phase("colocated", True, [[sample(1, 10)]])])[1]

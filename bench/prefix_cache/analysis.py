@@ -18,12 +18,17 @@ def per_turn(phases: list[dict]) -> dict[int, dict]:
         for samples in phase["conversations"]:
             for sample in samples:
                 by_turn.setdefault(sample["turn"], []).append(sample)
-    return {turn: {"n": len(samples),
-                   "ttft_ms_median": round(1e3 * statistics.median(s["ttft_s"] for s in samples), 2),
-                   "ttft_ms_min": round(1e3 * min(s["ttft_s"] for s in samples), 2),
-                   "prompt_tokens": statistics.median(s["prompt_tokens"] for s in samples),
-                   "cached_tokens": statistics.median(s["cached_tokens"] for s in samples)}
-            for turn, samples in sorted(by_turn.items())}
+    out = {}
+    for turn, samples in sorted(by_turn.items()):
+        out[turn] = {"n": len(samples),
+                     "ttft_ms_median": round(1e3 * statistics.median(s["ttft_s"] for s in samples), 2),
+                     "ttft_ms_min": round(1e3 * min(s["ttft_s"] for s in samples), 2),
+                     "prompt_tokens": statistics.median(s["prompt_tokens"] for s in samples),
+                     "cached_tokens": statistics.median(s["cached_tokens"] for s in samples)}
+        prefill = [s["prefill_s"] for s in samples if s.get("prefill_s") is not None]
+        if prefill:  # epd: the prefill's forward pass alone (its room timeline)
+            out[turn]["prefill_ms_median"] = round(1e3 * statistics.median(prefill), 2)
+    return out
 
 
 def texts(phases: list[dict]) -> list[list[str]]:
@@ -43,8 +48,10 @@ def summarize(phases: list[dict]) -> dict[str, dict]:
         turns_on, turns_off = per_turn(on), per_turn(off)
         ratios = {turn: round(turns_on[turn]["ttft_ms_median"] / turns_off[turn]["ttft_ms_median"], 3)
                   for turn in turns_on if turn in turns_off}
+        prefill = {turn: round(turns_on[turn]["prefill_ms_median"] / turns_off[turn]["prefill_ms_median"], 3)
+                   for turn in ratios if "prefill_ms_median" in turns_on[turn] and "prefill_ms_median" in turns_off[turn]}
         late = [r for turn, r in ratios.items() if turn >= GOAL_FROM_TURN]
-        out[mode] = {"on": turns_on, "off": turns_off, "ratio_on_off": ratios,
+        out[mode] = {"on": turns_on, "off": turns_off, "ratio_on_off": ratios, "prefill_ratio_on_off": prefill,
                      "worst_ratio_from_turn_3": max(late) if late else None,
                      "goal_met": bool(late) and max(late) <= GOAL_RATIO,
                      "same_texts": texts(on) == texts(off)}

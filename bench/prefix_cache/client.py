@@ -17,6 +17,7 @@ async def stream_chat(client, url: str, body: dict) -> dict:
         if response.status_code != 200:
             await response.aread()
             raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:500]}")
+        room = response.headers.get("x-epd-room")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -32,12 +33,24 @@ async def stream_chat(client, url: str, body: dict) -> dict:
         raise RuntimeError(f"{url}: the stream carried no content or no usage")
     return {"ttft_s": first_content, "total_s": time.perf_counter() - t0, "text": "".join(pieces),
             "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "room": int(room) if room else None}
+
+
+async def prefill_seconds(client, prefill_url: str, room: int) -> float | None:
+    """The prefill's forward pass of ``room`` (its timeline: ``prefilled`` - ``embeddings_ready``), in s."""
+    response = await client.get(f"{prefill_url}/rooms/{room}")
+    if response.status_code != 200:
+        return None
+    at = {event["event"]: event["t"] for event in response.json()["events"]}
+    start = at.get("embeddings_ready", at.get("paired"))
+    return at["prefilled"] - start if "prefilled" in at and start is not None else None
 
 
 async def conversation(url: str, image_url: str, max_tokens: int, gap_s: float, timeout_s: float,
-                       turns: int = TURNS) -> list[dict]:
-    """``turns`` turns of one conversation, one request at a time; each turn's sample."""
+                       turns: int = TURNS, prefill_url: str | None = None) -> list[dict]:
+    """``turns`` turns of one conversation, one request at a time; each turn's sample (with the
+    prefill's forward-pass time from its room timeline, given ``prefill_url``)."""
     import httpx
 
     answers: list[str] = []
@@ -46,6 +59,8 @@ async def conversation(url: str, image_url: str, max_tokens: int, gap_s: float, 
         for turn in range(1, turns + 1):
             await asyncio.sleep(gap_s)
             sample = await stream_chat(client, url, chat_body(image_url, answers, max_tokens))
+            if prefill_url is not None and sample["room"] is not None:
+                sample["prefill_s"] = await prefill_seconds(client, prefill_url, sample["room"])
             samples.append({"turn": turn, **sample})
             answers.append(sample["text"])
     return samples

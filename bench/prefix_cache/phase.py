@@ -32,9 +32,12 @@ def run_phase(mode: str, caching: bool, args: Namespace, model: Path, out: Path,
         startup_s = time.perf_counter() - started
         print(f"[{name} r{round_index}] healthy after {startup_s:.1f} s; load {loadavg()}", flush=True)
 
+        prefill = stack.urls().get("prefill")
+
         def talk(index: int, turns: int) -> list[dict]:
             url = image_url(make_image(index, args.image_size))
-            return asyncio.run(conversation(stack.url, url, args.max_tokens, args.gap_s, args.request_timeout, turns))
+            return asyncio.run(conversation(stack.url, url, args.max_tokens, args.gap_s, args.request_timeout, turns,
+                                            prefill))
 
         talk(WARMUP_IMAGE + round_index, 2)
         conversations = [talk(index, args.turns) for index in range(args.conversations)]

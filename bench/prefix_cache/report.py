@@ -14,6 +14,8 @@ def figures(summary: dict[str, dict]) -> list[Figure]:
     out = []
     for mode, s in summary.items():
         out += [Figure(f"{mode}: turn {turn} TTFT on / off", ratio, "x") for turn, ratio in s["ratio_on_off"].items()]
+        out += [Figure(f"{mode}: turn {turn} prefill forward pass on / off", ratio, "x")
+                for turn, ratio in s["prefill_ratio_on_off"].items()]
         out.append(Figure(f"{mode}: worst TTFT on / off, turns {GOAL_FROM_TURN}+ (goal <= {GOAL_RATIO})",
                           s["worst_ratio_from_turn_3"], "x"))
         for side in ("on", "off"):
@@ -23,16 +25,20 @@ def figures(summary: dict[str, dict]) -> list[Figure]:
 
 
 def print_table(summary: dict[str, dict]) -> None:
-    print_header(f"{'mode':<11}{'turn':>5}{'prompt':>8}{'cached':>8}{'TTFT on':>10}{'TTFT off':>10}{'on/off':>8}")
+    print_header(f"{'mode':<11}{'turn':>5}{'prompt':>8}{'cached':>8}{'TTFT on':>10}{'TTFT off':>10}{'on/off':>8}"
+                 f"{'P fwd on':>10}{'P fwd off':>10}{'on/off':>8}")
     for mode, s in summary.items():
         for turn, ratio in s["ratio_on_off"].items():
             on, off = s["on"][turn], s["off"][turn]
+            forward = (f"{on['prefill_ms_median']:>10.1f}{off['prefill_ms_median']:>10.1f}"
+                       f"{s['prefill_ratio_on_off'][turn]:>7.2f}x") if turn in s["prefill_ratio_on_off"] else ""
             print(f"{mode:<11}{turn:>5}{on['prompt_tokens']:>8.0f}{on['cached_tokens']:>8.0f}"
-                  f"{on['ttft_ms_median']:>10.1f}{off['ttft_ms_median']:>10.1f}{ratio:>7.2f}x")
+                  f"{on['ttft_ms_median']:>10.1f}{off['ttft_ms_median']:>10.1f}{ratio:>7.2f}x{forward}")
         print(f"{mode}: worst on/off from turn {GOAL_FROM_TURN}: {s['worst_ratio_from_turn_3']}x (goal <= {GOAL_RATIO}: "
               f"{'met' if s['goal_met'] else 'NOT met'}); same texts on and off: {'yes' if s['same_texts'] else 'NO'}")
         print()
-    print("TTFT in ms (medians): send -> first SSE chunk with content, through the router")
+    print("TTFT in ms (medians): send -> first SSE chunk with content, through the router; P fwd (epd): the "
+          "prefill's forward pass, its room timeline's prefilled - embeddings_ready")
 
 
 def plot(summary: dict[str, dict], path: Path, title: str) -> None:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.chunked_prefill.analysis import GOAL_RATIO, goal, load_stats, lone_stats, pool, problems, ratios, tpot
+from bench.chunked_prefill.analysis import (GOAL_RATIO, goal, load_stats, lone_stats, pool, problems, ratios,
+                                            replay_ratios, tpot, tpot_and_gaps)
 from bench.chunked_prefill.report import figures
 from bench.chunked_prefill.workload import HEAD, body, stream_payload, variant
 from bench.common.record import problems as summary_problems
@@ -69,6 +70,17 @@ def test_rounds_pool_and_load_stats_count_every_stream_request():
     assert stats["median_arrival_ttft_ms"] == 500.0 and stats["arrival_prompt_tokens"] == [2000, None]
 
 
+def test_a_replay_gives_tpot_and_gaps_from_its_stamps_and_ratios_over_alone():
+    replay = {"streams": [[[0.0, 0.1, 0.2, 0.3]], [[0.0, 0.1, 0.5, 0.6], [0.6, 0.7]]], "longs": [(2.0, 2.8)],
+              "clock_s": 21.234}
+    stats = tpot_and_gaps(replay)  # the one-token request has no TPOT
+    assert (stats["stream_requests"], stats["median_tpot_ms"], stats["max_itl_ms"]) == (2, 175.0, 400.0)
+    assert (stats["arrivals"], stats["median_arrival_ttft_ms"], stats["clock_s"]) == (1, 800.0, 21.23)
+    assert replay_ratios({"alone": {"p99_tpot_ms": 20.0, "p99_itl_ms": 25.0},
+                          "chunked": {"p99_tpot_ms": 30.0, "p99_itl_ms": 100.0}}) == \
+        {"chunked": {"tpot_p99": 1.5, "itl_p99": 4.0}}
+
+
 def test_lone_stats_leave_the_warmup_out():
     stats = lone_stats([ok(5.0, 4.0, 8), ok(1.0, 0.6, 8), ok(1.0, 0.8, 8)])
     assert (stats["requests"], stats["failed"], stats["ttft_ms_median"], stats["ttft_ms_min"]) == (2, 0, 700.0, 600.0)
@@ -93,9 +105,11 @@ def test_figures_put_the_goal_ratio_first_among_ratios():
     phases = {"alone": phase(30.0, 40.0, arrivals=0), "unchunked": phase(66.0, 800.0, lone_ms=800.0),
               "chunked": phase(54.0, 120.0, lone_ms=880.0)}
     costs = [{"budget": 256, "chunk_over_decode": 3.5, "prefill_ms": 800.0}]
-    names = [(f.name, f.value, f.unit) for f in figures(phases, ratios(phases), costs)]
+    names = [(f.name, f.value, f.unit) for f in figures(phases, ratios(phases), costs, {"chunked": {"tpot_p99": 1.2,
+                                                                                                "itl_p99": 3.0}})]
     assert names[3] == ("TPOT p99 chunked / alone (goal 2x)", 1.8, "x")
     assert ("lone long prompt TTFT chunked / unchunked", 1.1, "x") in names
+    assert ("replay (engine CPU clock): TPOT p99 chunked / alone", 1.2, "x") in names
     assert names[-2:] == [("engine, budget 256: step with a chunk / decode step", 3.5, "x"),
                           ("engine, budget 256: long prompt prefill", 800.0, "ms")]
 
@@ -106,7 +120,7 @@ def test_a_short_real_run_on_the_tiny_model(tmp_path):
         [sys.executable, "-m", "bench.chunked_prefill", "--model-dir", str(model_dir("qwen2_vl")), "--streams", "2",
          "--stream-tokens", "6", "--duration-s", "2.5", "--period-s", "0.8", "--long-tokens", "200",
          "--long-max-tokens", "2", "--sweep", "", "--cost-budgets", "64,512", "--lone-requests", "1",
-         "--unchunked", "4096", "--rounds", "1", "--startup-timeout", "120", "--request-timeout", "60", "--out", str(out),
+         "--unchunked", "4096", "--rounds", "1", "--replay-s", "1.5", "--startup-timeout", "120", "--request-timeout", "60", "--out", str(out),
          "--summary-dir", str(tmp_path / "summaries")],
         cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -124,6 +138,9 @@ def test_a_short_real_run_on_the_tiny_model(tmp_path):
     small, large = rep["engine_step_costs"]
     assert small["chunk_steps"] > large["chunk_steps"] == 1 and small["decode_step_ms"] > 0
     assert set(rep["ratios_vs_alone"]) == {"chunked", "unchunked"} and rep["goal"]["value"] > 0
+    assert list(rep["replay"]["phases"]) == ["alone", "chunked", "unchunked"]
+    assert rep["replay"]["phases"]["alone"]["arrivals"] == 0 < rep["replay"]["phases"]["chunked"]["arrivals"]
+    assert all(p["stream_requests"] > 0 and p["p99_tpot_ms"] > 0 for p in rep["replay"]["phases"].values())
     assert out.with_suffix(".png").stat().st_size > 0
     written = list((tmp_path / "summaries").iterdir())
     assert len(written) == 1 and written[0].name.startswith("chunked_prefill--")

@@ -50,6 +50,27 @@ def load_stats(result: dict) -> dict:
             **latency_stats("arrival_ttft", long_ttft), "wall_s": result["wall_s"]}
 
 
+def tpot_and_gaps(replay: dict) -> dict:
+    """The figures of an engine replay (``replay.run``): each stream request's stamps ``[sent, token,
+    token, ...]`` give its TPOT (last - first token over tokens - 1) and its gaps (ITL, pooled); the long
+    prompts' ``(sent, first token)`` their TTFT; seconds of the engine's CPU clock, in ms."""
+    requests = [stamps[1:] for outcomes in replay["streams"] for stamps in outcomes if len(stamps) > 2]
+    tpots = [(tokens[-1] - tokens[0]) / (len(tokens) - 1) for tokens in requests]
+    gaps = [b - a for tokens in requests for a, b in zip(tokens, tokens[1:])]
+    return {"stream_requests": len(requests), **latency_stats("tpot", tpots), **latency_stats("itl", gaps),
+            "max_itl_ms": _max_ms(gaps), "arrivals": len(replay["longs"]),
+            **latency_stats("arrival_ttft", [first - sent for sent, first in replay["longs"]]),
+            "clock_s": round(replay["clock_s"], 2)}
+
+
+def replay_ratios(phases: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+    """Each replayed phase with arrivals over the replayed baseline: TPOT p99 and ITL p99."""
+    base = phases[BASELINE]
+    return {name: {"tpot_p99": ratio(p["p99_tpot_ms"], base["p99_tpot_ms"]),
+                   "itl_p99": ratio(p["p99_itl_ms"], base["p99_itl_ms"])}
+            for name, p in phases.items() if name != BASELINE}
+
+
 def lone_stats(outcomes: list[Outcome]) -> dict:
     """A lone long prompt's TTFT over its requests (the first is a warm-up, left out): median, min, all."""
     timed = [o for o in outcomes[1:] if o.ok and o.ttft is not None]

@@ -26,7 +26,8 @@ POINTS: dict[str, str] = {
     "prefill.receive_loop_crash": "the prefill's bootstrap receive loop raises RuntimeError and dies",
     "decode.exit_before_request": "the decode process exits (code 17) after reserving blocks, before asking for KV",
     "engine.thread_crash": "the engine thread raises RuntimeError between steps and dies",
-    "engine.stall": "the engine thread sleeps delay_s before its next step",
+    "engine.stall": "the engine thread sleeps delay_s before its next step that has work (a request to run); "
+                    "an idle engine leaves it armed, so the stall starts with the work it delays",
     "http.crash": "the next chat or encode request raises RuntimeError once its body is parsed: an unexpected "
                   "exception, answered 500 internal_error on a connection that stays open",
     "stream.slow_token": "each output of a chat stream (decode, colocated) is held delay_s before it is sent, one "
@@ -84,16 +85,17 @@ class Faults:
             return [{"point": f.point, "times": f.times, "delay_s": f.delay_s} for f in self._armed.values()]
 
 
-def engine_hook(faults: Faults) -> Callable[[], None] | None:
+def engine_hook(faults: Faults) -> Callable[[bool], None] | None:
     """The ``before_step`` hook of a server's ``AsyncEngine`` (None with fault points off): runs the
-    ``engine.*`` points on the engine thread, which calls it before each step and while idle."""
+    ``engine.*`` points on the engine thread, which calls it before each step (``busy``) and while
+    idle. A crash may come either way; a stall only before a step, so it delays work that is there."""
     if not faults.enabled:
         return None
 
-    def before_step() -> None:
+    def before_step(busy: bool) -> None:
         if faults.take("engine.thread_crash"):
             raise RuntimeError("fault point engine.thread_crash")
-        stall = faults.take("engine.stall")
+        stall = faults.take("engine.stall") if busy else None
         if stall is not None:
             time.sleep(stall.delay_s)
 

@@ -40,7 +40,7 @@ class Hook:
         self.hold, self.holding, self.crash = threading.Event(), threading.Event(), threading.Event()
         self.release = threading.Event()
 
-    def __call__(self) -> None:
+    def __call__(self, busy: bool) -> None:
         if self.hold.is_set():
             self.holding.set()
             self.release.wait(10)

@@ -16,7 +16,8 @@ has the image after turn 1) but still sends the decode the whole prompt's KV.
 TTFT = time from sending the request to the first SSE chunk with non-empty content, through the
 router. Per phase: one untimed two-turn warm-up conversation, then ``--conversations`` (4)
 conversations one turn at a time with ``--gap-s`` idle before each request. Phases one after another,
-never at once: colocated on, colocated off, epd on, epd off; ``--rounds`` (2) times, samples pooled.
+never at once: colocated on, colocated off, epd on, epd off (on and off swapped in even rounds, so
+neither always runs first); ``--rounds`` (2) times, samples pooled.
 Per mode and turn: TTFT median on / off (the goal: turns 3-5 at or under 0.3x), the cached tokens,
 and whether on and off answered every turn with the same text (greedy: they must). For epd also the
 prefill's forward pass alone (its room timeline, ``GET /rooms/{room}``: ``prefilled`` -

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = []
     for round_index in range(1, args.rounds + 1):
         for mode in modes:
-            for caching in (True, False):
+            for caching in (True, False) if round_index % 2 else (False, True):  # each order once in two rounds
                 print(f"--- round {round_index}/{args.rounds}: {mode}, prefix caching {'on' if caching else 'off'}",
                       flush=True)
                 phases.append(run_phase(mode, caching, args, model, out, round_index))

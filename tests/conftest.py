@@ -48,6 +48,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(4, len(os.sched_getaffinity(0)) + 1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a ``slow`` test first (the container image: its build alone takes minutes on one
+    worker), then the rest with the most tests first (xdist's own order, which pyproject turns off so
+    that this one is used). Started last, a slow file runs alone on one worker after the others have
+    finished; started first, it overlaps them."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    per_file: dict[Path, int] = {}
+    for item in items:
+        per_file[item.path] = per_file.get(item.path, 0) + 1
+    items.sort(key=lambda item: (item.path not in slow, -per_file[item.path]))  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Callable[[str], Path]:
     from tests.generated_models import model_dir

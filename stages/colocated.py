@@ -48,6 +48,6 @@ def build(config: ServerConfig) -> FastAPI:
         stats = async_engine.stats()
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
                 **model_info(engine.adapter, images="pixels"), "limits": limits_info(config, engine.max_model_len, prompts.chars_per_token),
-                "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total}}
+                "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached}}
 
     return app

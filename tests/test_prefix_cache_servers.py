@@ -125,6 +125,7 @@ def test_colocated_second_turn_hits_the_first(colocated, reference):
     assert values["epd_prefix_cache_queries_total"] == len(ids_1) + 2 * len(ids_2)
     assert values["epd_prefix_cache_hit_tokens_total"] == second["usage"]["prompt_tokens_details"]["cached_tokens"] + again
     assert values["epd_kv_blocks_used"] == 0 and values["epd_kv_blocks_cached"] >= len(ids_2) // BLOCK
+    assert info(colocated)["kv_blocks"]["cached"] == values["epd_kv_blocks_cached"]
 
 
 # --- 1P1D -----------------------------------------------------------------------------------------

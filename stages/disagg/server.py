@@ -190,7 +190,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "model_path": config.engine.model,
         "transfer_backend": disagg.transfer,
         "fingerprint": dataclasses.asdict(runtime.fingerprint),
-        "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
+        "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
         "transfer": dataclasses.asdict(runtime.backend.stats),
         "group": disagg.group,
         **model_info(runtime.prompts.adapter, mode.value),

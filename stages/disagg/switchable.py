@@ -179,7 +179,7 @@ def build(config: ServerConfig) -> FastAPI:
             return {"role": None, "switchable": True, "roles": list(ROLES), "model": config.model_name,
                     "transfer_backend": disagg.transfer, "group": disagg.group,
                     "fingerprint": dataclasses.asdict(runtime.fingerprint),
-                    "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total},
+                    "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
                     "instance_id": instance_id()}
         mode = ImageMode.PIXELS if isinstance(coordinator, PrefillCoordinator) else ImageMode.SIZES
         return {**stage_info(config, runtime, coordinator, mode), "switchable": True, "roles": list(ROLES)}

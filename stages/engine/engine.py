@@ -2,13 +2,20 @@
 
 Requests come in through ``add_request`` (prompts to prefill; with ``hand_off``, a prefill server's
 requests, which stop after the first token and hand their blocks over) and ``add_prefilled`` (a
-decode server's requests, whose prompt KV was written into blocks from ``reserve_blocks``).
-``step()`` runs them: schedule, encode new images, one packed forward pass over prefills and decodes
-together, sample, detokenize, finish. The servers call it in a loop (see ``AsyncEngine``).
+decode server's requests, whose prompt KV was written into blocks from ``reserve_blocks`` or
+``reserve_cached``). ``step()`` runs them: schedule, encode new images, one packed forward pass over
+prefills and decodes together, sample, detokenize, finish. The servers call it in a loop (see
+``AsyncEngine``).
+
+Prefix caching (``EngineConfig.prefix_caching``): a prompt's full blocks are hashed on admission
+(``prefix_cache.block_hashes``) and the scheduler starts it past its longest cached chain; a
+decode's ``add_prefilled`` registers the prompt's blocks that arrived, and ``reserve_cached`` starts
+a later reservation from them. ``free_blocks`` drops the caller's references (shared blocks stay
+with their other holders, cached ones stay cached).
 
 Failure contract:
 
-- admission is all-or-nothing: ``add_request``, ``add_prefilled`` and ``reserve_blocks`` either
+- admission is all-or-nothing: ``add_request``, ``add_prefilled`` and ``reserve_blocks`` / ``reserve_cached`` either
   succeed or raise leaving no trace (no scheduler entry, no per-request state, no blocks held);
 - one request's failure is its own: a request whose images cannot be encoded, whose own forward
   pass raises, or whose logits cannot be sampled with its parameters is finished with an error,

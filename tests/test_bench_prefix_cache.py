@@ -58,3 +58,19 @@ def test_epd_samples_give_the_prefills_forward_pass_on_off():
     assert s["on"][2]["prefill_ms_median"] == 50.0 and s["on"][1]["prefill_ms_median"] == 300.0
     assert s["prefill_ratio_on_off"] == {1: 1.0, 2: 0.167} and s["ratio_on_off"] == {1: 0.944, 2: 0.362}
     assert "prefill_ms_median" not in per_turn([phase("colocated", True, [[sample(1, 10)]])])[1]
+
+
+def test_the_summarys_figures():
+    from bench.prefix_cache.report import figures
+
+    on = phase("epd", True, [[{**sample(t, 50), "prefill_s": 0.02} for t in (1, 2, 3)]])
+    off = phase("epd", False, [[{**sample(t, 100), "prefill_s": 0.08} for t in (1, 2, 3)]])
+    names = [(f.name, f.value, f.unit) for f in figures(summarize([on, off]))]
+    assert names == [("epd: turn 1 TTFT on / off", 0.5, "x"), ("epd: turn 2 TTFT on / off", 0.5, "x"),
+                     ("epd: turn 3 TTFT on / off", 0.5, "x"),
+                     ("epd: worst TTFT on / off, turns 3+ (goal <= 0.3)", 0.5, "x"),
+                     ("epd: turn 3 TTFT p50, prefix caching on", 50.0, "ms"),
+                     ("epd: turn 3 TTFT p50, prefix caching off", 100.0, "ms"),
+                     ("epd: turn 1 prefill forward pass on / off", 0.25, "x"),
+                     ("epd: turn 2 prefill forward pass on / off", 0.25, "x"),
+                     ("epd: turn 3 prefill forward pass on / off", 0.25, "x")]

@@ -10,17 +10,19 @@ from bench.prefix_cache.analysis import GOAL_FROM_TURN, GOAL_RATIO
 
 
 def figures(summary: dict[str, dict]) -> list[Figure]:
-    """Per mode: each turn's TTFT on / off, the worst from turn 3, each turn's median TTFT on and off."""
+    """Per mode: each turn's TTFT on / off, the worst from turn 3, the last turn's median TTFT on and
+    off; for epd the prefill's forward pass on / off per turn."""
     out = []
     for mode, s in summary.items():
         out += [Figure(f"{mode}: turn {turn} TTFT on / off", ratio, "x") for turn, ratio in s["ratio_on_off"].items()]
-        out += [Figure(f"{mode}: turn {turn} prefill forward pass on / off", ratio, "x")
-                for turn, ratio in s["prefill_ratio_on_off"].items()]
         out.append(Figure(f"{mode}: worst TTFT on / off, turns {GOAL_FROM_TURN}+ (goal <= {GOAL_RATIO})",
                           s["worst_ratio_from_turn_3"], "x"))
-        for side in ("on", "off"):
-            out += [Figure(f"{mode}: turn {turn} TTFT p50, prefix caching {side}", t["ttft_ms_median"], "ms")
-                    for turn, t in s[side].items()]
+        last = max(s["ratio_on_off"], default=None)
+        if last is not None:
+            out += [Figure(f"{mode}: turn {last} TTFT p50, prefix caching {side}", s[side][last]["ttft_ms_median"], "ms")
+                    for side in ("on", "off")]
+        out += [Figure(f"{mode}: turn {turn} prefill forward pass on / off", ratio, "x")
+                for turn, ratio in s["prefill_ratio_on_off"].items()]
     return out
 
 

@@ -31,7 +31,8 @@ def chunk_costs(model_dir: Path, budgets: list[int], text: str, streams: int, th
         rows.append(step_costs(engine, builder, budget, text, streams))
         print(f"budget {budget:>6}: decode step {rows[-1]['decode_step_ms']:.1f} ms, {rows[-1]['chunk_steps']} chunk "
               f"step(s) of {rows[-1]['chunk_step_ms']:.1f} ms ({rows[-1]['chunk_over_decode']}x), prompt "
-              f"{rows[-1]['prefill_ms']:.0f} ms; load {loadavg()}", flush=True)
+              f"{rows[-1]['prefill_ms']:.0f} ms; in CPU time {rows[-1]['chunk_over_decode_cpu']}x and "
+              f"{rows[-1]['prefill_cpu_ms']:.0f} ms; load {loadavg()}", flush=True)
         del engine
     return rows
 

@@ -22,6 +22,7 @@ from tests.hf_reference import hf_greedy, hf_inputs, load_reference, random_imag
 
 STEPS = 8
 BUDGET = 16  # --max-batched-tokens of the chunked engine: every prompt below takes several chunks
+WHOLE = 4096  # --max-batched-tokens of the reference engine: every prompt below is one step
 # name -> (images' sizes, filler words): 0, 1 and 3 images
 PROMPTS = {
     "text": ([], 40),
@@ -73,7 +74,8 @@ def engines(request):
     # prefix caching off: these count chunks from the prompt's start (tests/test_prefix_cache_engine.py has it on)
     chunked, builder = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE,
                                                 max_batched_tokens=BUDGET, prefix_caching=False), pixels=True)
-    whole, _ = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE, prefix_caching=False),
+    whole, _ = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE, max_batched_tokens=WHOLE,
+                                        prefix_caching=False),
                            pixels=True)
     return chunked, whole, builder, load_reference(path)
 

@@ -10,7 +10,7 @@ import torch
 
 from stages.cli import build_parser, main
 from stages.cli.serve import server_config
-from stages.engine.config import EngineConfig, resolve_device
+from stages.engine.config import BATCHED_TOKENS, EngineConfig, resolve_device
 from stages.launch.stack import StackConfig, stage_specs
 
 
@@ -74,3 +74,13 @@ def test_stage_up_gives_each_stage_its_device():
         StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="pd", devices=("cuda:0", "cuda:1", "cuda:2"))
     with pytest.raises(ValueError, match="--device must be"):
         StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="pd", devices=("gpu0",))
+
+
+def test_max_batched_tokens_defaults_to_the_devices_budget_and_is_validated():
+    assert EngineConfig(model="/m").max_batched_tokens is None
+    assert EngineConfig(model="/m", device="cpu").batched_tokens == BATCHED_TOKENS["cpu"] == 256
+    assert EngineConfig(model="/m", device="cpu", max_batched_tokens=8192).batched_tokens == 8192
+    expected = BATCHED_TOKENS["cuda" if torch.cuda.is_available() else "cpu"]
+    assert EngineConfig(model="/m", device="auto").batched_tokens == expected
+    with pytest.raises(ValueError, match=r"^--max-batched-tokens must be > 0, got 0$"):
+        EngineConfig(model="/m", max_batched_tokens=0)

@@ -44,7 +44,9 @@ def run_alone(engine: Engine, request_id: str, prompt, params) -> list[int]:
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def engine_and_reference(request):
     path = model_dir(request.param)
-    engine, prompts = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE), pixels=True)
+    # a budget that holds the sixteen batched prompts of one test in one step (the per-device default may chunk them)
+    engine, prompts = load_engine(EngineConfig(model=str(path), kv_cache_mib=32, device=DEVICE, max_batched_tokens=8192),
+                                  pixels=True)
     return engine, prompts, load_reference(path)
 
 

@@ -172,7 +172,7 @@ def test_an_aborted_requests_completed_blocks_are_hit(engines):
         assert on.allocator.num_used == 0
         retry = run(on, "retry", build(builder, turns, [1]))
     finally:
-        on.scheduler.max_batched_tokens = on.config.max_batched_tokens
+        on.scheduler.max_batched_tokens = on.config.batched_tokens
     assert retry.num_cached_tokens == request.num_computed  # every block the aborted chunk completed
     if not on_gpu():
         assert retry.output_ids == run(off, "retry", build(builder, turns, [1])).output_ids

@@ -22,7 +22,7 @@ from cache.config import MIB, CacheConfig
 from cache.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig)
-from stages.engine.config import DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
+from stages.engine.config import BATCHED_TOKENS, DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
 from stages.model_dir import check_model_dir
 from transfer.base import TransferConfig
 
@@ -63,7 +63,9 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     g.add_argument("--block-size", type=int, default=d["block_size"], help="tokens per KV block")
     g.add_argument("--kv-cache-mib", type=int, default=d["kv_cache_mib"], help="KV pool size")
     g.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="requests per batch")
-    g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"], help="tokens per step")
+    g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"],
+                   help="tokens per step (a decode counts one; longer prompts are prefilled in chunks); None: "
+                        f"{BATCHED_TOKENS['cpu']} on a CPU, {BATCHED_TOKENS['cuda']} on a GPU")
     g.add_argument("--max-model-len", type=int, default=d["max_model_len"],
                    help="context length; None: the model's max_position_embeddings")
     g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],

@@ -16,6 +16,10 @@ DEVICE_HELP = "auto (cuda:0 when torch sees a GPU, else cpu), cpu, cuda (= cuda:
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 VISION, TEXT = "vision", "text"  # the halves of a model (see stages/engine/models/base.py)
 PARTS = (VISION, TEXT)
+# --max-batched-tokens when none is given, by device type (EngineConfig.batched_tokens). A CPU: 8 decodes beside a
+# 248-token chunk cost ~3-4 decode steps, a 2k prompt ~12% more than in one step; TPOT p99 of 8 streams with a
+# 2k prompt every 2 s was lowest there (bench/chunked_prefill, bench/README.md). A GPU: vLLM V1's online default.
+BATCHED_TOKENS = {"cpu": 256, "cuda": 2048}
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_mib: int = 512
     max_num_seqs: int = 64
-    max_batched_tokens: int = 8192
+    max_batched_tokens: int | None = None  # tokens per step; None: BATCHED_TOKENS of the device (batched_tokens)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     threads: int = 1
     seed: int = 0
@@ -38,7 +42,7 @@ class EngineConfig:
             raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         check_device(self.device)
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if not self.parts or not set(self.parts) <= set(PARTS):
             raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {self.parts}")
@@ -46,6 +50,11 @@ class EngineConfig:
             raise ValueError(f"--prefix-caching must be a bool, got {self.prefix_caching!r}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"--max-model-len must be > 1, got {self.max_model_len}")
+
+    @property
+    def batched_tokens(self) -> int:
+        """``max_batched_tokens``, or ``BATCHED_TOKENS`` of the device it resolves to. Imports torch."""
+        return self.max_batched_tokens or BATCHED_TOKENS[self.torch_device.type]
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -102,7 +102,7 @@ class Engine:
         )
         self.pool = KVPool(self.layout, self.device)
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batched_tokens)
+        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.batched_tokens)
         self.runner = ModelRunner(self.adapter, self.pool)
         self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
 

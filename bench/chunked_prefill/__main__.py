@@ -132,7 +132,7 @@ def default_budget(device: str) -> int:
     """The servers' --max-batched-tokens when the flag is not given."""
     from stages.engine.config import EngineConfig
 
-    return EngineConfig(model="-", device=device).max_batched_tokens
+    return EngineConfig(model="-", device=device).batched_tokens
 
 
 if __name__ == "__main__":

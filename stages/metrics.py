@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from transfer.base import TransferStats
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+PREEMPTION_KINDS = ("recompute", "swap")  # stages.engine.request.Preemption's values
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -55,8 +56,14 @@ class Metrics:
         self.prefix_hit_tokens = Counter("epd_prefix_cache_hit_tokens", "Prefix cache: prompt tokens whose KV was "
                                          "found cached (not computed).", registry=r)
         self._prefix_seen = (0, 0)  # the engine's counts at the last refresh
+        self.preemptions = Counter("epd_preemptions", "Requests preempted when the KV pool ran dry, by what "
+                                   "happened to their KV: recompute (prefilled again) or swap (to host memory).",
+                                   ["kind"], registry=r)
+        self._preemptions_seen = {kind: 0 for kind in PREEMPTION_KINDS}
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)
+        for kind in PREEMPTION_KINDS:
+            self.preemptions.labels(kind=kind)
 
     def watch_transfer(self, backend: str, stats: Callable[[], TransferStats]) -> None:
         """Export a transfer backend's counters (read at scrape time) as epd_kv_transfer_* gauges."""
@@ -81,6 +88,9 @@ class Metrics:
         self.prefix_queries.inc(max(0, stats.prefix_queries - queries))  # the engine counts; the counters follow
         self.prefix_hit_tokens.inc(max(0, stats.prefix_hit_tokens - hits))
         self._prefix_seen = (max(queries, stats.prefix_queries), max(hits, stats.prefix_hit_tokens))
+        for kind, count in stats.preemptions.items():  # the engine counts; the counter catches up at scrape
+            self.preemptions.labels(kind=kind).inc(count - self._preemptions_seen.get(kind, 0))
+            self._preemptions_seen[kind] = count
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

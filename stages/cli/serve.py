@@ -22,7 +22,7 @@ from cache.config import MIB, CacheConfig
 from cache.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig)
-from stages.engine.config import BATCHED_TOKENS, DEVICE_HELP, DTYPES, PARTS, TEXT, VISION, EngineConfig
+from stages.engine.config import BATCHED_TOKENS, DEVICE_HELP, DTYPES, KV_ALLOCATIONS, PARTS, TEXT, VISION, EngineConfig
 from stages.model_dir import check_model_dir
 from transfer.base import TransferConfig
 
@@ -66,6 +66,9 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"],
                    help="tokens per step (a decode counts one; longer prompts are prefilled in chunks); None: "
                         f"{BATCHED_TOKENS['cpu']} on a CPU, {BATCHED_TOKENS['cuda']} on a GPU")
+    g.add_argument("--kv-allocation", choices=KV_ALLOCATIONS, default=d["kv_allocation"],
+                   help="on_demand: KV blocks as tokens are produced, preempting the newest request when the "
+                        "pool runs dry; reserve: prompt + max_tokens on admission (the benchmark's baseline)")
     g.add_argument("--max-model-len", type=int, default=d["max_model_len"],
                    help="context length; None: the model's max_position_embeddings")
     g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],
@@ -230,7 +233,7 @@ def role_parts(role: str, epd: bool) -> tuple[str, ...]:
 
 
 _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
-                 "threads", "seed", "prefix_caching")
+                 "threads", "seed", "prefix_caching", "kv_allocation")
 
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:

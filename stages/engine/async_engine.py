@@ -62,6 +62,7 @@ class EngineStats:
     blocks_cached: int = 0  # prefix cache: cached blocks nobody references (evictable)
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_hit_tokens: int = 0  # of those, tokens found there
+    preemptions: dict[str, int] = field(default_factory=dict)  # by kind ("recompute", "swap"), since start
 
 
 @dataclass(eq=False)
@@ -125,7 +126,8 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         allocator, scheduler = self.engine.allocator, self.engine.scheduler
         return EngineStats(scheduler.num_waiting, scheduler.num_running, allocator.num_used, allocator.num_blocks,
-                           allocator.num_cached, scheduler.prefix_queries, scheduler.prefix_hit_tokens)
+                           allocator.num_cached, scheduler.prefix_queries, scheduler.prefix_hit_tokens,
+                           dict(scheduler.preemptions))
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                  hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:

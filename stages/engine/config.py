@@ -20,6 +20,7 @@ PARTS = (VISION, TEXT)
 # 248-token chunk cost ~3-4 decode steps, a 2k prompt ~12% more than in one step; TPOT p99 of 8 streams with a
 # 2k prompt every 2 s was lowest there (bench/chunked_prefill, bench/README.md). A GPU: vLLM V1's online default.
 BATCHED_TOKENS = {"cpu": 256, "cuda": 2048}
+KV_ALLOCATIONS = ("on_demand", "reserve")  # see stages/engine/scheduler.py
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,14 @@ class EngineConfig:
     parts: tuple[str, ...] = PARTS  # what to load: ("text",) for a stage that never encodes images
     device: str = "auto"  # see DEVICE_HELP; resolved (and checked against the machine) by torch_device
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (scheduler.py); a decode has none to reuse
+    kv_allocation: str = "on_demand"  # KV_ALLOCATIONS: blocks as tokens come (preemption), or all on admission
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         check_device(self.device)
+        if self.kv_allocation not in KV_ALLOCATIONS:
+            raise ValueError(f"--kv-allocation must be one of {list(KV_ALLOCATIONS)}, got {self.kv_allocation!r}")
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")

@@ -17,6 +17,11 @@ Failure contract:
 
 - admission is all-or-nothing: ``add_request``, ``add_prefilled`` and ``reserve_blocks`` / ``reserve_cached`` either
   succeed or raise leaving no trace (no scheduler entry, no per-request state, no blocks held);
+- a request is never failed for want of KV blocks once admitted: the scheduler preempts (see
+  ``scheduler.py``); the engine keeps the request's tokens, generator and detokenizer (``_tracked``)
+  through it, and carries out swaps (``_swap``: a decode's request, which entered through
+  ``add_prefilled``, has its KV copied to host memory, since a decode cannot recompute a prompt's
+  images; any other is recomputed);
 - one request's failure is its own: a request whose images cannot be encoded, whose own forward
   pass raises, or whose logits cannot be sampled with its parameters is finished with an error,
   and every other request of the step goes on with exactly the tokens it would have had alone.
@@ -41,11 +46,11 @@ from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
 from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.prefix_cache import block_hashes, image_spans
-from stages.engine.request import FinishReason, Request
+from stages.engine.request import FinishReason, Preemption, Request
 from stages.engine.runner import ModelRunner
 from stages.engine.sampler import SamplingError, make_generator, sample
 from stages.engine.sampling_params import SamplingParams
-from stages.engine.scheduler import Scheduler
+from stages.engine.scheduler import ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +107,10 @@ class Engine:
         )
         self.pool = KVPool(self.layout, self.device)
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.batched_tokens)
+        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.batched_tokens, config.kv_allocation)
         self.runner = ModelRunner(self.adapter, self.pool)
         self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
+        self._swapped: dict[str, torch.Tensor] = {}  # the host copy of each swapped-out request's KV
 
     # --- admission (all-or-nothing) ----------------------------------------------------------
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
@@ -133,12 +139,14 @@ class Engine:
         return request
 
     def reserve_blocks(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        """Blocks for a whole request whose prompt KV will be written from elsewhere (decode servers);
-        the caller owns them until it passes them to ``add_prefilled`` or ``free_blocks``.
-        Raises ValueError if it can never fit, MemoryError if not enough blocks are free now; either
-        way nothing is allocated."""
+        """Blocks for a request whose prompt KV will be written from elsewhere (decode servers): the
+        prompt's (on demand; the whole request's when reserving); the caller owns them until it passes
+        them to ``add_prefilled`` or ``free_blocks``. Raises ValueError if it can never fit, MemoryError
+        if the blocks cannot be taken now (``Scheduler.reserve``); either way nothing is allocated."""
         self.check_request(prompt, params)
-        return self.allocator.allocate(self.scheduler.blocks_needed(Request("reserve", prompt, params)))
+        request = Request("reserve", prompt, params)
+        self.scheduler.reserve(request)
+        return request.blocks
 
     def reserve_cached(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], int]:
         """``reserve_blocks`` from the prefix cache (a decode server's own): the longest cached chain of
@@ -166,7 +174,7 @@ class Engine:
             self.check_request(prompt, params)
             request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
                               rope_delta=rope_delta, num_cached_tokens=cached_tokens,
-                              block_hashes=self._block_hashes(prompt))
+                              block_hashes=self._block_hashes(prompt), preemption=Preemption.SWAP)
             if not 0 <= first_token < self.vocab_size:
                 raise ValueError(f"first token {first_token} is not in this model's vocabulary of {self.vocab_size}")
             need = self.scheduler.blocks_needed(request)
@@ -195,6 +203,7 @@ class Engine:
         their prompt for a later step (chunked prefill: no token yet). Requests that fail (images,
         forward, sampling, detokenizing) finish with ``error`` set; the others are not affected."""
         batch = self.scheduler.schedule()
+        self._swap(batch)
         if not batch:
             return []
         errors: dict[str, str] = {}  # request id -> why it failed in this step
@@ -225,11 +234,20 @@ class Engine:
         return block_hashes(prompt.token_ids, self.config.block_size, self.adapter.image_token_id,
                             prompt.image_tokens, prompt.image_keys)
 
+    def _swap(self, batch: ScheduledBatch) -> None:
+        """Copy the KV of the step's swapped-out requests to the host (their blocks are free from this
+        step on, so first), then that of its swapped-in requests into their new blocks."""
+        for request, blocks in batch.swap_out:
+            self._swapped[request.request_id] = self.pool.copy_out(blocks)
+        for request, blocks in batch.swap_in:
+            self.pool.copy_in(blocks, self._swapped.pop(request.request_id))
+
     def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
-        """Give the requests that came with pixels their embeddings; record those that fail. Images
-        whose placeholders lie wholly in the request's cached prefix are not encoded (their KV is
-        there): they get ``ImageEmbedding.skipped`` stand-ins."""
-        pending = [r for r in requests if r.prompt.embeddings is None and r.prompt.images]
+        """Give the requests that came with pixels the embeddings their prefill needs; record those that
+        fail. Images whose placeholders lie wholly in the request's cached prefix are not encoded (their
+        KV is there): they get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute
+        (preemption) finds less of the prompt cached."""
+        pending = [r for r in requests if r.prompt.images and self._images_to_encode(r)]
         needed = [self._images_to_encode(r) for r in pending]
         encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted]
                                                        for r, wanted in zip(pending, needed)])
@@ -237,16 +255,21 @@ class Engine:
             if isinstance(result, str):
                 errors[request.request_id] = result
                 continue
-            embeddings = dict(zip(wanted, result))
-            request.prompt.embeddings = [embeddings[i] if i in embeddings else ImageEmbedding.skipped(image)
+            embeddings, had = dict(zip(wanted, result)), request.prompt.embeddings
+            request.prompt.embeddings = [embeddings[i] if i in embeddings else had[i] if had is not None
+                                         else ImageEmbedding.skipped(image)
                                          for i, image in enumerate(request.prompt.images)]
 
     def _images_to_encode(self, request: Request) -> list[int]:
-        """Indexes of the request's images with a placeholder at or past ``num_computed``."""
+        """Indexes of the request's images with a placeholder at or past ``num_computed`` and no
+        embedding yet (none, or a stand-in)."""
+        had = request.prompt.embeddings
         if not request.num_computed:
-            return list(range(len(request.prompt.images)))
-        spans = image_spans(request.prompt.token_ids, self.adapter.image_token_id, request.prompt.image_tokens)
-        return [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
+            wanted = list(range(len(request.prompt.images)))
+        else:
+            spans = image_spans(request.prompt.token_ids, self.adapter.image_token_id, request.prompt.image_tokens)
+            wanted = [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
+        return [i for i in wanted if had is None or had[i].stand_in]
 
     def _forward(self, prefills: list[Request], decodes: list[Request], errors: dict[str, str]) -> dict[str, int]:
         """Run one forward pass over ``prefills`` + ``decodes`` and sample each that has logits (a
@@ -313,6 +336,7 @@ class Engine:
                 error: str | None = None) -> RequestOutput:
         request.finish(reason)
         self._tracked.pop(request.request_id, None)
+        self._swapped.pop(request.request_id, None)
         return self._output(request, text, tokens or [], error)
 
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:

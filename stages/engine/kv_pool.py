@@ -89,6 +89,16 @@ class KVPool:
         """Keys and values at index tensors of any shape S: each [*S, kv_heads, head_dim] (a copy)."""
         return self.tensor[blocks, layer, 0, offsets], self.tensor[blocks, layer, 1, offsets]
 
+    def copy_out(self, blocks: list[int]) -> torch.Tensor:
+        """The given blocks (every layer, K and V) copied to host memory: a swapped-out request's KV."""
+        return self.tensor[torch.tensor(blocks, dtype=torch.long, device=self.device)].to("cpu")
+
+    def copy_in(self, blocks: list[int], host: torch.Tensor) -> None:
+        """Write ``host`` (from ``copy_out``, as many blocks) into ``blocks``: a swapped-in request's KV."""
+        if host.shape[0] != len(blocks):
+            raise ValueError(f"{host.shape[0]} swapped blocks do not fit {len(blocks)} blocks")
+        self.tensor[torch.tensor(blocks, dtype=torch.long, device=self.device)] = host.to(self.device)
+
     def keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys in place: a view [num_blocks, block_size, kv_heads, head_dim]."""
         return self.tensor[:, layer, 0]

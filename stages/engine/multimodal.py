@@ -41,6 +41,11 @@ class ImageEmbedding:
         No step reads its rows: ``slice_embeddings`` only counts them."""
         return cls(torch.empty((image.num_tokens, 0), device="cpu"), image.grid_thw)
 
+    @property
+    def stand_in(self) -> bool:
+        """A ``skipped`` stand-in (no features), not an embedding."""
+        return self.embeds.shape[-1] == 0
+
 
 @dataclass
 class Prompt:

@@ -1,18 +1,23 @@
 """One generation request inside an engine: its prompt, its KV blocks, its output so far.
 
-A request's ``status`` only moves forward: WAITING -> RUNNING -> FINISHED. The scheduler moves it;
-the engine appends tokens. Blocks are reserved for the whole request (prompt plus ``max_tokens``)
-when it starts running and are freed exactly once when it finishes or is aborted.
+A request's ``status`` moves forward, WAITING -> RUNNING -> FINISHED, with one way back: a
+preemption (``preempt``) sends a RUNNING request to WAITING, as nano-vllm does; it keeps its output
+tokens and is admitted again later. The scheduler moves it; the engine appends tokens. Its blocks
+are the scheduler's (see ``scheduler.py`` for when they are taken) and are freed exactly once per
+admission: when it finishes, is aborted or is preempted.
 
-A RUNNING request whose prompt is not all computed yet (``prompt_done`` False) is in chunked
-prefill: each step the scheduler sets ``num_scheduled`` (the prompt tokens that step computes), the
-runner computes ``[num_computed, chunk_end)`` and moves ``num_computed`` to ``chunk_end``. Only the
-step that completes the prompt yields a token.
+A RUNNING request whose prefill is not all computed yet (``prompt_done`` False) is in chunked
+prefill: each step the scheduler sets ``num_scheduled`` (the tokens that step computes), the runner
+computes ``[num_computed, chunk_end)`` and moves ``num_computed`` to ``chunk_end``. Only the step
+that completes the prefill yields a token. The prefill is the prompt, or, for a request preempted
+with ``recompute``, the prompt and every output token so far (``prefill_len``): the logits at its
+last position give the next token, as the decode of the last output token would have.
 
 Prefix caching: ``block_hashes`` (None when it is off) are the chain hashes of the prompt's full
 blocks (``stages.engine.prefix_cache``). On admission the scheduler starts the request past the
-longest cached chain (``num_cached_tokens`` = the first ``num_computed``: those blocks are shared,
-not computed); as later chunks complete blocks they are registered for others (``num_registered``).
+longest cached chain (``num_cached_tokens`` = the first ``num_computed`` of its first admission:
+those blocks are shared, not computed); as later chunks complete blocks they are registered for
+others (``num_registered``). A recompute's readmission looks its prompt up again.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
+
+
+class Preemption(str, enum.Enum):
+    """What a preemption does with a request's KV (chosen by how the request entered the engine)."""
+
+    RECOMPUTE = "recompute"  # freed; prompt + outputs prefilled again on readmission
+    SWAP = "swap"  # copied to host memory, copied back on readmission (a decode: no vision tower)
 
 
 class FinishReason(str, enum.Enum):
@@ -58,6 +70,10 @@ class Request:
     block_hashes: list[bytes] | None = None  # prefix caching: the prompt's full blocks' chain hashes
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (set on admission)
     num_registered: int = 0  # leading blocks already in the prefix cache's index
+    preemption: Preemption = Preemption.RECOMPUTE
+    recompute_outputs: int = 0  # output tokens the next prefill computes too (after a recompute preemption)
+    swapped: bool = False  # WAITING with its KV on the host (a swap preemption), ``num_computed`` kept
+    num_preemptions: int = 0
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 
@@ -70,9 +86,19 @@ class Request:
         return self.prompt_len + len(self.output_ids)
 
     @property
+    def prefill_len(self) -> int:
+        """Tokens a prefill computes before the request decodes: the prompt, plus the output tokens of a
+        recompute preemption."""
+        return self.prompt_len + self.recompute_outputs
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        return self.prompt.token_ids + self.output_ids[: self.recompute_outputs]
+
+    @property
     def prompt_done(self) -> bool:
-        """Every prompt token's KV is in the pool: the request decodes from now on."""
-        return self.num_computed >= self.prompt_len
+        """Every prefill token's KV is in the pool: the request decodes from now on."""
+        return self.num_computed >= self.prefill_len
 
     @property
     def chunk_end(self) -> int:
@@ -92,6 +118,18 @@ class Request:
         if status < self.status:
             raise ValueError(f"request {self.request_id}: status may not move from {self.status.name} to {status.name}")
         self.status = status
+
+    def preempt(self) -> None:
+        """RUNNING -> WAITING, the one way back (the scheduler has taken its blocks): with ``recompute``
+        its KV is dropped and its next prefill covers its outputs too; with ``swap`` it is on the host."""
+        if self.status is not RequestStatus.RUNNING:
+            raise ValueError(f"request {self.request_id}: only a RUNNING request can be preempted, not {self.status.name}")
+        if self.preemption is Preemption.RECOMPUTE:
+            self.num_computed, self.recompute_outputs = 0, len(self.output_ids)
+        else:
+            self.swapped = True
+        self.num_preemptions += 1
+        self.status = RequestStatus.WAITING
 
     def finish(self, reason: FinishReason) -> None:
         self.finish_reason = self.finish_reason or reason

@@ -124,11 +124,11 @@ class ModelRunner:
         step = PackedStep(positions=[[] for _ in range(self.adapter.position_rows)])
         for request in prefills:
             first, last = request.num_computed, request.chunk_end
-            start, ids = len(step.token_ids), request.prompt.token_ids
-            positions, request.rope_delta = self.adapter.prefill_positions(ids, request.prompt.image_grids)
+            start, ids = len(step.token_ids), request.prefill_ids
+            positions = self._prefill_positions(request)
             self._add_tokens(step, request, ids[first:last], positions[:, first:last].tolist(), first_slot=first)
-            if last < request.prompt_len:
-                step.last_rows.pop()  # a chunk that leaves prompt tokens for later yields no logits
+            if last < request.prefill_len:
+                step.last_rows.pop()  # a chunk that leaves tokens for later yields no logits
             step.spans.append((start, len(step.token_ids)))
             step.context_lengths.append(first)
             self._add_images(step, request, start)
@@ -137,6 +137,17 @@ class ModelRunner:
             rows = [[position]] * self.adapter.position_rows
             self._add_tokens(step, request, [request.last_token], rows, request.num_computed)
         return step
+
+    def _prefill_positions(self, request: Request) -> torch.Tensor:
+        """Positions [rows, prefill_len] of a request's prefill (and its ``rope_delta`` set): the prompt's,
+        then for the output tokens of a recompute text positions, index + rope delta on every row, as
+        a decode's."""
+        positions, request.rope_delta = self.adapter.prefill_positions(request.prompt.token_ids,
+                                                                       request.prompt.image_grids)
+        if not request.recompute_outputs:
+            return positions
+        outputs = torch.arange(request.prompt_len, request.prefill_len, device="cpu") + request.rope_delta
+        return torch.cat([positions, outputs.expand(positions.shape[0], -1).to(positions.dtype)], dim=1)
 
     def _add_tokens(self, step: PackedStep, request: Request, ids: list[int], positions: list[list[int]],
                     first_slot: int) -> None:
@@ -150,7 +161,11 @@ class ModelRunner:
 
     def _add_images(self, step: PackedStep, request: Request, start: int) -> None:
         """The chunk's image rows and, for each image it overlaps, the matching rows of its embedding."""
-        image_token, first, last = self.adapter.image_token_id, request.num_computed, request.chunk_end
+        # only the prompt's tokens are images: a recomputed output token is text, whatever its id
+        image_token, first = self.adapter.image_token_id, request.num_computed
+        last = min(request.chunk_end, request.prompt_len)
+        if first >= last:
+            return
         # Engine.check_request has made sure the placeholders and the images' tokens agree
         ids = request.prompt.token_ids
         step.image_rows.extend(start + i - first for i in range(first, last) if ids[i] == image_token)

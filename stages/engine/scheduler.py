@@ -1,33 +1,46 @@
-"""Continuous batching under a token budget, with chunked prefill. Pure logic: no torch, no I/O.
+"""Continuous batching under a token budget, with chunked prefill and preemption. Pure logic: no
+torch, no I/O.
 
 Each ``schedule()`` call builds one batch for one forward pass, holding at most
 ``max_batched_tokens`` tokens (a decode counts one):
 
-1. every running request whose prompt is computed decodes one token (up to ``max_num_seqs``);
-2. running requests still in chunked prefill take the next chunk of their prompt, in admission
-   order, as much as what is left of the budget allows;
-3. waiting requests are admitted first-come first-served while budget is left and the allocator can
-   reserve their blocks; a prompt longer than what is left is cut, and the rest follows in later
-   steps (between which the decodes keep going). A prefill's ``num_scheduled`` is its chunk.
+1. every running request whose prefill is computed gets the slot of its next token (``_ensure_slots``,
+   below) and decodes one token (up to ``max_num_seqs``);
+2. running requests still in chunked prefill take their next chunk, in admission order, as much as
+   what is left of the budget allows;
+3. waiting requests are admitted first-come first-served (preempted ones first, at the front) while
+   budget is left and their blocks can be taken (``_admit``); a prefill longer than what is left is
+   cut, and the rest follows in later steps. A prefill's ``num_scheduled`` is its chunk.
 
 If the decodes alone fill the budget no prefill runs that step; decodes end (``max_tokens``), so
 prompts wait a bounded time.
 
-**When blocks run out** a request is not admitted: it waits, in order, until running requests
-finish and free theirs. Blocks are reserved for the whole request (prompt plus ``max_tokens``) on
-admission, so a running request (in chunked prefill or decoding) never needs a block it cannot get:
-no preemption, no recompute, no deadlock. A request that could never fit in the pool is refused by
-``add`` with an error. The price is memory held for tokens that may never be generated; the server
-bounds ``max_tokens`` by the context length, and the pool is sized for ``max_num_seqs`` long
-requests by default.
+**KV on demand** (``kv_allocation="on_demand"``, the default): admission takes the blocks of the
+prefill only (the prompt; after a recompute preemption the prompt and the outputs; a swapped-in
+request the blocks of its KV and its next slot), and only while ``watermark`` blocks stay free (or
+nothing is running), so running requests have room to grow. Before each step every decode must own
+its next token's slot; when the pool runs dry the most recently admitted running request is
+preempted (``_preempt``: its blocks freed, back to the front of the waiting queue, tokens kept), then
+the next most recent, until the rest fit; the oldest always fits, since ``check_fits`` refused at
+``add`` whatever could not run alone. What a preemption does with the KV is the request's
+``preemption``: ``recompute`` (its next prefill covers prompt + outputs) or ``swap`` (the batch's
+``swap_out`` names its blocks for the engine to copy to the host before the pass, ``swap_in`` the
+blocks it copies them back into). A step that preempts admits nobody. Hand-off requests (a prefill
+server's) never grow past the prompt and are never preempted.
+
+**Reservation** (``kv_allocation="reserve"``, the benchmark's baseline): admission takes the blocks of
+prompt + ``max_tokens`` at once, so nothing ever grows or is preempted; the price is memory held for
+tokens that may never be generated.
 
 **Prefix caching** (a request with ``block_hashes``): admission looks up the longest chain of its
 prompt's full blocks in the allocator's index (``cached_prefix``), capped so that at least the last
 prompt token is computed (the step must yield logits; so a request never writes into a shared
 block), takes a reference to those blocks (``share``), allocates the rest and starts the request
-at ``num_computed`` = the hit. After each step the blocks a prefill chunk completed are registered
-(``register``), so later requests hit them, even while this one still runs. Release is the same
-``free`` for shared and own blocks: it drops this request's references.
+at ``num_computed`` = the hit; a recompute's readmission looks its prompt up again (its outputs are
+never cached), a swapped request's does not. After each step the blocks a prefill chunk completed
+are registered (``register``), so later requests hit them, even while this one still runs. Release
+(finish, abort, preemption) is the same ``free`` for shared and own blocks: it drops this request's
+references, and what it registered stays cached.
 """
 
 from __future__ import annotations
@@ -36,16 +49,24 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
-from stages.engine.request import FinishReason, Request, RequestStatus
+from stages.engine.config import KV_ALLOCATIONS
+from stages.engine.request import FinishReason, Preemption, Request, RequestStatus
+
+WATERMARK_FRACTION = 0.01  # of the pool kept free at admission for running requests to grow into (vLLM's 1%)
 
 
 @dataclass
 class ScheduledBatch:
-    """One step's work: prefill chunks (``chunks[i]`` prompt tokens of ``prefills[i]``), then decodes."""
+    """One step's work: prefill chunks (``chunks[i]`` tokens of ``prefills[i]``), then decodes; the KV
+    the engine copies before the pass: ``swap_out`` (the blocks of requests preempted to the host, freed
+    already, copied out first) and ``swap_in`` (the blocks of swapped requests readmitted, to fill)."""
 
     prefills: list[Request] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
     chunks: list[int] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swap_out: list[tuple[Request, list[int]]] = field(default_factory=list)
+    swap_in: list[tuple[Request, list[int]]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
@@ -62,23 +83,52 @@ class ScheduledBatch:
 class Scheduler:
     """Owns the waiting queue and the running set of one engine. Called from the engine thread only."""
 
-    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_batched_tokens: int) -> None:
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_batched_tokens: int,
+                 kv_allocation: str = "on_demand", watermark: int | None = None) -> None:
+        """``watermark``: blocks admission leaves free (None: 1% of the pool, at least 1; 0 when reserving)."""
+        if kv_allocation not in KV_ALLOCATIONS:
+            raise ValueError(f"--kv-allocation must be one of {KV_ALLOCATIONS}, got {kv_allocation!r}")
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
+        self.on_demand = kv_allocation == "on_demand"
+        if watermark is None:
+            watermark = max(1, int(allocator.num_blocks * WATERMARK_FRACTION)) if self.on_demand else 0
+        self.watermark = watermark
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefix_queries = 0  # prompt tokens of admitted requests looked up in the prefix cache
         self.prefix_hit_tokens = 0  # of those, tokens whose KV was found there
+        self.preemptions = {kind.value: 0 for kind in Preemption}
+
+    def _blocks(self, tokens: int) -> int:
+        return blocks_for_tokens(tokens, self.allocator.block_size)
+
+    def most_blocks(self, request: Request) -> int:
+        """Blocks the request holds at its longest: prompt plus every output token but the last; a
+        hand-off (prefill-only) request's prompt."""
+        return self._blocks(request.prompt_len if request.hand_off else request.max_total_tokens)
 
     def blocks_needed(self, request: Request) -> int:
-        """Prompt plus every output token but the last; a hand-off (prefill-only) request needs the prompt only."""
-        tokens = request.prompt_len if request.hand_off else request.max_total_tokens
-        return blocks_for_tokens(tokens, self.allocator.block_size)
+        """Blocks admission takes: reserving, ``most_blocks``; on demand, the prefill's (a swapped
+        request's: its KV's and its next slot's)."""
+        if not self.on_demand:
+            return self.most_blocks(request)
+        return self._blocks(request.num_computed + 1 if request.swapped else request.prefill_len)
+
+    def can_admit(self, num_blocks: int, shared: list[int] | tuple[()] = ()) -> bool:
+        """Whether ``num_blocks`` can be taken now, after sharing the cached blocks ``shared``, leaving
+        the watermark free (or with nothing running). No side effects."""
+        return self.allocator.can_allocate(num_blocks + (self.watermark if self.running else 0), shared=shared)
+
+    @property
+    def preempted_waiting(self) -> bool:
+        """A preempted request waits at the front: it is readmitted before anything new."""
+        return bool(self.waiting) and self.waiting[0].num_preemptions > 0
 
     def check_fits(self, request: Request) -> None:
         """Raise ValueError if the request could never be admitted, however long it waited."""
-        need = self.blocks_needed(request)
+        need = self.most_blocks(request)
         if need > self.allocator.num_blocks:
             raise ValueError(
                 f"request needs {need} KV blocks (prompt {request.prompt_len} + max_tokens "
@@ -98,20 +148,19 @@ class Scheduler:
         self.running.append(request)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch(decodes=[r for r in self.running if r.prompt_done][: self.max_num_seqs])
+        batch = ScheduledBatch()
+        self._ensure_slots(batch)
+        batch.decodes = self._decoding()
         budget = self.max_batched_tokens - len(batch.decodes)
         for request in [r for r in self.running if not r.prompt_done]:  # chunked prefills in progress
             if budget <= 0 or self._full(batch):
                 break
             budget -= self._add_chunk(batch, request, budget)
-        while self.waiting and budget > 0 and not self._full(batch):
-            request = self.waiting[0]
-            cached = self.cached_blocks(request)
-            if not self.allocator.can_allocate(self.blocks_needed(request) - len(cached), shared=cached):
+        while self.waiting and budget > 0 and not self._full(batch) and not batch.preempted:
+            used = self._admit(batch, self.waiting[0], budget)
+            if used is None:
                 break
-            self.waiting.popleft()
-            self._admit(request, cached)
-            budget -= self._add_chunk(batch, request, budget)
+            budget -= used
         return batch
 
     def cached_blocks(self, request: Request) -> list[int]:
@@ -122,41 +171,93 @@ class Scheduler:
         usable = (request.prompt_len - 1) // self.allocator.block_size
         return self.allocator.cached_prefix(request.block_hashes[:usable])
 
-    def _admit(self, request: Request, cached: list[int]) -> None:
-        """Hold the request's blocks (the cached chain shared, the rest allocated) and start it past the hit."""
+    def _decoding(self) -> list[Request]:
+        return [r for r in self.running if r.prompt_done][: self.max_num_seqs]
+
+    def _ensure_slots(self, batch: ScheduledBatch) -> None:
+        """Give each decode of this step the block of its next token's slot, oldest first; when blocks
+        are short, preempt the most recently admitted running request, again, until it fits."""
+        served = 0
+        for request in [r for r in self.running if r.prompt_done]:
+            if served == self.max_num_seqs:
+                break
+            if request not in self.running:  # preempted for an older one's slot
+                continue
+            need = self._blocks(request.num_computed + 1) - len(request.blocks)
+            while need > self.allocator.num_free:
+                victim = next(r for r in reversed(self.running) if not r.hand_off)  # ``request`` at the latest
+                self._preempt(batch, victim)
+                if victim is request:
+                    break
+            else:
+                request.blocks += self.allocator.allocate(max(need, 0))
+                served += 1
+
+    def _preempt(self, batch: ScheduledBatch, request: Request) -> None:
+        """Free ``request``'s blocks and send it to the front of the waiting queue (``Request.preempt``)."""
+        self.running.remove(request)
+        if request.preemption is Preemption.SWAP:
+            batch.swap_out.append((request, request.blocks[: self._blocks(request.num_computed)]))
+        self.allocator.free(request.blocks)
+        request.blocks = []
+        request.preempt()
+        self.waiting.appendleft(request)
+        batch.preempted.append(request)
+        self.preemptions[request.preemption.value] += 1
+
+    def _admit(self, batch: ScheduledBatch, request: Request, budget: int) -> int | None:
+        """Admit the first waiting request if its blocks can be taken: a swapped one decodes at once
+        (its KV copied back in), any other starts its prefill past its cached prefix. Returns the
+        tokens it adds to the step, None if it must wait."""
+        cached = [] if request.swapped else self.cached_blocks(request)
+        if not self.can_admit(self.blocks_needed(request) - len(cached), cached):
+            return None
+        self.waiting.popleft()
         self._hold(request, cached)
-        request.num_computed = request.num_cached_tokens
         request.advance(RequestStatus.RUNNING)
         self.running.append(request)
+        if request.swapped:
+            request.swapped = False
+            batch.swap_in.append((request, request.blocks[: self._blocks(request.num_computed)]))
+            batch.decodes.append(request)
+            return 1
+        request.num_computed = len(cached) * self.allocator.block_size
+        return self._add_chunk(batch, request, budget)
 
     def reserve(self, request: Request) -> int:
-        """Hold every block a request whose prompt KV will be written from elsewhere needs (a decode
-        server's), its longest cached chain shared; returns how many leading blocks are those (their KV
-        is here already). MemoryError, holding nothing, if the pool cannot give the rest now."""
+        """Hold the blocks a request whose prompt KV will be written from elsewhere needs on admission
+        (a decode server's: its prompt's, on demand), its longest cached chain shared; returns how many
+        leading blocks are those (their KV is here already). MemoryError, holding nothing, if the pool
+        cannot give the rest now (the watermark kept free, preempted requests readmitted first)."""
         cached = self.cached_blocks(request)
         need = self.blocks_needed(request) - len(cached)
-        if not self.allocator.can_allocate(need, shared=cached):
+        if self.preempted_waiting or not self.can_admit(need, cached):
             raise MemoryError(f"asked for {need} KV blocks, {self.allocator.num_free} free of "
-                              f"{self.allocator.num_blocks}")
+                              f"{self.allocator.num_blocks} (keeping {self.watermark} free"
+                              + (", preempted requests first)" if self.preempted_waiting else ")"))
         self._hold(request, cached)
         return len(cached)
 
     def _hold(self, request: Request, cached: list[int]) -> None:
+        """Give the request its admission blocks: the cached chain shared, the rest allocated. A
+        readmission looks the prompt up again, but its usage keeps its first admission's hit."""
         shared = self.allocator.share(cached)  # first: so that allocate cannot evict them
         request.blocks = shared + self.allocator.allocate(self.blocks_needed(request) - len(cached))
-        request.num_cached_tokens = len(cached) * self.allocator.block_size
+        hit = len(cached) * self.allocator.block_size
         request.num_registered = len(cached)
-        if request.block_hashes is not None:
+        if not request.num_preemptions:
+            request.num_cached_tokens = hit
+        if request.block_hashes is not None and not request.swapped:
             self.prefix_queries += request.prompt_len
-            self.prefix_hit_tokens += request.num_cached_tokens
+            self.prefix_hit_tokens += hit
 
     def _full(self, batch: ScheduledBatch) -> bool:
         return len(batch.decodes) + len(batch.prefills) >= self.max_num_seqs
 
     @staticmethod
     def _add_chunk(batch: ScheduledBatch, request: Request, budget: int) -> int:
-        """Schedule the next chunk (at most ``budget`` tokens) of ``request``'s prompt; returns its size."""
-        request.num_scheduled = min(request.prompt_len - request.num_computed, budget)
+        """Schedule the next chunk (at most ``budget`` tokens) of ``request``'s prefill; returns its size."""
+        request.num_scheduled = min(request.prefill_len - request.num_computed, budget)
         batch.prefills.append(request)
         batch.chunks.append(request.num_scheduled)
         return request.num_scheduled

@@ -14,9 +14,10 @@ import pytest
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
-from stages.engine.request import Request
+from stages.engine.request import Preemption, Request
 from stages.engine.sampling_params import SamplingParams
 from stages.loading import load_engine
+from stages.metrics import PREEMPTION_KINDS
 from tests.devices import DEVICE, on_gpu
 from tests.generated_models import model_dir
 from tests.hf_reference import random_image
@@ -93,3 +94,9 @@ def test_a_seeded_request_preempted_on_the_way_draws_the_same_tokens(runs):
         assert got.output_ids == expected.output_ids
         assert texts[got.request_id] == reference_texts[expected.request_id]
     assert len(set(got.output_ids)) > 20  # sampled, not a greedy loop: the negative control of the seed
+
+
+def test_the_metric_labels_are_the_preemption_kinds_and_the_flag_is_checked():
+    assert PREEMPTION_KINDS == tuple(kind.value for kind in Preemption)
+    with pytest.raises(ValueError, match=r"--kv-allocation must be one of \['on_demand', 'reserve'\], got 'lazy'"):
+        EngineConfig(model="m", kv_allocation="lazy")

@@ -1,8 +1,8 @@
 """The decode side of a room: reserve blocks, ask the prefill for the KV, then decode.
 
 ``DecodeCoordinator.generate`` is what the decode server runs for a request carrying a bootstrap
-room: it reserves KV blocks for the whole request, sends the prefill's bootstrap endpoint a
-``KVRequest`` (block ids + this process's transfer descriptor), waits for ``KVReady`` within
+room: it reserves the prompt's KV blocks (the rest are taken as it decodes: ``Engine.reserve_blocks``),
+sends the prefill's bootstrap endpoint a ``KVRequest`` (block ids + this process's transfer descriptor), waits for ``KVReady`` within
 ``kv_timeout_s`` in all and ``peer_idle_timeout_s`` of the prefill's silence (its heartbeats name the
 room while it holds it: a vanished prefill fails the room in seconds, a slow one is not cut), and
 hands the request to the engine, which decodes from the first token on.

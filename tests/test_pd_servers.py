@@ -149,16 +149,19 @@ async def test_partner_never_arrives(pair):
 
 
 async def test_a_full_kv_pool_is_back_pressure_with_retry_after(pair):
-    """Rooms whose prefill half never comes hold the decode's blocks until the prefill expires them
-    (--pair-timeout-s 3); a request that finds no free blocks meanwhile is a 503 kv_pool_full with
-    Retry-After (a router takes it as busy, not failing), and every block comes back."""
+    """Rooms whose prefill half never comes hold the decode's blocks (their prompts': KV on demand)
+    until the prefill expires them (--pair-timeout-s 3); a request that finds no free blocks meanwhile
+    is a 503 kv_pool_full with Retry-After (a router takes it as busy, not failing), and every block
+    comes back."""
     info = httpx.get(f"{pair.decode.url}/server_info", timeout=10).json()
-    per_request = -(-(2000 + 16) // info["fingerprint"]["block_size"])  # 2000 completion tokens and the prompt
-    holders = -(-info["kv_blocks"]["total"] // per_request) + 1  # more than the pool holds at once
+    text = "hold on " * 600  # ~1800 prompt tokens: a decode reserves the prompt's blocks
     async with httpx.AsyncClient(timeout=60) as client:
+        _, probe = await pair.run(client, chat(text, max_tokens=1))
+        per_request = -(-probe.json()["usage"]["prompt_tokens"] // info["fingerprint"]["block_size"])
+        holders = info["kv_blocks"]["total"] // per_request + 2  # more than the pool holds at once
         answers = await asyncio.gather(*(client.post(f"{pair.decode.url}/v1/chat/completions",
-                                                     json=pair.room(chat("hold", max_tokens=2000)))
-                                         for _ in range(holders)))
+                                                     json=pair.room(chat(f"{i} {text}", max_tokens=1)))
+                                         for i in range(holders)))
     full = [a for a in answers if a.status_code == 503]
     assert full and all(a.status_code == 502 for a in answers if a.status_code != 503), [a.text for a in answers]
     for answer in full:

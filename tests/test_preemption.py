@@ -100,3 +100,41 @@ def test_the_metric_labels_are_the_preemption_kinds_and_the_flag_is_checked():
     assert PREEMPTION_KINDS == tuple(kind.value for kind in Preemption)
     with pytest.raises(ValueError, match=r"--kv-allocation must be one of \['on_demand', 'reserve'\], got 'lazy'"):
         EngineConfig(model="m", kv_allocation="lazy")
+
+
+def test_a_recompute_that_finds_its_prefix_evicted_encodes_the_image_it_skipped():
+    """B's first admission hits the cached prefix of an earlier run of its prompt, image included (not
+    encoded: a stand-in). B, the newest, is preempted; C's growth evicts that prefix before B comes
+    back, so the recompute must encode the image after all, and B answers as if nothing happened."""
+    path = str(model_dir("qwen3_vl"))
+    small, builder = load_engine(EngineConfig(model=path, kv_cache_mib=SMALL_MIB, device=DEVICE), pixels=True)
+    big, _ = load_engine(EngineConfig(model=path, kv_cache_mib=BIG_MIB, device=DEVICE), pixels=True)
+
+    def chat():
+        prompt = build(builder, 1)  # its image first
+        prompt.image_keys = ["0" * 64]
+        return prompt
+
+    greedy = SamplingParams(max_tokens=1200, temperature=0.0, ignore_eos=True)
+    small.add_request("warm", chat(), SamplingParams(max_tokens=1, temperature=0.0))
+    small.step()
+    c_prompt = build(builder, 6)
+    small.add_request("c", c_prompt, SamplingParams(max_tokens=small.max_model_len - len(c_prompt.token_ids),
+                                                    temperature=0.0, ignore_eos=True))
+    small.step()
+    b = small.add_request("b", chat(), greedy)
+    small.step()
+    assert b.num_cached_tokens > 0 and b.prompt.embeddings is not None and b.prompt.embeddings[0].stand_in
+    for _ in range(10 * small.max_model_len):
+        if not small.has_work():
+            break
+        small.step()
+    assert not small.has_work() and small.allocator.num_used == 0
+    assert b.num_preemptions > 0 and b.prompt.embeddings is not None and not b.prompt.embeddings[0].stand_in
+    reference = big.add_request("b", chat(), greedy)
+    for _ in range(2 * greedy.max_tokens):
+        if not big.has_work():
+            break
+        big.step()
+    if not on_gpu():
+        assert b.output_ids == reference.output_ids

@@ -146,8 +146,8 @@ def test_a_small_pool_evicts_cached_blocks_and_still_answers_the_same(engines):
     prompt = build(builder, [image("tell me a story about it " * 3)], [1])
     run(on, "warm", prompt)
     assert on.allocator.num_cached >= len(prompt.token_ids) // BLOCK
-    filler = Prompt(token_ids=[prompt.token_ids[0]] * 40)  # text only
-    hog = on.add_request("hog", filler, greedy(on.max_model_len - 40))  # reserves the whole pool: evicts all
+    filler = Prompt(token_ids=[prompt.token_ids[0]] * (on.max_model_len - 2))  # text only: 128 blocks
+    hog = on.add_request("hog", filler, greedy(2))  # its prompt's blocks are the whole pool: evicts all
     on.step()
     assert on.allocator.num_used == on.allocator.num_blocks and on.allocator.num_cached == 0
     assert on.abort("hog") is not None

@@ -247,7 +247,8 @@ class Engine:
         fail. Images whose placeholders lie wholly in the request's cached prefix are not encoded (their
         KV is there): they get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute
         (preemption) finds less of the prompt cached."""
-        pending = [r for r in requests if r.prompt.images and self._images_to_encode(r)]
+        pending = [r for r in requests
+                   if r.prompt.images and (r.prompt.embeddings is None or self._images_to_encode(r))]
         needed = [self._images_to_encode(r) for r in pending]
         encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted]
                                                        for r, wanted in zip(pending, needed)])

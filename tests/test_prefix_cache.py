@@ -200,16 +200,16 @@ def test_a_hit_counts_only_the_blocks_it_does_not_share_against_the_pool():
 def test_reserve_shares_the_cached_chain_for_a_prompt_written_from_elsewhere():
     scheduler = Scheduler(BlockAllocator(8, 4), max_num_seqs=4, max_batched_tokens=64)
     first = make_request("first", list(range(10)))
-    assert scheduler.reserve(first) == 0 and len(first.blocks) == 3  # 10 + 2 - 1 slots
+    assert scheduler.reserve(first) == 0 and len(first.blocks) == 3  # the prompt's 10 slots (KV on demand)
     first.num_computed = first.prompt_len  # its KV arrived (a decode's add_prefilled)
     scheduler.register(first)
     assert first.num_registered == 2
     second = make_request("second", list(range(12)), max_tokens=4)
     assert scheduler.reserve(second) == 2 and second.blocks[:2] == first.blocks[:2]  # within 11 tokens
-    assert second.num_cached_tokens == 8 and scheduler.allocator.num_used == 3 + 4 - 2
-    with pytest.raises(MemoryError, match="asked for 4 KV blocks, 3 free of 8"):
-        scheduler.reserve(make_request("third", list(range(20, 36)), max_tokens=1))
-    assert scheduler.allocator.num_used == 5  # the refused reservation holds nothing
+    assert second.num_cached_tokens == 8 and scheduler.allocator.num_used == 3 + 3 - 2
+    with pytest.raises(MemoryError, match="asked for 5 KV blocks, 4 free of 8"):
+        scheduler.reserve(make_request("third", list(range(20, 40)), max_tokens=1))
+    assert scheduler.allocator.num_used == 4  # the refused reservation holds nothing
     scheduler.allocator.free(first.blocks)
     scheduler.allocator.free(second.blocks)
     assert (scheduler.allocator.num_used, scheduler.allocator.num_cached) == (0, 2)

@@ -21,7 +21,8 @@ Blame in epd mode: a prefill failing on an image the router put in the attempt (
 failed, timed out, or the cache entry went away) is charged to that image's encoder
 (``verdict.blame_encoder``); a decode reporting its prefill's failure waits up to
 ``PEER_GRACE_S`` for the prefill's own answer, which names the cause (and a prefill whose decode never
-came, while the decode has not answered, charges the decode: ``_decode_behind``), and a prefill reporting an
+came, while the decode has not answered, or whose KV write into it failed, while the decode stays
+silent as long, charges the decode: ``_decode_behind``), and a prefill reporting an
 image's failure waits as long for the encoder's own answer (``_encoder_behind``: an encoder that
 refused the image as busy makes the request's answer a 503 with Retry-After, not a 502).
 
@@ -57,7 +58,7 @@ from router.relay import finish_stream, relay_stream, send_json
 from router.tally import Tally
 from router.timeline import RoomLog, RoomRecord, stage_workers
 from router.upstream import StageError, Upstream
-from router.verdict import IMAGE_CODES, PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
+from router.verdict import DECODE_SIDE_CODES, IMAGE_CODES, PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.workers import Lease, lease_all
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class Dispatcher:
             for task in sorted(done, key=lambda t: t is not answer and plan.sides[sides.index(t)].stage != "encoder"):
                 side_error = task.exception() if task is not answer else None
                 if side_error is not None:  # a side call failed: it is to blame (an encoder's own answer first)
-                    raise await _encoder_behind(plan, sides, _decode_behind(plan, answer, side_error))
+                    raise await _encoder_behind(plan, sides, await _decode_behind(plan, answer, side_error))
             if answer in done:
                 error = answer.exception()
                 if error is None:
@@ -296,14 +297,21 @@ def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float
     return headers
 
 
-def _decode_behind(plan: Plan, answer: asyncio.Future, error: BaseException) -> BaseException:
+async def _decode_behind(plan: Plan, answer: asyncio.Future, error: BaseException) -> BaseException:
     """``error``, or the decode's failure behind it: a prefill saying its partner never came or went
     silent (``PEER_CODES``) while the decode's own call has not answered reports the decode (a frozen
-    or vanished decode host), which is then the one charged and left out of the retry."""
-    if (isinstance(error, StageError) and error.failure.stage == "prefill" and error.failure.code in PEER_CODES
-            and not answer.done() and plan.answer.stage == "decode"):
-        return StageError(blame(error.failure, (plan.answer.stage, plan.answer.worker.url)))
-    return error
+    or vanished decode host), which is then the one charged and left out of the retry. A prefill
+    whose KV write into the decode failed (``kv_transfer_failed``) may be at fault itself: a live
+    decode answers (its prefill failed) within ``PEER_GRACE_S``, and then the prefill's word stands;
+    a decode still silent after that is the one charged."""
+    if not (isinstance(error, StageError) and error.failure.stage == "prefill"
+            and error.failure.code in DECODE_SIDE_CODES and plan.answer.stage == "decode"):
+        return error
+    if error.failure.code not in PEER_CODES and not answer.done():
+        await asyncio.wait([answer], timeout=PEER_GRACE_S)
+    if answer.done():
+        return error
+    return StageError(blame(error.failure, (plan.answer.stage, plan.answer.worker.url)))
 
 
 async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: BaseException) -> BaseException:

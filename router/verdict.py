@@ -20,6 +20,9 @@ import msgspec
 
 # a stage's error codes that say its partner stage (not itself) failed or never came
 PEER_CODES = frozenset({"peer_failed", "room_timeout"})
+# a prefill's error codes about writing into its decode: with the decode's own call silent, the decode
+# (frozen, or its host gone) is the likelier culprit (``router.dispatch._decode_behind``)
+DECODE_SIDE_CODES = PEER_CODES | {"kv_transfer_failed"}
 # a stage's 4xx codes that are about the router's choices (room, pair), not the request: retried, no breaker charge
 ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
 # a stage's error codes about a dependency every worker shares (epd: the Redis of the embedding cache):
@@ -123,14 +126,15 @@ def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
     """The failure to act on when the answering stage failed before the client got anything.
     ``partner``: (stage, url) of the answering stage's partner (the prefill that feeds a decode)
     if its own call has not answered yet, else None. When the answering stage says its partner
-    failed or never came and the partner has not answered, the partner is to blame; otherwise the
-    answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)
+    failed or never came (or a prefill, that writing into its decode failed) and the partner has not
+    answered, the partner is to blame; otherwise the answering stage is. (A partner that failed on its own call is seen, and blamed, at once.)
 
     The partner's failure keeps the answer's ``room`` and ``image_key``, and its code is the
     partner's own as the answer reports it (``peer_code``), else the answer's: a decode whose prefill
     failed on an image (``encode_failed`` ...) is then charged by ``blame_encoder`` as the prefill's
     own answer would be, even when the decode's answer comes first."""
-    if answer.code in PEER_CODES and partner is not None:
+    if partner is not None and (answer.code in PEER_CODES
+                                or (answer.stage == "prefill" and answer.code in DECODE_SIDE_CODES)):
         stage, url = partner
         return Failure(stage, url, answer.status, f"the {answer.stage} stage reports: {answer.message}",
                        answer.peer_code or answer.code, room=answer.room, image_key=answer.image_key)

@@ -6,6 +6,7 @@ the encoders' /v1/abort and claim release; the startup refusal of encoders that 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
@@ -15,7 +16,7 @@ from cache.keys import image_key
 from cache.store import EmbeddingCache
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.dispatch import _decode_behind, _encoder_behind, _headers, cache_counts
+from router.dispatch import PEER_GRACE_S, _decode_behind, _encoder_behind, _headers, cache_counts
 from router.epd import EPDPlanner
 from router.errors import RouterError
 from router.image_refs import encode_body, ref_images, with_refs
@@ -384,13 +385,25 @@ async def test_a_prefill_whose_decode_never_came_charges_the_decode_while_it_has
     never = StageError(Failure("prefill", "http://prefill:1", 504, "partner never arrived within 5 s", "room_timeout",
                                room=7))
     pending = asyncio.get_running_loop().create_future()
-    blamed = _decode_behind(plan, pending, never)
+    blamed = await _decode_behind(plan, pending, never)
     assert isinstance(blamed, StageError)
     assert (blamed.failure.stage, blamed.failure.url, blamed.failure.code) == ("decode", "http://decode:1",
                                                                                 "room_timeout")
     answered = asyncio.get_running_loop().create_future()
     answered.set_result(None)
-    assert _decode_behind(plan, answered, never) is never  # the decode answered: the prefill's own word stands
+    assert await _decode_behind(plan, answered, never) is never  # the decode answered: the prefill's own word stands
     own = StageError(Failure("prefill", "http://prefill:1", 500, "x", "internal_error"))
-    assert _decode_behind(plan, pending, own) is own
+    assert await _decode_behind(plan, pending, own) is own
+    write = StageError(Failure("prefill", "http://prefill:1", 502, "KV transfer failed: peer dead", "kv_transfer_failed",
+                               room=7))  # its write into a frozen decode failed
+    started = time.monotonic()
+    blamed = await _decode_behind(plan, pending, write)  # the decode stays silent for PEER_GRACE_S
+    assert time.monotonic() - started >= PEER_GRACE_S
+    assert isinstance(blamed, StageError)
+    assert (blamed.failure.stage, blamed.failure.url, blamed.failure.code) == ("decode", "http://decode:1",
+                                                                                "kv_transfer_failed")
+    assert await _decode_behind(plan, answered, write) is write  # a live decode answered: the prefill's own fault
+    late = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.05, late.set_result, None)
+    assert await _decode_behind(plan, late, write) is write  # ... also when it answers within the grace
     pending.cancel()

@@ -153,7 +153,7 @@ def test_json_nested_too_deep_is_a_400_and_a_client_error(router, field, depth):
             "message": "The request body is nested deeper than 64 levels of JSON arrays and objects.",
             "type": "invalid_request_error", "param": None, "code": "invalid_json"}}
         fine = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                         "max_tokens": 2})
+                                                         "max_tokens": 2, "ignore_eos": True})
         assert fine.status_code == 200 and fine.json()["usage"]["completion_tokens"] == 2
     wait_metric(router.url, names[0], before[0] + 1)
     assert [metric(router.url, name) for name in names[1:]] == before[1:]

@@ -5,12 +5,11 @@ images' landing), the TTFT sequence and the concurrent burst."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
-from argparse import Namespace
 from dataclasses import dataclass
 
+from bench.common import chat_stream
 from bench.common.proc import cpu_seconds
 from bench.epd_cache.analysis import wake
 from bench.epd_cache.landing import LandingClock, created_at
@@ -39,35 +38,11 @@ async def scrape(client, url: str, name: str) -> float:
 
 async def stream_chat(client, url: str, body: dict) -> dict:
     """POST a streaming chat request to the router; TTFT and the end (s), text, room and stage times."""
-    first_content = None
-    pieces: list[str] = []
-    usage = None
-    t0 = time.perf_counter()
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:500]}")
-        headers = response.headers
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{url}: in-band error {chunk['error']}")
-            for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    pieces.append(text)
-                    if first_content is None:
-                        first_content = time.perf_counter() - t0
-            usage = chunk.get("usage") or usage
-    if first_content is None:
-        raise RuntimeError(f"{url}: the stream carried no content")
-    room = headers.get("x-epd-room")
-    return {"ttft_s": first_content, "total_s": time.perf_counter() - t0, "text": "".join(pieces),
-            "prompt_tokens": (usage or {}).get("prompt_tokens"), "room": int(room) if room else None,
+    reply = await chat_stream.stream_chat(client, url, body)
+    return {"ttft_s": reply.ttft_s, "total_s": reply.total_s, "text": reply.text,
+            "prompt_tokens": reply.usage.get("prompt_tokens"), "room": reply.room,
             "stage_times": dict((k, float(v)) for k, v in (e.split("=", 1) for e in
-                                headers.get("x-epd-stage-times", "").split(";") if "=" in e))}
+                                reply.headers.get("x-epd-stage-times", "").split(";") if "=" in e))}
 
 
 @dataclass

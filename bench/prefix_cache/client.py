@@ -3,38 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
+from bench.common import chat_stream
 from bench.prefix_cache.workload import TURNS, chat_body
 
 
 async def stream_chat(client, url: str, body: dict) -> dict:
     """POST a streaming chat request; TTFT and total (s), the text, prompt and cached tokens."""
-    first_content, pieces, usage = None, [], None
-    t0 = time.perf_counter()
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:500]}")
-        room = response.headers.get("x-epd-room")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{url}: in-band error {chunk['error']}")
-            for choice in chunk.get("choices") or []:
-                if text := (choice.get("delta") or {}).get("content"):
-                    pieces.append(text)
-                    first_content = first_content if first_content is not None else time.perf_counter() - t0
-            usage = chunk.get("usage") or usage
-    if first_content is None or usage is None:
-        raise RuntimeError(f"{url}: the stream carried no content or no usage")
-    return {"ttft_s": first_content, "total_s": time.perf_counter() - t0, "text": "".join(pieces),
-            "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            "room": int(room) if room else None}
+    reply = await chat_stream.stream_chat(client, url, body)
+    if not reply.usage:
+        raise RuntimeError(f"{url}: the stream carried no usage")
+    return {"ttft_s": reply.ttft_s, "total_s": reply.total_s, "text": reply.text,
+            "prompt_tokens": reply.usage["prompt_tokens"],
+            "cached_tokens": (reply.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "room": reply.room}
 
 
 async def prefill_seconds(client, prefill_url: str, room: int) -> float | None:

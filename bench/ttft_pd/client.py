@@ -5,43 +5,18 @@ stream; the KV write the prefill counted and each server's CPU over it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 
+from bench.common.chat_stream import stream_chat
 from bench.common.children import Server
 
 
 async def stream_reply(client, url: str, body: dict, t0: float) -> dict:
     """POST a streaming chat request; times (from ``t0``) of the role chunk, the first content chunk and the end."""
-    first_chunk = first_content = None
-    pieces: list[str] = []
-    usage = None
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:500]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            now = time.perf_counter() - t0
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{url}: in-band error {chunk['error']}")
-            if first_chunk is None:
-                first_chunk = now
-            for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    pieces.append(text)
-                    if first_content is None:
-                        first_content = now
-            usage = chunk.get("usage") or usage
-    end = time.perf_counter() - t0
-    if first_content is None:
-        raise RuntimeError(f"{url}: the stream carried no content")
-    return {"ttft_s": first_content, "first_chunk_s": first_chunk, "total_s": end, "text": "".join(pieces),
-            "prompt_tokens": (usage or {}).get("prompt_tokens"), "completion_tokens": (usage or {}).get("completion_tokens")}
+    reply = await stream_chat(client, url, body, t0)
+    return {"ttft_s": reply.ttft_s, "first_chunk_s": reply.first_chunk_s, "total_s": reply.total_s, "text": reply.text,
+            "prompt_tokens": reply.usage.get("prompt_tokens"), "completion_tokens": reply.usage.get("completion_tokens")}
 
 
 async def transfer_stats(client, url: str) -> dict:

@@ -68,7 +68,10 @@ def test_a_disallowed_prefill_is_403_and_never_dialed(decode):
 
 async def send_all(decode, ports: list[int]) -> list[int]:
     statuses: list[int] = []
-    async with httpx.AsyncClient(timeout=30) as client:
+    # no keep-alive: a batch's fast requests' connections would idle while its slowest one runs, and one
+    # idle past uvicorn's 5 s keep-alive may be closed by the server just as the next batch reuses it
+    # (httpx.ReadError: seen once in a full run on a loaded machine)
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         for batch in range(0, len(ports), BATCH):
             responses = await asyncio.gather(*(client.post(f"{decode.url}/v1/chat/completions", json=chat(port))
                                                for port in ports[batch:batch + BATCH]))

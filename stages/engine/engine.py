@@ -247,12 +247,14 @@ class Engine:
         fail. Images whose placeholders lie wholly in the request's cached prefix are not encoded (their
         KV is there): they get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute
         (preemption) finds less of the prompt cached."""
-        pending = [r for r in requests
-                   if r.prompt.images and (r.prompt.embeddings is None or self._images_to_encode(r))]
-        needed = [self._images_to_encode(r) for r in pending]
-        encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted]
-                                                       for r, wanted in zip(pending, needed)])
-        for request, wanted, result in zip(pending, needed, encoded):
+        pending: list[tuple[Request, list[int]]] = []  # each request with the indexes of its images to encode
+        for request in requests:
+            if request.prompt.images:
+                wanted = self._images_to_encode(request)
+                if wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
+                    pending.append((request, wanted))
+        encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted] for r, wanted in pending])
+        for (request, wanted), result in zip(pending, encoded):
             if isinstance(result, str):
                 errors[request.request_id] = result
                 continue

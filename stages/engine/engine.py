@@ -42,6 +42,7 @@ from stages.engine.block_allocator import BlockAllocator
 from stages.engine.config import EngineConfig
 from stages.engine.detokenizer import Detokenizer, TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
+from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
 from stages.engine.multimodal import ImageEmbedding, Prompt
@@ -69,6 +70,9 @@ class RequestOutput:
     rope_delta: int = 0
     blocks: list[int] | None = None  # a finished hand-off request's blocks, now owned by the caller
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (here, or on the prefill)
+    index: int = 0  # which of the request's ``params.n`` sequences this output belongs to
+    logprobs: list[TokenLogprob] | None = None  # one per ``token_ids`` entry when ``params.logprobs`` is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # the request's first output only (position 0: None)
 
     @property
     def finished(self) -> bool:

@@ -14,9 +14,9 @@ import torch
 from stages.api.chat import sampling_params
 from stages.api.errors import APIError
 from stages.api.parse import parse_request
+from stages.api.chat_response import ChatCompletion, ChatCompletionChunk, chunk, completion, usage
 from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_STOP_CHARS, MIN_TEMPERATURE, MIN_TOP_P,
-                                ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ErrorBody, ModelList,
-                                chunk, completion, model_card, usage)
+                                ChatCompletionRequest, ErrorBody, ModelList, model_card)
 from stages.engine.sampler import make_generator, sample
 from stages.engine.sampling_params import SamplingParams
 from tests.test_api_units import FakeAsyncEngine, FakeEngine, client_for, error_of

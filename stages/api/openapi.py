@@ -14,7 +14,8 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from stages.api.schemas import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ErrorBody, Health, ModelList
+from stages.api.chat_response import ChatCompletion, ChatCompletionChunk
+from stages.api.schemas import ChatCompletionRequest, ErrorBody, Health, ModelList
 
 REF = "#/components/schemas/{model}"
 PD = "Prefill and decode servers only: "

@@ -25,11 +25,12 @@ from starlette.types import Receive, Scope, Send
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
+from stages.api.chat_response import chunk, completion, usage
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
                                stamped, unhealthy)
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
-from stages.api.schemas import ChatCompletionRequest, chunk, completion, model_card, usage
+from stages.api.schemas import ChatCompletionRequest, model_card
 from stages.engine.async_engine import AsyncEngine, EngineUnavailable
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt

@@ -10,12 +10,17 @@ detokenizers and end-of-sequence ids (``text_decoding``). Each role loads only w
     prefill, EPD (--redis-url)    text                                sizes only (embeddings from the cache)
     decode                        text                                sizes only (no pixels, in any mode)
     encoder                       vision (stages/encoder; no engine)  -
+
+Every prompt builder gets its ``guides`` (``stages.guided.GuideCompiler``), over the same tokenizer,
+the engine's vocabulary width and end-of-sequence ids: a request's structured output is compiled
+where its prompt is built (the decode too, which holds the matcher in PD).
 """
 
 from __future__ import annotations
 
 from stages.engine.config import VISION, EngineConfig
 from stages.engine.engine import Engine
+from stages.guided import GuideCompiler
 from stages.prompt import PromptBuilder, load_tokenizer, text_decoding
 
 
@@ -26,5 +31,8 @@ def load_engine(config: EngineConfig, *, pixels: bool) -> tuple[Engine, PromptBu
     if pixels and VISION not in config.parts:
         raise ValueError(f"a stage that takes pixels encodes them: it must load the vision half (parts={config.parts})")
     tokenizer = load_tokenizer(config.model)
-    engine = Engine(config, text_decoding(config.model, tokenizer))
-    return engine, PromptBuilder.load(config.model, engine.adapter, pixels=pixels, tokenizer=tokenizer)
+    decoding = text_decoding(config.model, tokenizer)
+    engine = Engine(config, decoding)
+    builder = PromptBuilder.load(config.model, engine.adapter, pixels=pixels, tokenizer=tokenizer)
+    builder.guides = GuideCompiler(tokenizer, engine.vocab_size, decoding.eos_token_ids)
+    return engine, builder

@@ -11,8 +11,14 @@ references or only needs counts (decode; prefill in EPD mode) never touches pixe
 loaded with ``pixels=False`` and holds no image processor at all. The builder reads only the
 adapter's config rules, never its weights: an adapter of either half serves.
 
+Tools (OpenAI ``tools``, in the template's own shape: ``stages.api.tools.template_tools``) are
+rendered by the chat template like any message; a template that writes nothing of them has no tool
+format, and a request with tools is then refused (``ToolsNotSupported``) rather than silently
+answered without them.
+
 The engine never loads or holds a tokenizer: ``text_decoding`` gives it what it needs of the
-builder's (detokenizers and end-of-sequence ids); ``stages.loading`` composes the two.
+builder's (detokenizers and end-of-sequence ids); ``stages.loading`` composes the two, and gives
+the builder its ``guides`` (``stages.guided.GuideCompiler``: structured output over the same tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
@@ -30,9 +36,21 @@ from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageInput, Prompt
 from stages.text_bound import chars_per_token
 
+if TYPE_CHECKING:
+    from stages.guided import GuideCompiler
+
+# A tool only a template that renders tools writes into the prompt (``PromptBuilder.supports_tools``)
+_PROBE_NAME = "probe_tool_3f9c1e"
+_PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
 
 class PromptError(ValueError):
     """The conversation cannot be turned into a prompt (template or image mismatch)."""
+
+
+class ToolsNotSupported(PromptError):
+    """The request has tools and the model's chat template has no tool format."""
 
 
 def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.Image) -> ImageInput:
@@ -53,12 +71,14 @@ def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.I
 class PromptBuilder:
     """``tokenizer``: the checkpoint's. ``adapter``: the family's rules (either half). ``sizes``: the
     processor config's size rule. ``image_processor``: for pixels; None on a stage that builds
-    prompts from sizes only (then ``build``/``preprocess`` raise)."""
+    prompts from sizes only (then ``build``/``preprocess`` raise). ``guides``: compiles structured
+    output for this tokenizer (set by ``stages.loading``; None where nothing compiles grammars)."""
 
     tokenizer: Any
     adapter: ModelAdapter
     sizes: SizeRule
     image_processor: Any | None
+    guides: GuideCompiler | None = None
 
     @classmethod
     def load(cls, model_dir: str | Path, adapter: ModelAdapter, *, pixels: bool = True,
@@ -87,9 +107,24 @@ class PromptBuilder:
                                "it builds prompts from image sizes only")
         return preprocess_image(self.image_processor, self.adapter, image)
 
-    def render(self, messages: list[dict]) -> str:
-        """The chat template applied to HF-style messages (image parts are ``{"type": "image"}``)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat template applied to HF-style messages (image parts are ``{"type": "image"}``) and,
+        if any, ``tools`` (ToolsNotSupported if the template has no tool format)."""
+        if tools and not self.supports_tools:
+            raise ToolsNotSupported("this model's chat template has no tool format, so it cannot be given tools")
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True)
+
+    @functools.cached_property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tools: a probe tool's name shows in what it writes."""
+        probe = [{"role": "user", "content": "hi"}]
+        try:
+            text = self.tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], tokenize=False,
+                                                      add_generation_prompt=True)
+        except Exception:  # a template that breaks on tools has no tool format either
+            return False
+        return _PROBE_NAME in text
 
     def num_image_tokens(self, width: int, height: int) -> int:
         """Placeholder tokens an image of ``width`` x ``height`` pixels fills, without its pixels.
@@ -102,21 +137,24 @@ class PromptBuilder:
         _check_size(width, height)
         return self.sizes.grid(width, height)
 
-    def build(self, messages: list[dict], images: list[Image.Image]) -> Prompt:
-        """Token ids and preprocessed pixels (to encode here)."""
+    def build(self, messages: list[dict], images: list[Image.Image], tools: list[dict] | None = None) -> Prompt:
+        """Token ids and preprocessed pixels (to encode here); ``tools`` as ``render`` takes them."""
+        if tools and not self.supports_tools:  # before any image is preprocessed
+            raise ToolsNotSupported("this model's chat template has no tool format, so it cannot be given tools")
         inputs = [self.preprocess(image) for image in images]
         counts = [im.num_tokens for im in inputs]
-        return Prompt(token_ids=self._token_ids(messages, counts), image_tokens=counts, images=inputs)
+        return Prompt(token_ids=self._token_ids(messages, counts, tools), image_tokens=counts, images=inputs)
 
-    def build_from_sizes(self, messages: list[dict], sizes: list[tuple[int, int]]) -> Prompt:
+    def build_from_sizes(self, messages: list[dict], sizes: list[tuple[int, int]],
+                         tools: list[dict] | None = None) -> Prompt:
         """Token ids for images known only by (width, height); no pixels. A prefill fills
         ``embeddings`` (encoded elsewhere) before the prompt is prefilled; a decode needs none."""
         counts = [self.num_image_tokens(w, h) for w, h in sizes]
-        return Prompt(token_ids=self._token_ids(messages, counts), image_tokens=counts)
+        return Prompt(token_ids=self._token_ids(messages, counts, tools), image_tokens=counts)
 
-    def _token_ids(self, messages: list[dict], counts: list[int]) -> list[int]:
+    def _token_ids(self, messages: list[dict], counts: list[int], tools: list[dict] | None = None) -> list[int]:
         """The rendered conversation with image i's placeholder repeated ``counts[i]`` times, tokenized."""
-        pieces = self.render(messages).split(self.placeholder)
+        pieces = self.render(messages, tools).split(self.placeholder)
         if len(pieces) - 1 != len(counts):
             raise PromptError(f"the chat template wrote {len(pieces) - 1} image placeholders for {len(counts)} images")
         text = pieces[0] + "".join(self.placeholder * count + piece for count, piece in zip(counts, pieces[1:]))

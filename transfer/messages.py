@@ -5,7 +5,10 @@ codec (``encode`` / ``decode``). Nothing here is pickled and nothing is decoded 
 is a msgpack map whose ``type`` key names the struct, so fields can be added with defaults without
 breaking older peers of the same protocol version (msgspec ignores a field it does not know and fills
 a missing one from its default; ``Rejected.code`` / ``image_key`` and ``KVFailed``'s were added so,
-within version 1).
+within version 1; so were ``KVReady``'s ``first_tokens``, ``first_logprobs`` and ``prompt_logprobs``
+for issue 19's ``n`` and logprobs: an older decode reads ``first_token``, sequence 0's, and ignores
+them, and a newer decode finds them empty in an older prefill's frame and refuses a request that needed
+them, ``check_ready``).
 
 Grouped by the process that receives them:
 
@@ -243,13 +246,31 @@ class Rejected(_Message, frozen=True, kw_only=True):
     image_key: str | None = None
 
 
+class Logprob(msgspec.Struct, frozen=True, array_like=True):
+    """One position's log-probabilities on the wire: the token there, its log-probability and the
+    ``k`` most likely (token id, logprob), most likely first. The same msgpack array as the engine's
+    ``stages.engine.logprobs.TokenLogprob`` (``[token_id, logprob, [[id, lp], ...]]``), which this
+    package cannot import; each side converts at its edge."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class KVReady(_Message, frozen=True, kw_only=True):
     """P has written the whole prompt's KV into D's blocks; D may start decoding ``room``.
 
-    ``first_token`` is the token P sampled from the prompt; ``rope_delta`` is the per-request M-RoPE
-    position delta (0 for models without M-RoPE); ``prompt_tokens`` is P's prompt length;
-    ``cached_tokens`` how many of them P found in its prefix cache (D reports it in its usage;
-    optional with a default, so either side of one protocol version reads the other's frames).
+    ``first_token`` is the token P sampled from the prompt (sequence 0's); ``rope_delta`` is the
+    per-request M-RoPE position delta (0 for models without M-RoPE); ``prompt_tokens`` is P's prompt
+    length; ``cached_tokens`` how many of them P found in its prefix cache (D reports it in its usage).
+
+    For a request of ``n`` sequences, ``first_tokens`` holds all n first tokens (sequence i's at i;
+    ``first_tokens[0] == first_token``), empty from a prefill that predates it (then only
+    ``first_token``: ``tokens()``). ``first_logprobs`` (when the request asked for ``logprobs``): one
+    per first token. ``prompt_logprobs`` (when it asked for them): one per prompt position, position
+    0 None. All optional with defaults, so either side of one protocol version reads the other's
+    frames; ``check_ready`` says whether one carries what a request needs, ``ready_bytes_bound``
+    how big one can get.
     """
 
     room: int
@@ -257,6 +278,13 @@ class KVReady(_Message, frozen=True, kw_only=True):
     rope_delta: int
     prompt_tokens: int
     cached_tokens: int = 0
+    first_tokens: list[int] = []
+    first_logprobs: list[Logprob] | None = None
+    prompt_logprobs: list[Logprob | None] | None = None
+
+    def tokens(self) -> list[int]:
+        """The first token of every sequence (an older prefill's frame: ``[first_token]``)."""
+        return self.first_tokens or [self.first_token]
 
 
 class KVFailed(_Message, frozen=True, kw_only=True):
@@ -352,4 +380,53 @@ def check_kv_request(req: KVRequest, mine: Fingerprint) -> str | None:
             f"({capacity} slots{f' with {req.cached_blocks} cached' if req.cached_blocks else ''}) "
             f"for a {req.prompt_tokens}-token prompt"
         )
+    return None
+
+
+# Bytes of one ``Logprob`` with ``k`` top entries at most: array header 1, token id (uint32) 5, float64 9,
+# top's header 3, each (id, logprob) pair 1 + 5 + 9.
+_LOGPROB_BYTES, _TOP_BYTES = 18, 15
+_READY_BASE_BYTES = 256  # KVReady's tag, scalars and field names
+
+
+def ready_bytes_bound(*, n: int, logprobs: int | None, prompt_tokens: int, prompt_logprobs: int | None) -> int:
+    """An upper bound on the encoded size of the ``KVReady`` of a request of ``n`` sequences asking
+    for ``logprobs`` (k, or None) and ``prompt_logprobs`` (k, or None) of a ``prompt_tokens`` prompt
+    (pure). The frame must fit the peer's ``max_message_bytes``: the prompt's logprobs are what can
+    grow, 18 + 15 k bytes per prompt token."""
+    size = _READY_BASE_BYTES + n * 10
+    if logprobs is not None:
+        size += n * (_LOGPROB_BYTES + _TOP_BYTES * logprobs)
+    if prompt_logprobs is not None:
+        size += 5 + prompt_tokens * (_LOGPROB_BYTES + _TOP_BYTES * prompt_logprobs)
+    return size
+
+
+def check_ready(ready: KVReady, *, n: int, logprobs: int | None, prompt_tokens: int,
+                prompt_logprobs: int | None) -> str | None:
+    """None when ``ready`` carries what D's request needs (``n`` first tokens; their logprobs with at
+    most ``logprobs`` top entries each when asked; the prompt's logprobs, one per position, when
+    asked), else what is missing or wrong (pure). A prefill of an older release sends one first
+    token and no logprobs: a request that needs more fails with this reason rather than decoding
+    without them."""
+    old = "; run the same release on prefill and decode"
+    tokens = ready.tokens()
+    if len(tokens) != n or tokens[0] != ready.first_token:
+        return f"the prefill sent {len(tokens)} first token(s) for a request of n={n}{old}"
+    if logprobs is not None:
+        if ready.first_logprobs is None or len(ready.first_logprobs) != n:
+            got = "none" if ready.first_logprobs is None else len(ready.first_logprobs)
+            return f"the prefill sent {got} first-token logprobs for a request of n={n} asking for logprobs{old}"
+        for token, lp in zip(tokens, ready.first_logprobs):
+            if lp.token_id != token or len(lp.top) > logprobs:
+                return (f"the prefill's first-token logprobs do not match its first tokens or the {logprobs} "
+                        f"top logprobs asked")
+    if prompt_logprobs is not None:
+        got_prompt = ready.prompt_logprobs
+        if got_prompt is None or len(got_prompt) != prompt_tokens or (prompt_tokens and got_prompt[0] is not None):
+            got = "none" if got_prompt is None else len(got_prompt)
+            return (f"the prefill sent {got} prompt logprobs for a {prompt_tokens}-token prompt asking for "
+                    f"them (position 0 None){old}")
+        if any(lp is None or len(lp.top) > prompt_logprobs for lp in got_prompt[1:]):
+            return f"the prefill's prompt logprobs lack a position or exceed the {prompt_logprobs} top asked"
     return None

@@ -5,7 +5,9 @@ each room it pairs the server's own HTTP request (``prefill()``) with the decode
 (arriving on the bootstrap endpoint), in either order, within ``pair_timeout_s``. A paired room
 is prefilled inside the engine's continuous batch as a hand-off request; its KV blocks are then
 written into the decode's blocks by the transfer backend (on a worker thread), freed, and the
-decode is sent ``KVReady`` (first token, rope delta). Every room ends with exactly one answer to
+decode is sent ``KVReady`` (first tokens, their logprobs and the prompt's: ``stages.disagg.ready``;
+rope delta). A request of ``n`` sequences is prefilled once and ends in n outputs, one first token each
+(the first holds the blocks); its KV is written once. Every room ends with exactly one answer to
 the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP request.
 
 Inputs (EPD mode): ``prefill`` may take an ``inputs`` coroutine (the room's image embeddings, read
@@ -37,6 +39,7 @@ deadlines are its own: ``pair_timeout_s`` for the other half, ``prefill_timeout_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -47,6 +50,7 @@ from typing import Any
 
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
+from stages.disagg.ready import ready_fields
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.engine import RequestOutput
@@ -69,14 +73,14 @@ CLOSED_ERRORS = 4096  # rooms closed with an error before their decode came: the
 
 @dataclass(frozen=True)
 class PrefillResult:
+    """A room done: its hand-off's outputs (one per sequence, in index order, each one first token,
+    its logprobs when asked, the first the prompt's logprobs when asked; no blocks: they were freed)
+    and what its KV write took."""
+
     room: int
-    first_token: int
-    text: str
-    rope_delta: int
-    prompt_tokens: int
+    outputs: list[RequestOutput]
     kv_bytes: int
     transfer_s: float
-    cached_tokens: int = 0  # prompt tokens found in this prefill's prefix cache (not computed; still sent)
 
 
 @dataclass
@@ -261,10 +265,10 @@ class PrefillCoordinator:
                 mark(room, "embeddings_ready")
             if self.faults.take("prefill.exit_before_forward"):
                 os._exit(EXIT_CODE)
-            last = await self._forward(state, local)
-            assert last.blocks is not None  # _forward returns only an output that holds them
-            blocks = last.blocks
-            mark(room, "prefilled", prompt_tokens=last.prompt_tokens, cached_tokens=last.cached_tokens)
+            outputs = await self._forward(state, local)
+            first = outputs[0]
+            blocks = first.blocks or []  # _forward returns only a first output that holds them
+            mark(room, "prefilled", prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
             if self.faults.take("prefill.exit_after_forward"):
                 os._exit(EXIT_CODE)
             if self.faults.take("prefill.crash"):
@@ -277,10 +281,9 @@ class PrefillCoordinator:
             if delay := self.faults.take("prefill.delay_ready"):
                 await asyncio.sleep(delay.delay_s)
             _advance(state, RoomStatus.Success)  # before KVReady: the decode's kv_ready may come first
-            await self.server.send_ready(room, first_token=last.token_ids[0], rope_delta=last.rope_delta,
-                                         prompt_tokens=last.prompt_tokens, cached_tokens=last.cached_tokens)
-            _answer(local, PrefillResult(room, last.token_ids[0], last.text, last.rope_delta,
-                                         last.prompt_tokens, moved, elapsed, last.cached_tokens))
+            await self.server.send_ready(room, **ready_fields(outputs))
+            _answer(local, PrefillResult(room, [dataclasses.replace(o, blocks=None) for o in outputs],
+                                         moved, elapsed))
         except Exception as exc:
             if blocks:  # before _fail, which may wait out a write still in flight: the source blocks are
                 await self._free(room, blocks)  # only read, and the decode's stay held until KVFailed
@@ -301,16 +304,29 @@ class PrefillCoordinator:
             raise internal(f"bootstrap room {state.room}: its image inputs were cancelled")
         inputs.result()
 
-    async def _forward(self, state: Room, local: _Local) -> RequestOutput:
-        """Run the room's prompt through the engine as a hand-off request; the last output holds its blocks."""
-        last = None
-        async for last in self.engine.generate(_request_id(state.room), local.prompt, local.params, hand_off=True):
-            pass
-        if last is not None and last.blocks is not None:
-            return last
+    async def _forward(self, state: Room, local: _Local) -> list[RequestOutput]:
+        """Run the room's prompt through the engine as a hand-off request: the finished output of each of
+        its ``n`` sequences, in index order, the first holding the prompt's blocks. Frees the blocks
+        itself if it raises (a sequence failed, or one is missing)."""
+        finished: dict[int, RequestOutput] = {}
+        try:
+            async for output in self.engine.generate(_request_id(state.room), local.prompt, local.params,
+                                                     hand_off=True):
+                if output.finished:
+                    finished[output.index] = output
+        finally:
+            outputs = [finished[i] for i in sorted(finished)]
+            held = [block for o in outputs for block in o.blocks or []]
+            complete = (sorted(finished) == list(range(local.params.n)) and outputs[0].blocks is not None
+                        and all(o.error is None and o.token_ids for o in outputs))
+            if held and not complete:
+                await self._free(state.room, held)
+        if complete:
+            return outputs
         _check_live(state)
+        error = next((o.error for o in outputs if o.error), None)
         raise internal(f"bootstrap room {state.room}: the prefill's engine failed on this request: "
-                       f"{last.error if last is not None and last.error else 'it ended without output'}")
+                       f"{error or f'it ended with {len(outputs)} of its {local.params.n} sequences'}")
 
     async def _fail(self, state: Room, local: _Local, exc: Exception) -> None:
         """Fail the room (an aborted one keeps its first reason) and answer both halves with what

@@ -4,7 +4,8 @@ Both servers take the usual chat body plus ``bootstrap_host``, ``bootstrap_port`
 ``bootstrap_room`` (what SGLang's PD router injects), so a client or an existing PD router drives
 them directly, sending the same body to both in either order or at once. The decode answers the
 client (stream or not). The prefill answers once its part is done: a ``chat.completion`` whose
-content is the first token and whose ``finish_reason`` is ``length``. Both add ``GET /server_info``.
+content is the first token (a choice per sequence for ``n``, with its logprobs when asked) and whose
+``finish_reason`` is ``length``. Both add ``GET /server_info``.
 
 Images (``stages.loading``, ``stages.api.chat.ImageMode``): in PD mode the prefill takes pixels and
 encodes them, the decode reads only each image's size from its header. In EPD mode (``--redis-url``)
@@ -30,6 +31,7 @@ from stages.disagg.decode_side import DecodeCoordinator
 from stages.disagg.embeddings import EmbeddingShape, ImageInputs
 from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
+from stages.disagg.ready import check_size
 from stages.disagg.runtime import StageRuntime, start_runtime
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -85,6 +87,7 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
         room, _, _ = _room(body)
         try:
             coordinator.check(room)
+            check_size(len(prompt.token_ids), params)
         except DisaggError as exc:
             raise _api_error(exc, "prefill", room) from exc
         outputs = _prefilled(coordinator, inputs, request_id, room, prompt, params, body)
@@ -97,8 +100,9 @@ async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None
                      prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
     fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
     result = await coordinator.prefill(room, prompt, params, fill)
-    yield RequestOutput(request_id, result.text, [result.first_token], FinishReason.LENGTH,
-                        result.prompt_tokens, 1, rope_delta=result.rope_delta, cached_tokens=result.cached_tokens)
+    for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
+        yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
+                                  completion_tokens=1)
 
 
 def decode_generate(coordinator: DecodeCoordinator):
@@ -110,6 +114,7 @@ def decode_generate(coordinator: DecodeCoordinator):
         room, host, port = _room(body)
         try:
             coordinator.check(room, host, port)
+            check_size(len(prompt.token_ids), params)
         except DisaggError as exc:
             raise _api_error(exc, "decode", room) from exc
         return _as_api_errors(coordinator.generate(room, host, port, prompt, params), "decode", room)

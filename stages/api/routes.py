@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP layer over an ``AsyncEngine``: ``/v1/chat/completions`` (stream and
 non-stream), ``/v1/models``, ``/health`` and ``/metrics``.
 
-Body parsing lives in ``parse``, request conversion in ``chat``, the wire shapes in ``schemas``, errors
-in ``errors``, what ``/openapi.json`` says of each route in ``openapi``. This module only wires them to
+Body parsing lives in ``parse``, request conversion in ``chat``, the request's wire shape in ``schemas``,
+the answer's in ``chat_response`` (built from the engine's outputs by ``chat_choices``), errors in
+``errors``, what ``/openapi.json`` says of each route in ``openapi``. This module only wires them to
 routes and owns the request's lifetime: a request is aborted in the engine whenever its response
 ends early (client disconnect, stream closed, engine failure).
 """
@@ -25,12 +26,14 @@ from starlette.types import Receive, Scope, Send
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
-from stages.api.chat_response import chunk, completion, usage
+from stages.api.chat_choices import Choices
+from stages.api.chat_response import TokenText, chunk, completion, usage
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
                                stamped, unhealthy)
 from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, model_card
+from stages.api.token_text import token_id_text
 from stages.engine.async_engine import AsyncEngine, EngineUnavailable
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -55,7 +58,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
                supervisor: Supervisor | None = None, faults: Faults | None = None,
                chars_per_token: int | None = None, stage: Stage = None,
-               stream_keepalive_s: float = 2.0) -> FastAPI:
+               stream_keepalive_s: float = 2.0, token_text: TokenText = token_id_text) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
     passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
     parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
@@ -72,7 +75,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     enabled, ``/debug/faults`` arms fault points. ``stage``: the server's role, the ``stage`` field of
     every error it answers (``stages.api.errors.stamped``). A stream that has sent nothing for
     ``stream_keepalive_s`` (waiting for the KV, a slow step) sends ``KEEPALIVE``, and again each
-    ``stream_keepalive_s`` of silence after it."""
+    ``stream_keepalive_s`` of silence after it. ``token_text``: how a token id reads in the answer's
+    ``logprobs`` (``stages.api.token_text.TokenText`` of the model's tokenizer; without one,
+    ``token_id:N``)."""
     metrics = metrics or Metrics()
     supervisor = supervisor or Supervisor()
     supervisor.watch_thread("engine thread", lambda: engine.alive)
@@ -132,6 +137,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
             raise engine_unavailable()
         prompt, params = await run_in_threadpool(prepare, body)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer)
+        choices = Choices(params.n, logprobs=params.logprobs is not None, token_text=token_text, stream=bool(body.stream))
         try:
             outputs = _guarded(engine, await generate(call.id, prompt, params, body))
         except ValueError as exc:  # already checked by prepare(); the engine checks again
@@ -141,10 +147,10 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         if body.stream:
             if faults is not None and faults.enabled:
                 outputs = _slowed(outputs, faults)
-            events = _sse(call, _ticking(outputs, stream_keepalive_s), body.include_usage, stage)
+            events = _sse(call, choices, _ticking(outputs, stream_keepalive_s), body.include_usage, stage)
             return _ClosingStreamingResponse(events, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _unless_disconnected(request, _complete(call, outputs))
+        return await _unless_disconnected(request, _complete(call, choices, outputs))
 
     if faults is not None and faults.enabled:
         add_fault_routes(app, faults)
@@ -158,15 +164,16 @@ class _Call:
     model: str
     timer: RequestTimer
 
-    def record(self, last: RequestOutput | None) -> None:
-        """Count the request once: how it finished, or ``abort`` if it ended before finishing."""
+    def record(self, last: RequestOutput | None, choices: Choices) -> None:
+        """Count the request once: how it finished (its last output's reason), ``error``, or ``abort``
+        if it ended before every sequence finished; its completion tokens summed over its sequences."""
         if last is None:
             reason = "abort"
         elif last.error is not None:
             reason = "error"
         else:
-            reason = last.finish_reason.value if last.finish_reason is not None else "abort"
-        self.timer.finish(reason, last.prompt_tokens if last else 0, last.completion_tokens if last else 0)
+            reason = last.finish_reason.value if choices.finished and last.finish_reason is not None else "abort"
+        self.timer.finish(reason, choices.prompt_tokens, choices.completion_tokens)
 
 
 def _failed(output: RequestOutput) -> bool:
@@ -178,36 +185,41 @@ def _engine_error(output: RequestOutput | None) -> APIError:
     return APIError(500, f"The engine failed on this request: {reason}", code="engine_error")
 
 
-async def _complete(call: _Call, outputs: AsyncGenerator[RequestOutput, None]) -> JSONResponse:
-    pieces: list[str] = []
+async def _complete(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOutput, None]) -> JSONResponse:
     last: RequestOutput | None = None
+    failed: RequestOutput | None = None
     try:
         async for last in outputs:
             call.timer.tokens(last.completion_tokens)
-            pieces.append(last.text)
+            if _failed(last):
+                failed = failed or last
+            else:
+                choices.add(last)
     finally:
-        call.record(last)
-    if last is None or _failed(last) or last.finish_reason is None:
-        raise _engine_error(last)
-    return JSONResponse(completion(call.id, call.created, call.model, "".join(pieces), last.finish_reason.value,
-                                   last.prompt_tokens, last.completion_tokens, last.cached_tokens))
+        call.record(failed or last, choices)
+    if failed is not None or not choices.finished:
+        raise _engine_error(failed or last)
+    return JSONResponse(completion(call.id, call.created, call.model, choices.choices(),
+                                   usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)))
 
 
-async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None], include_usage: bool,
-               stage: Stage) -> AsyncIterator[str]:
-    """The events of one stream: the role chunk, a chunk per output with text, the finish chunk, the
-    usage chunk if asked for, an in-band error if the engine failed, then ``[DONE]``. ``outputs``
-    yields None when it has been silent for the keep-alive interval (``_ticking``): ``KEEPALIVE``."""
+async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOutput | None, None],
+               include_usage: bool, stage: Stage) -> AsyncIterator[str]:
+    """The events of one stream: a role chunk per choice, the chunks of each output (``Choices.pieces``:
+    its text or tool-call deltas, its logprobs, its choice's finish chunk), the usage chunk if asked
+    for, an in-band error if the engine failed, then ``[DONE]``. ``outputs`` yields None when it has
+    been silent for the keep-alive interval (``_ticking``): ``KEEPALIVE``."""
     def event(body: dict) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
-    def piece(delta: dict | None, finish_reason: str | None = None, usage_body: dict | None = None) -> str:
-        return event(chunk(call.id, call.created, call.model, delta, finish_reason,
+    def piece(choice: dict | None, usage_body: dict | None = None) -> str:
+        return event(chunk(call.id, call.created, call.model, None if choice is None else [choice],
                            with_usage=include_usage, usage_body=usage_body))
 
     last: RequestOutput | None = None
     try:
-        yield piece({"role": "assistant", "content": ""})
+        for role in choices.roles():
+            yield piece(role)
         async for output in outputs:
             if output is None:
                 yield KEEPALIVE
@@ -216,17 +228,17 @@ async def _sse(call: _Call, outputs: AsyncGenerator[RequestOutput | None, None],
             call.timer.tokens(last.completion_tokens)
             if _failed(last):
                 raise _engine_error(last)
-            if last.text:
-                yield piece({"content": last.text})
-            if last.finish_reason is not None:
-                yield piece({}, last.finish_reason.value)
-        if include_usage and last is not None:
-            yield piece(None, usage_body=usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens))
+            for choice in choices.pieces(last):
+                yield piece(choice)
+        if not choices.finished:  # the outputs ended early: not the engine's way
+            raise _engine_error(None)
+        if include_usage:
+            yield piece(None, usage_body=usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens))
     except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
         yield event(stamped(exc, stage).body())
     finally:
         await outputs.aclose()
-        call.record(last)
+        call.record(last, choices)
     yield "data: [DONE]\n\n"
 
 

@@ -16,6 +16,7 @@ def build(config: ServerConfig) -> FastAPI:
     """Load the model (both halves) and build the app; its lifespan starts and stops the engine thread."""
     from stages.api.chat import ImageMode, Preparer
     from stages.api.routes import create_app
+    from stages.api.token_text import TokenText
     from stages.engine.async_engine import AsyncEngine
     from stages.faults import Faults, engine_hook
     from stages.loading import load_engine
@@ -41,7 +42,7 @@ def build(config: ServerConfig) -> FastAPI:
                      lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
                      stream_keepalive_s=config.stream_keepalive_s,
                      supervisor=supervisor, faults=faults, chars_per_token=prompts.chars_per_token,
-                     stage="colocated")
+                     stage="colocated", token_text=TokenText(prompts.tokenizer))
 
     @app.get("/server_info")
     async def server_info() -> dict:

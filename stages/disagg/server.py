@@ -126,6 +126,7 @@ def build(config: ServerConfig) -> FastAPI:
     """Load the model, register the KV pool, build the role's coordinator and the app. The app's
     lifespan starts the coordinator and the engine thread, and stops them in reverse order."""
     from stages.api.routes import create_app
+    from stages.api.token_text import TokenText
     from stages.metrics import Metrics
 
     disagg = config.disagg
@@ -169,7 +170,8 @@ def build(config: ServerConfig) -> FastAPI:
                      generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight,
                      stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
-                     chars_per_token=runtime.prompts.chars_per_token, stage=config.role)
+                     chars_per_token=runtime.prompts.chars_per_token, stage=config.role,
+                     token_text=TokenText(runtime.prompts.tokenizer))
 
     @app.get("/server_info")
     async def server_info() -> dict:

@@ -143,6 +143,7 @@ class RolePreparer:
 def build(config: ServerConfig) -> FastAPI:
     """Load the model (both halves) and register the KV pool once; the app starts with no role."""
     from stages.api.routes import create_app
+    from stages.api.token_text import TokenText
     from stages.metrics import Metrics
 
     disagg = config.disagg
@@ -169,7 +170,8 @@ def build(config: ServerConfig) -> FastAPI:
                      metrics=metrics, generate=slot.generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight,
                      stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
-                     chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role)
+                     chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role,
+                     token_text=TokenText(runtime.prompts.tokenizer))
 
     @app.get("/server_info")
     async def server_info() -> dict:

@@ -31,7 +31,11 @@ RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying; 
 INTERNAL_ERROR = "A failure of this server (code internal_error or engine_error); the request is not retried."
 SSE_EVENT = {  # one server-sent event, as OpenAPI 3.2's itemSchema (and schemathesis) read a text/event-stream schema
     "type": "object", "required": ["data"],
-    "description": "With `stream: true`: one event per chat.completion.chunk, then `data: [DONE]`. A failure after "
+    "description": "With `stream: true`: one event per chat.completion.chunk, then `data: [DONE]`. Each chunk has one "
+                   "choice, named by its `index` (0 to n - 1): first a role chunk per choice, then each choice's text "
+                   "or tool-call deltas (with logprobs: the logprobs of the tokens they stand for; a chunk whose delta "
+                   "is empty carries the logprobs of tokens whose text is held back), then a finish chunk per choice; "
+                   "with `stream_options.include_usage`, a last chunk with usage and no choices. A failure after "
                    "the stream started is sent as one event whose data is an error body, before [DONE]. A stream that "
                    "has sent nothing for --stream-keepalive-s sends the SSE comment `: keep-alive` (not an event: "
                    "SSE clients skip it).",
@@ -48,8 +52,11 @@ CHAT_ROUTE: dict = {
     "openapi_extra": {"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": REF.format(model="ChatCompletionRequest")}}}}},
     "responses": {
-        200: {"model": ChatCompletion, "description": "The completion; with `stream: true`, a server-sent event "
-              "stream instead. A prefill server answers with its first token only (finish_reason length).",
+        200: {"model": ChatCompletion, "description": "The completion: n choices, each with its message (its text, "
+              "or tool_calls with finish_reason tool_calls), its finish_reason and, with logprobs, each generated "
+              "token's logprob and top_logprobs; usage counts the prompt once and every choice's tokens. With "
+              "`stream: true`, a server-sent event stream instead. A prefill server answers with its first token "
+              "only (a choice per index, finish_reason length).",
               "content": {"text/event-stream": {"schema": SSE_EVENT}}},
         400: error("The request is invalid: the error's param names the parameter, its code says why "
                     "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, "

@@ -50,6 +50,11 @@ class PromptError(ValueError):
 
 
 class ToolsNotSupported(PromptError):
+    """The request offers tools and the model's chat template has no tool format (the API's 400
+    ``tools_not_supported``)."""
+
+
+class ToolsNotSupported(PromptError):
     """The request has tools and the model's chat template has no tool format."""
 
 

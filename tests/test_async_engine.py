@@ -102,7 +102,7 @@ async def test_a_dead_engine_thread_answers_every_waiting_caller_at_once(engine,
     with pytest.raises(EngineUnavailable, match=CRASH):
         async_engine.generate("late", prompt, GREEDY)
     with pytest.raises(EngineUnavailable, match=CRASH):
-        async_engine.generate_prefilled("late", prompt, GREEDY, [0], first_token=1, rope_delta=0)
+        async_engine.generate_prefilled("late", prompt, GREEDY, [0], first_tokens=[1], rope_delta=0)
     assert time.monotonic() - started < ANSWERED_S
 
 

@@ -130,8 +130,8 @@ def test_abort_mid_chunking_frees_the_blocks(engines):
     request = chunked.add_request("aborted", prompt, greedy())
     assert chunked.step() == []  # the first chunk: no token yet
     assert 0 < request.num_computed < len(prompt.token_ids) and chunked.allocator.num_used > 0
-    output = chunked.abort("aborted")
-    assert output is not None and output.finish_reason.value == "abort" and output.token_ids == []
+    (output,) = chunked.abort("aborted")
+    assert output.finish_reason.value == "abort" and output.token_ids == []
     assert chunked.allocator.num_used == 0 and not chunked.has_work()
 
 

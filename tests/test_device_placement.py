@@ -84,7 +84,7 @@ def test_the_decode_side_of_a_hand_off_names_its_devices(loaded):
     engine.pool.tensor[blocks[: len(handed.blocks)]] = engine.pool.tensor[handed.blocks]
     engine.free_blocks(handed.blocks)
     with torch.device("meta"):
-        first = engine.add_prefilled("decoded", prompt, SEEDED, blocks, handed.output_ids[0], handed.rope_delta)
+        (first,) = engine.add_prefilled("decoded", prompt, SEEDED, blocks, handed.output_ids[:1], handed.rope_delta)
         tokens = list(first.token_ids)
         for _ in range(MAX_STEPS):
             if not engine.has_work():

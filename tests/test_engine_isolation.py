@@ -181,7 +181,7 @@ def test_admission_that_fails_half_way_leaves_no_trace(engine, prompts, monkeypa
     assert_no_trace(engine)
     blocks = engine.reserve_blocks(prompt, greedy(4))
     with pytest.raises(RuntimeError, match="injected generator failure"):
-        engine.add_prefilled("half-way", prompt, greedy(4), blocks, first_token=7, rope_delta=0)
+        engine.add_prefilled("half-way", prompt, greedy(4), blocks, first_tokens=[7], rope_delta=0)
     assert_no_trace(engine)  # the engine owned the blocks and gave them back
     monkeypatch.undo()
     assert text(run(engine, {0: [("half-way", prompt, greedy(4))]})["half-way"])  # the id is free again
@@ -190,9 +190,9 @@ def test_admission_that_fails_half_way_leaves_no_trace(engine, prompts, monkeypa
 def test_add_prefilled_refuses_what_it_cannot_decode_and_frees_the_blocks(engine, prompts):
     prompt, params = build(prompts, 2, with_image=False), greedy(4)
     cases = [
-        (dict(first_token=-1), "first token -1 is not in this model's vocabulary"),
-        (dict(first_token=engine.vocab_size), f"first token {engine.vocab_size} is not in this model's vocabulary"),
-        (dict(first_token=7, short=True), "blocks given, the request needs"),
+        (dict(first_tokens=[-1]), "first token -1 is not in this model's vocabulary"),
+        (dict(first_tokens=[engine.vocab_size]), f"first token {engine.vocab_size} is not in this model's vocabulary"),
+        (dict(first_tokens=[7], short=True), "blocks given, the request needs"),
     ]
     for kwargs, message in cases:
         blocks = engine.reserve_blocks(prompt, params)
@@ -212,7 +212,7 @@ def test_a_duplicate_id_is_refused_and_the_first_request_goes_on(engine, prompts
         engine.add_request("dup", prompt, greedy(3))
     blocks = engine.reserve_blocks(prompt, params)
     with pytest.raises(ValueError, match="request id 'dup' is already in use"):
-        engine.add_prefilled("dup", prompt, params, blocks, first_token=7, rope_delta=0)
+        engine.add_prefilled("dup", prompt, params, blocks, first_tokens=[7], rope_delta=0)
     outputs = [o for _ in range(MAX_STEPS) if engine.has_work() for o in engine.step()]
     assert "".join(o.text for o in outputs) == alone and first.finish_reason is FinishReason.LENGTH
     assert_no_trace(engine)

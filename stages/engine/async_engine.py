@@ -5,7 +5,9 @@ commands (start a request, abort one, run a function between steps) through a th
 and receives ``RequestOutput``s through one asyncio queue per request (``loop.call_soon_threadsafe``).
 ``generate`` validates a request on the caller's side first, so a bad request raises ValueError
 before it is queued. If the caller stops iterating (client disconnect, cancellation), the request
-is aborted and its blocks are freed.
+is aborted and its blocks are freed. A request with ``params.n > 1`` is one stream of the outputs of
+all its sequences (each output's ``index`` says whose), which ends once every sequence has finished;
+an abort aborts them all.
 
 Nobody waits forever:
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from stages.engine.engine import Engine, RequestOutput
+from stages.engine.logprobs import TokenLogprob
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
@@ -83,7 +86,7 @@ class AsyncEngine:
         self._on_step = on_step  # called on the engine thread after each step: batch size, seconds it took
         self._before_step = before_step  # called on the engine thread each loop iteration: busy (a step follows)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}  # loop, queue, n
         self._lock = threading.Lock()  # guards _ended, putting commands, registering streams, call states
         self._ended: str | None = None  # why the engine thread is no longer running
         self._stop = threading.Event()
@@ -131,48 +134,55 @@ class AsyncEngine:
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                  hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:
-        """Yield outputs until the request finishes. Raises ValueError for a request that can never run,
-        EngineUnavailable if the engine thread is not running (then or when the request is queued).
-        ``hand_off``: prefill only; the final output carries the blocks (see ``Engine.add_request``)."""
+        """Yield outputs until the request finishes (each of its ``params.n`` sequences). Raises ValueError
+        for a request that can never run, EngineUnavailable if the engine thread is not running (then or
+        when the request is queued). ``hand_off``: prefill only; each sequence's one output is final,
+        sequence 0's carries the blocks (see ``Engine.add_request``)."""
         self._check_running()
         self.engine.check_request(prompt, params)
 
         def start(engine: Engine) -> None:
             engine.add_request(request_id, prompt, params, hand_off)
 
-        return self._stream(request_id, start)
+        return self._stream(request_id, params.n, start)
 
     def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                           first_token: int, rope_delta: int,
-                           cached_tokens: int = 0) -> AsyncGenerator[RequestOutput, None]:
-        """Decode a request whose prompt KV is already in ``blocks``; the first output is ``first_token``'s
-        (``cached_tokens``: the prefill's prefix-cache hit, reported in the outputs).
+                           first_tokens: list[int], rope_delta: int, cached_tokens: int = 0,
+                           first_logprobs: list[TokenLogprob | None] | None = None,
+                           prompt_logprobs: list[TokenLogprob | None] | None = None,
+                           ) -> AsyncGenerator[RequestOutput, None]:
+        """Decode a request whose prompt KV is already in ``blocks``; each sequence's first output is its
+        entry of ``first_tokens`` (the other arguments as ``Engine.add_prefilled``).
         The engine owns ``blocks`` from the moment the command runs. Raises EngineUnavailable if the
         engine thread is not running (then the caller still owns the blocks)."""
         self._check_running()
         return self._stream(
-            request_id, lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_token, rope_delta,
-                                                  cached_tokens)
+            request_id, params.n,
+            lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_tokens, rope_delta, cached_tokens,
+                                      first_logprobs, prompt_logprobs),
         )
 
-    async def _stream(self, request_id: str,
-                      start: Callable[[Engine], RequestOutput | None]) -> AsyncGenerator[RequestOutput, None]:
+    async def _stream(self, request_id: str, n: int,
+                      start: Callable[[Engine], object]) -> AsyncGenerator[RequestOutput, None]:
+        """The outputs of ``n`` sequences until each has finished; the request is aborted if the caller
+        stops before."""
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
             self._raise_if_ended()
             if request_id in self._streams:
                 raise ValueError(f"duplicate request id {request_id}")
-            self._streams[request_id] = (asyncio.get_running_loop(), outputs)
+            self._streams[request_id] = (asyncio.get_running_loop(), outputs, n)
             self._commands.put(("start", request_id, start))
-        finished = False
+        finished: set[int] = set()
         try:
-            while not finished:
+            while len(finished) < n:
                 output = await outputs.get()
-                finished = output.finished
+                if output.finished:
+                    finished.add(output.index)
                 yield output
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
+            if len(finished) < n:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -273,11 +283,11 @@ class AsyncEngine:
                     queued.append(self._commands.get_nowait())
                 except queue.Empty:
                     break
-            streams = list(self._streams)
+            streams = {rid: n for rid, (_, _, n) in self._streams.items()}
         for kind, *args in queued:
             if kind == "call":
                 self._answer(args[0], None, EngineUnavailable(f"the engine is not running: {reason}"))
-        self._publish([RequestOutput(rid, "", [], FinishReason.ABORT, 0, 0, reason) for rid in streams])
+        self._publish([output for rid, n in streams.items() for output in _failed(rid, n, reason)])
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -299,16 +309,15 @@ class AsyncEngine:
                 first = start(self.engine)
             except Exception as exc:  # checked before queueing; this is a last line of defence
                 log.exception("request %s refused", request_id)
-                self._publish([RequestOutput(request_id, "", [], FinishReason.ABORT, 0, 0, str(exc))])
+                stream = self._streams.get(request_id)
+                self._publish(_failed(request_id, stream[2] if stream else 1, str(exc)))
             else:
-                if first is not None:
-                    self._publish([first])
+                if isinstance(first, list):  # add_prefilled: each sequence's first output
+                    self._publish(first)
         elif kind == "call":
             self._run_call(args[0])
         elif kind == "abort":
-            output = self.engine.abort(args[0])
-            if output is not None:
-                self._publish([output])
+            self._publish(self.engine.abort(args[0]))
         elif kind == "undo":
             undo, result = args
             try:
@@ -341,8 +350,13 @@ class AsyncEngine:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
-                loop, outputs_queue = stream
+                loop, outputs_queue, _ = stream
                 try:
                     loop.call_soon_threadsafe(outputs_queue.put_nowait, output)
                 except RuntimeError:  # that event loop is closed: nobody is reading
                     pass
+
+
+def _failed(request_id: str, n: int, error: str) -> list[RequestOutput]:
+    """The final outputs of a request's ``n`` sequences that ended with ``error`` outside the engine."""
+    return [RequestOutput(request_id, "", [], FinishReason.ABORT, 0, 0, error, index=i) for i in range(n)]

@@ -6,7 +6,7 @@ so the scheduler and the decode server's handshake can ask it freely.
 
 Contract: ``can_allocate`` is free of side effects and may be asked any number of times;
 ``allocate`` commits and raises if the answer would have been no. Whoever holds a list of blocks
-(from ``allocate`` or ``share``) frees it exactly once; a double free or a foreign id raises, so a
+(from ``allocate``, ``share`` or ``retain``) frees it exactly once; a double free or a foreign id raises, so a
 leak or a double release shows up in tests as an error instead of a silent miscount.
 
 Prefix caching: a block whose KV is complete may be ``register``-ed under its chain hash
@@ -100,6 +100,16 @@ class BlockAllocator:
                 released.append(block)
         # Freed blocks go to the front in order, so the next request reuses a contiguous run.
         self._free.extendleft(sorted(released, reverse=True))
+
+    def retain(self, blocks: list[int]) -> list[int]:
+        """Take another reference to each of ``blocks``, all in use (a forked sequence shares its
+        parent's prompt blocks); the caller frees them like its other blocks. ValueError, changing
+        nothing, if one is not in use."""
+        if not all(block in self._refs for block in blocks):
+            raise ValueError(f"retaining blocks that are not in use: {sorted(set(blocks) - set(self._refs))}")
+        for block in blocks:
+            self._refs[block] += 1
+        return list(blocks)
 
     # --- prefix caching ------------------------------------------------------------------------
     def cached_prefix(self, hashes: list[bytes]) -> list[int]:

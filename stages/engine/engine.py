@@ -13,6 +13,15 @@ decode's ``add_prefilled`` registers the prompt's blocks that arrived, and ``res
 a later reservation from them. ``free_blocks`` drops the caller's references (shared blocks stay
 with their other holders, cached ones stay cached).
 
+``n`` sequences (``params.n``, see ``request.py``): sequence 0 computes the prompt; the pass that
+completes it draws the first tokens of all n from its row of logits (repeated, each sequence with
+its own generator, seeded ``params.seed_of(i)``), and the other sequences are forked (``_fork``):
+each shares the prompt's full blocks and gets its own copy of the last, partial one, or, when the
+pool has no block for that copy, waits as if preempted at once (a colocated fork recomputes prompt
+and first token, hitting the prefix cache if on; a decode's is swapped: the prompt's KV copied to
+the host). A decode's ``add_prefilled`` forks the same way with the prefill's n first tokens. Every
+output carries its sequence's ``index``; ``abort`` aborts all n.
+
 Failure contract:
 
 - admission is all-or-nothing: ``add_request``, ``add_prefilled`` and ``reserve_blocks`` / ``reserve_cached`` either
@@ -38,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.engine.attention import ATTENTION_NAME
-from stages.engine.block_allocator import BlockAllocator
+from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 from stages.engine.config import EngineConfig
 from stages.engine.detokenizer import Detokenizer, TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
@@ -47,7 +56,7 @@ from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
 from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.prefix_cache import block_hashes, image_spans
-from stages.engine.request import FinishReason, Preemption, Request
+from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
 from stages.engine.sampler import SamplingError, make_generator, sample
 from stages.engine.sampling_params import SamplingParams
@@ -115,6 +124,7 @@ class Engine:
         self.runner = ModelRunner(self.adapter, self.pool)
         self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
         self._swapped: dict[str, torch.Tensor] = {}  # the host copy of each swapped-out request's KV
+        self._forked: list[tuple[Request, Request]] = []  # (sequence 0, a fork) of the step's pass
 
     # --- admission (all-or-nothing) ----------------------------------------------------------
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
@@ -132,8 +142,9 @@ class Engine:
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
         """Queue a request for prefill and decode. With ``hand_off`` (prefill servers) it stops after the
         first token and its final output carries its blocks, which the caller frees with ``free_blocks``.
-        Raises ValueError, changing nothing, if the request can never run or its id is in use."""
-        self._check_new_id(request_id)
+        Raises ValueError, changing nothing, if the request can never run or its id is in use.
+        Returns its sequence 0 (the others are forked from it when its prompt is done)."""
+        self._check_new_id(request_id, params.n)
         self.check_request(prompt, params)
         prompt.check_images(self.adapter.image_token_id, prefill=True)
         request = Request(request_id, prompt, params, hand_off=hand_off, block_hashes=self._block_hashes(prompt))
@@ -167,39 +178,52 @@ class Engine:
         self.allocator.free(blocks)
 
     def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                      first_token: int, rope_delta: int, cached_tokens: int = 0) -> RequestOutput:
+                      first_tokens: list[int], rope_delta: int, cached_tokens: int = 0,
+                      first_logprobs: list[TokenLogprob | None] | None = None,
+                      prompt_logprobs: list[TokenLogprob | None] | None = None) -> list[RequestOutput]:
         """Start decoding a request whose prompt KV is already in ``blocks`` (from ``reserve_blocks``)
-        and whose first token came with it (``cached_tokens``: how many prompt tokens the prefill found
-        in its prefix cache, reported in the outputs). The engine owns the blocks from this call on: if it raises
-        (ValueError: the request can never run, its id is in use, ``first_token`` is no token id or the
-        blocks are too few), the blocks are already freed and nothing else has changed."""
+        and whose first tokens came with it, one per sequence (``params.n``; ``first_logprobs``, when
+        given, theirs; ``prompt_logprobs`` go on sequence 0's output; ``cached_tokens``: how many
+        prompt tokens the prefill found in its prefix cache, reported in the outputs). Sequences 1..n-1
+        fork from sequence 0 here. Returns each sequence's first output, by index. The engine owns the
+        blocks from this call on: if it raises (ValueError: the request can never run, its id is in
+        use, the first tokens are not one token id per sequence or the blocks are too few), the
+        blocks are already freed and nothing else has changed."""
         try:
-            self._check_new_id(request_id)
+            self._check_new_id(request_id, params.n)
             self.check_request(prompt, params)
             request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
                               rope_delta=rope_delta, num_cached_tokens=cached_tokens,
                               block_hashes=self._block_hashes(prompt), preemption=Preemption.SWAP)
-            if not 0 <= first_token < self.vocab_size:
-                raise ValueError(f"first token {first_token} is not in this model's vocabulary of {self.vocab_size}")
+            if len(first_tokens) != params.n or (first_logprobs is not None and len(first_logprobs) != params.n):
+                raise ValueError(f"{len(first_tokens)} first tokens for {params.n} sequences")
+            for token in first_tokens:
+                if not 0 <= token < self.vocab_size:
+                    raise ValueError(f"first token {token} is not in this model's vocabulary of {self.vocab_size}")
             need = self.scheduler.blocks_needed(request)
             if len(blocks) < need:
                 raise ValueError(f"{len(blocks)} blocks given, the request needs {need}")
-            tracked = self._new_tracked(request)
-            if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
-                self._skip_draw(tracked.generator)
+            sequences = [request] + [request.fork(i) for i in range(1, params.n)]
+            tracked = [self._new_tracked(sequence) for sequence in sequences]
+            for state in tracked:
+                if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
+                    self._skip_draw(state.generator)
         except BaseException:
             self.allocator.free(blocks)
             raise
         self.scheduler.add_running(request)
-        self._tracked[request_id] = tracked
+        self._tracked.update((sequence.request_id, state) for sequence, state in zip(sequences, tracked))
         self.scheduler.register(request)  # the prompt's KV is all here: later rooms may skip sending it
-        output = self._append_or_fail(request, first_token)
+        outputs = [self._append_or_fail(sequence, token) for sequence, token in zip(sequences, first_tokens)]
+        for child in sequences[1:]:
+            self._place(request, child)
         self.scheduler.reap()  # done already (a stop token or max_tokens=1): blocks go back now
-        return output
+        return outputs
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        request = self.scheduler.abort(request_id)
-        return self._finish(request, FinishReason.ABORT) if request else None
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Abort every live sequence of request ``request_id``: one output each (none if none is here)."""
+        aborted = [self.scheduler.abort(r.request_id) for r in self.scheduler.sequences(request_id)]
+        return [self._finish(request, FinishReason.ABORT) for request in aborted if request is not None]
 
     # --- running ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -212,10 +236,14 @@ class Engine:
             return []
         errors: dict[str, str] = {}  # request id -> why it failed in this step
         self._encode_missing(batch.prefills, errors)
+        self._forked = []
         tokens = self._forward([r for r in batch.prefills if r.request_id not in errors], batch.decodes, errors)
         outputs = [self._finish(r, FinishReason.ABORT, error=errors[r.request_id]) if r.request_id in errors
-                   else self._append_or_fail(r, tokens[r.request_id]) for r in batch.requests
+                   else self._append_or_fail(r, tokens[r.request_id])
+                   for r in batch.requests + [child for _, child in self._forked]
                    if r.request_id in errors or r.request_id in tokens]  # a mid-prompt chunk has no output
+        for parent, child in self._forked:
+            self._place(parent, child)
         self.scheduler.after_step(batch)
         return outputs
 
@@ -223,13 +251,14 @@ class Engine:
         return self.scheduler.has_work()
 
     # --- internals ---------------------------------------------------------------------------
-    def _check_new_id(self, request_id: str) -> None:
-        if request_id in self._tracked:
+    def _check_new_id(self, request_id: str, n: int = 1) -> None:
+        """ValueError if a live sequence belongs to request ``request_id`` or has the id one of its ``n`` would."""
+        if any(sequence_id(request_id, i) in self._tracked for i in range(n)) or self.scheduler.sequences(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
 
     def _new_tracked(self, request: Request) -> _Tracked:
         params = request.params
-        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed, self.device))
+        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed_of(request.index), self.device))
 
     def _block_hashes(self, prompt: Prompt) -> list[bytes] | None:
         """The prompt's chain of block hashes when prefix caching is on, else None."""
@@ -303,6 +332,7 @@ class Engine:
             return {**self._forward(prefills[:half], decodes[:cut], errors),
                     **self._forward(prefills[half:], decodes[cut:], errors)}
         requests = [r for r in prefills if r.prompt_done] + decodes  # the rows of ``logits``
+        requests, logits = self._fork(requests, logits, errors)  # n > 1: forks after their sequence 0, its row repeated
         if not requests:
             return {}
         drawn = sample(logits, [r.params for r in requests], [self._tracked[r.request_id].generator for r in requests])
@@ -313,6 +343,47 @@ class Engine:
             else:
                 tokens[request.request_id] = token
         return tokens
+
+    def _fork(self, rows: list[Request], logits: torch.Tensor, errors: dict[str, str]) -> tuple[list[Request], torch.Tensor]:
+        """The rows to sample after a pass: each of ``rows`` whose prompt the pass completed as the
+        sequence 0 of a request with ``n > 1`` (no output yet) followed by its forks, new and tracked
+        (in ``_forked``, placed by ``_place`` once their first token is appended), each drawing from
+        the same logits row. A fork whose state cannot be made fails alone (``errors``)."""
+        expanded, index = [], []
+        for row, request in enumerate(rows):
+            expanded.append(request)
+            index.append(row)
+            if request.index or request.params.n == 1 or request.output_ids:
+                continue
+            for i in range(1, request.params.n):
+                child = request.fork(i)
+                self._forked.append((request, child))
+                try:
+                    tracked = self._new_tracked(child)
+                except Exception as exc:  # noqa: BLE001 - this sequence's failure only
+                    errors[child.request_id] = f"{type(exc).__name__}: {exc}"
+                    continue
+                self._tracked[child.request_id] = tracked
+                expanded.append(child)
+                index.append(row)
+        if len(expanded) == len(rows):
+            return rows, logits
+        return expanded, logits[torch.tensor(index, dtype=torch.long, device=logits.device)]
+
+    def _place(self, parent: Request, child: Request) -> None:
+        """Run a fork that its first token did not finish (``Scheduler.fork``), copying its KV: the
+        parent's last, partial prompt block into the fork's own, or, if it was parked to be swapped
+        in later, the prompt's KV to the host."""
+        if child.status is RequestStatus.FINISHED:
+            return
+        block_size = self.allocator.block_size
+        full = parent.prompt_len // block_size
+        if self.scheduler.fork(parent, child):
+            if parent.prompt_len % block_size:
+                self.pool.copy_blocks([parent.blocks[full]], [child.blocks[full]])
+        elif child.swapped:
+            self._swapped[child.request_id] = self.pool.copy_out(
+                parent.blocks[: blocks_for_tokens(parent.prompt_len, block_size)])
 
     def _skip_draw(self, generator: torch.Generator) -> None:
         """Advance ``generator`` exactly as one ``sample()`` draw over this vocabulary does, so a seeded
@@ -348,7 +419,8 @@ class Engine:
 
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:
         handed = request.hand_off and request.finish_reason not in (None, FinishReason.ABORT)
-        return RequestOutput(request.request_id, text, tokens, request.finish_reason, request.prompt_len,
-                             len(request.output_ids), error, request.rope_delta, request.blocks if handed else None,
-                             request.num_cached_tokens)
+        return RequestOutput(request.group_id, text, tokens, request.finish_reason, request.prompt_len,
+                             len(request.output_ids), error, request.rope_delta,
+                             request.blocks if handed and not request.index else None,
+                             request.num_cached_tokens, index=request.index)
 

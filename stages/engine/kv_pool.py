@@ -99,6 +99,14 @@ class KVPool:
             raise ValueError(f"{host.shape[0]} swapped blocks do not fit {len(blocks)} blocks")
         self.tensor[torch.tensor(blocks, dtype=torch.long, device=self.device)] = host.to(self.device)
 
+    def copy_blocks(self, sources: list[int], targets: list[int]) -> None:
+        """Copy block ``sources[i]`` (every layer, K and V) into ``targets[i]``, on the device: a forked
+        sequence's own copy of its parent's last, partial prompt block (copy-on-write at the fork)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} source blocks for {len(targets)} targets")
+        source = torch.tensor(sources, dtype=torch.long, device=self.device)
+        self.tensor[torch.tensor(targets, dtype=torch.long, device=self.device)] = self.tensor[source]
+
     def keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys in place: a view [num_blocks, block_size, kv_heads, head_dim]."""
         return self.tensor[:, layer, 0]

@@ -18,6 +18,11 @@ blocks (``stages.engine.prefix_cache``). On admission the scheduler starts the r
 longest cached chain (``num_cached_tokens`` = the first ``num_computed`` of its first admission:
 those blocks are shared, not computed); as later chunks complete blocks they are registered for
 others (``num_registered``). A recompute's readmission looks its prompt up again.
+
+``n`` sequences (``params.n``): the client's request is ``n`` Requests that share its id
+(``group_id``) and differ by ``index``; each has its own ``request_id`` in the engine
+(``sequence_id``). Sequence 0 computes the prompt; at its end the others are forked from it
+(``fork``) and run as requests of their own (scheduled, preempted and finished one by one).
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ from stages.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from stages.engine.multimodal import Prompt
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """The engine's id of sequence ``index`` of request ``request_id``: the request's own id for
+    sequence 0 (so a request with ``n == 1`` is known by its id), ``"<id>#<index>"`` for the others."""
+    return request_id if index == 0 else f"{request_id}#{index}"
 
 
 class RequestStatus(enum.IntEnum):
@@ -54,7 +65,7 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(eq=False)
 class Request:
-    request_id: str
+    request_id: str  # unique among the engine's live sequences (``sequence_id``)
     prompt: Prompt
     params: SamplingParams
     status: RequestStatus = RequestStatus.WAITING
@@ -76,6 +87,11 @@ class Request:
     num_preemptions: int = 0
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    index: int = 0  # which of the request's ``params.n`` sequences this is
+    group_id: str = ""  # the client's request id, shared by its n sequences ("": ``request_id``)
+
+    def __post_init__(self) -> None:
+        self.group_id = self.group_id or self.request_id
 
     @property
     def prompt_len(self) -> int:
@@ -130,6 +146,15 @@ class Request:
             self.swapped = True
         self.num_preemptions += 1
         self.status = RequestStatus.WAITING
+
+    def fork(self, index: int) -> Request:
+        """Sequence ``index`` of this request (sequence 0), at the end of its prompt: same prompt,
+        parameters, prefix-cache hashes and hit, KV kind and M-RoPE offset; WAITING, no blocks, no
+        output yet (the engine gives it its blocks or parks it, see ``Engine._fork``)."""
+        return Request(sequence_id(self.group_id, index), self.prompt, self.params, hand_off=self.hand_off,
+                       block_hashes=self.block_hashes, num_cached_tokens=self.num_cached_tokens,
+                       preemption=self.preemption, rope_delta=self.rope_delta, arrival=self.arrival,
+                       index=index, group_id=self.group_id)
 
     def finish(self, reason: FinishReason) -> None:
         self.finish_reason = self.finish_reason or reason

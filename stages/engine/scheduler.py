@@ -35,12 +35,21 @@ tokens that may never be generated.
 **Prefix caching** (a request with ``block_hashes``): admission looks up the longest chain of its
 prompt's full blocks in the allocator's index (``cached_prefix``), capped so that at least the last
 prompt token is computed (the step must yield logits; so a request never writes into a shared
-block), takes a reference to those blocks (``share``), allocates the rest and starts the request
+block; a request still to give prompt logprobs takes no hit: it needs every position's logits), takes a reference to those blocks (``share``), allocates the rest and starts the request
 at ``num_computed`` = the hit; a recompute's readmission looks its prompt up again (its outputs are
 never cached), a swapped request's does not. After each step the blocks a prefill chunk completed
 are registered (``register``), so later requests hit them, even while this one still runs. Release
 (finish, abort, preemption) is the same ``free`` for shared and own blocks: it drops this request's
 references, and what it registered stays cached.
+
+**n sequences** (``params.n``; see ``request.py``): a request is admitted as its sequence 0, which
+computes the prompt; when that is done, the engine forks the others (``fork``): each shares the
+prompt's full blocks (a reference more, ``BlockAllocator.retain``) and takes ``own_blocks`` of its
+own (on demand, its copy of the last, partial prompt block; reserving, every block past the shared
+ones), then runs like any request. A fork the pool cannot give those blocks to waits at the front of
+the queue as if preempted at once (recompute, or swap with its KV on the host). Admission leaves
+room for the forks' blocks (``fork_blocks``); ``check_fits`` refuses a request whose n sequences
+could not all be held at their longest at once (``group_blocks``).
 """
 
 from __future__ import annotations
@@ -109,6 +118,29 @@ class Scheduler:
         hand-off (prefill-only) request's prompt."""
         return self._blocks(request.prompt_len if request.hand_off else request.max_total_tokens)
 
+    def own_blocks(self, request: Request) -> int:
+        """Blocks a forked sequence of ``request`` takes besides the prompt's full blocks it shares (see
+        the module docstring); none for a hand-off request, whose forks hold no KV."""
+        if request.hand_off:
+            return 0
+        longest = self.most_blocks(request) if not self.on_demand else self._blocks(request.prompt_len)
+        return longest - request.prompt_len // self.allocator.block_size
+
+    def fork_blocks(self, request: Request) -> int:
+        """Blocks the forks of ``request`` take when its prompt is done: ``own_blocks`` for each of its
+        other ``n - 1`` sequences while it is a sequence 0 that has not forked yet (no output), else 0."""
+        if request.index or request.output_ids:
+            return 0
+        return (request.params.n - 1) * self.own_blocks(request)
+
+    def group_blocks(self, request: Request) -> int:
+        """Blocks the request's ``n`` sequences hold at their longest, all at once: the prompt's full
+        blocks once, and each sequence's blocks past them."""
+        if request.hand_off:
+            return self.most_blocks(request)
+        shared = request.prompt_len // self.allocator.block_size
+        return shared + request.params.n * (self.most_blocks(request) - shared)
+
     def blocks_needed(self, request: Request) -> int:
         """Blocks admission takes: reserving, ``most_blocks``; on demand, the prefill's (a swapped
         request's: its KV's and its next slot's)."""
@@ -127,13 +159,15 @@ class Scheduler:
         return bool(self.waiting) and self.waiting[0].num_preemptions > 0
 
     def check_fits(self, request: Request) -> None:
-        """Raise ValueError if the request could never be admitted, however long it waited."""
-        need = self.most_blocks(request)
+        """Raise ValueError if the request (its n sequences at their longest at once) could never be
+        admitted, however long it waited."""
+        need = self.group_blocks(request)
         if need > self.allocator.num_blocks:
+            sequences = f", {request.params.n} sequences" if request.params.n > 1 and not request.hand_off else ""
             raise ValueError(
                 f"request needs {need} KV blocks (prompt {request.prompt_len} + max_tokens "
-                f"{request.params.max_tokens}) but the pool has {self.allocator.num_blocks}; "
-                "lower max_tokens or start the server with a larger --kv-cache-mib"
+                f"{request.params.max_tokens}{sequences}) but the pool has {self.allocator.num_blocks}; "
+                "lower max_tokens" + (" or n" if sequences else "") + " or start the server with a larger --kv-cache-mib"
             )
 
     def add(self, request: Request) -> None:
@@ -209,8 +243,10 @@ class Scheduler:
         """Admit the first waiting request if its blocks can be taken: a swapped one decodes at once
         (its KV copied back in), any other starts its prefill past its cached prefix. Returns the
         tokens it adds to the step, None if it must wait."""
-        cached = [] if request.swapped else self.cached_blocks(request)
-        if not self.can_admit(self.blocks_needed(request) - len(cached), cached):
+        # a request still to give its prompt logprobs computes its whole prompt (vLLM's rule: no hit)
+        whole = request.params.prompt_logprobs is not None and not request.output_ids
+        cached = [] if request.swapped or whole else self.cached_blocks(request)
+        if not self.can_admit(self.blocks_needed(request) + self.fork_blocks(request) - len(cached), cached):
             return None
         self.waiting.popleft()
         self._hold(request, cached)
@@ -230,13 +266,33 @@ class Scheduler:
         leading blocks are those (their KV is here already). MemoryError, holding nothing, if the pool
         cannot give the rest now (the watermark kept free, preempted requests readmitted first)."""
         cached = self.cached_blocks(request)
-        need = self.blocks_needed(request) - len(cached)
+        need = self.blocks_needed(request) + self.fork_blocks(request) - len(cached)
         if self.preempted_waiting or not self.can_admit(need, cached):
             raise MemoryError(f"asked for {need} KV blocks, {self.allocator.num_free} free of "
                               f"{self.allocator.num_blocks} (keeping {self.watermark} free"
                               + (", preempted requests first)" if self.preempted_waiting else ")"))
         self._hold(request, cached)
         return len(cached)
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        """Run ``child`` (``parent.fork(i)``, its first token appended; the prompt's KV all in ``parent``'s
+        blocks) beside its parent: the parent's full prompt blocks shared, ``own_blocks`` of its own,
+        the first of which the engine fills with its copy of the parent's last, partial prompt block
+        (if any). Returns False, having parked it, if the pool cannot give those blocks: it waits at the
+        front of the queue as if preempted at once (``Request.preempt``; a swap's KV, the prompt's,
+        is for the engine to copy to the host)."""
+        child.num_computed = parent.prompt_len
+        child.advance(RequestStatus.RUNNING)
+        own = self.own_blocks(child)
+        if not self.allocator.can_allocate(own):
+            child.preempt()
+            self.waiting.appendleft(child)
+            self.preemptions[child.preemption.value] += 1
+            return False
+        shared = self.allocator.retain(parent.blocks[: parent.prompt_len // self.allocator.block_size])
+        child.blocks = shared + self.allocator.allocate(own)
+        self.running.append(child)
+        return True
 
     def _hold(self, request: Request, cached: list[int]) -> None:
         """Give the request its admission blocks: the cached chain shared, the rest allocated. A
@@ -284,6 +340,10 @@ class Scheduler:
         for request in [r for r in self.running if r.status is RequestStatus.FINISHED]:
             self.running.remove(request)
             self._release(request)
+
+    def sequences(self, group_id: str) -> list[Request]:
+        """The live sequences (waiting or running) of the request ``group_id``."""
+        return [r for queue in (self.waiting, self.running) for r in queue if r.group_id == group_id]
 
     def abort(self, request_id: str) -> Request | None:
         """Finish a request wherever it is; its blocks are freed now. Returns it, or None if unknown."""

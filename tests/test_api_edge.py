@@ -48,7 +48,7 @@ def with_hi(fragment: str) -> str:
     ('"seed": 9223372036854775808', "seed", "invalid_value", "less than or equal to 9223372036854775807"),
     ('"seed": -9223372036854775809', "seed", "invalid_value", "greater than or equal to -9223372036854775808"),
     ('"seed": 1e300', "seed", "invalid_value", "seed"),
-    ('"n": 2', "n", "invalid_value", "n must be 1"),
+    ('"n": 9', "n", "invalid_value", "less than or equal to 8"),
     ('"stop": ["' + "x" * (MAX_STOP_CHARS + 1) + '"]', "stop[0]", "invalid_value",
      f"at most {MAX_STOP_CHARS} characters"),
     ('"stop": ""', "stop", "invalid_value", "at least 1 character"),
@@ -85,13 +85,17 @@ def test_context_overflow_from_a_huge_max_tokens_names_the_lengths():
         assert "maximum context length is 64 tokens" in error["message"]
 
 
-def test_unknown_fields_that_would_change_the_logits_are_ignored():
+def test_unknown_fields_are_ignored_and_known_ones_reach_the_engine():
+    """Fields no OpenAI API defines (vLLM's min_p here) are ignored; the sampling fields this server
+    implements reach the engine (tests/test_chat_request_fields.py has each one)."""
     plain, extra = FakeAsyncEngine(), FakeAsyncEngine()
     assert post_raw(with_hi('"seed": 5'), plain).status_code == 200
-    fields = ('"seed": 5, "logit_bias": {"50256": -100}, "frequency_penalty": 2, "presence_penalty": -2, '
-              '"logprobs": true, "top_logprobs": 20, "min_p": 0.5, "repetition_penalty": 9, "tools": [[[]]]')
-    assert post_raw(with_hi(fields), extra).status_code == 200
+    assert post_raw(with_hi('"seed": 5, "min_p": 0.5, "mirostat": [[]]'), extra).status_code == 200
     assert extra.params == plain.params
+    fields = '"seed": 5, "logit_bias": {"7": -100}, "frequency_penalty": 2, "logprobs": true, "top_logprobs": 20'
+    assert post_raw(with_hi(fields), extra).status_code == 200
+    params = extra.params[-1]
+    assert (params.logit_bias, params.frequency_penalty, params.logprobs) == (((7, -100.0),), 2.0, 20)
 
 
 # --- documented clamps ------------------------------------------------------------------------------

@@ -195,6 +195,7 @@ class FakeEngine:
 
     max_model_len = 64
     vocab_size = 1000
+    guides = None  # compiles no grammar
 
     def __init__(self) -> None:
         self.built: list[tuple[list, list]] = []
@@ -319,7 +320,7 @@ def test_images_reach_the_prompt_builder_in_order():
     ({"messages": []}, "messages", "invalid_value"),
     ({"max_tokens": 0}, "max_tokens", "invalid_value"),
     ({"max_completion_tokens": -3}, "max_completion_tokens", "invalid_value"),
-    ({"n": 2}, "n", "invalid_value"),
+    ({"n": 9}, "n", "invalid_value"),
     ({"temperature": "hot"}, "temperature", "invalid_value"),
     ({"temperature": 3.0}, "temperature", "invalid_value"),
     ({"top_p": -0.1}, "top_p", "invalid_value"),

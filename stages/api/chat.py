@@ -26,8 +26,11 @@ from cache.keys import image_key
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
+from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
+from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+from stages.prompt import ToolsNotSupported
 
 
 # The key under which a stage that takes pixels names its images for prefix caching. Those keys never
@@ -72,14 +75,58 @@ def image_refs(request: ChatCompletionRequest) -> list[tuple[ImageRef, str]]:
 
 
 def hf_messages(request: ChatCompletionRequest) -> list[dict]:
-    """OpenAI messages -> chat-template messages; each image part becomes ``{"type": "image"}``."""
+    """OpenAI messages -> chat-template messages; each image part becomes ``{"type": "image"}``; an
+    assistant's tool calls and a tool message's text as templates take them (``stages.api.tools``).
+    400 naming the call whose arguments are not a JSON object."""
     messages = []
-    for message in request.messages:
+    for i, message in enumerate(request.messages):
         parts = message.content
+        if message.role == "tool":
+            messages.append({"role": "tool", "content": tool_content(
+                parts if parts is None or isinstance(parts, str) else [{"text": part.text} for part in parts]),
+                "tool_call_id": message.tool_call_id})
+            continue
         content: str | list[dict[str, str | None]] = "" if parts is None else parts if isinstance(parts, str) else [
             {"type": "text", "text": part.text} if part.type == "text" else {"type": "image"} for part in parts]
-        messages.append({"role": message.role, "content": content})
+        hf: dict[str, Any] = {"role": message.role, "content": content}
+        if message.tool_calls:
+            try:
+                hf["tool_calls"] = template_tool_calls([call.model_dump() for call in message.tool_calls])
+            except ValueError as exc:
+                raise bad_request(f"Invalid value for 'messages[{i}]': {exc}", f"messages[{i}].tool_calls",
+                                  "invalid_value") from None
+        messages.append(hf)
     return messages
+
+
+def guide(request: ChatCompletionRequest, guides: Any) -> Guide | None:
+    """The grammar every choice of ``request`` follows, compiled by ``guides`` (a
+    ``stages.guided.GuideCompiler``): a forced tool call's schema (``tool_choice`` required or a
+    named function), or ``response_format``'s (None for text). 400 ``invalid_tool_schema`` /
+    ``invalid_response_format`` for a schema the compiler refuses; 400 ``structured_output_unavailable``
+    if the server has no compiler (``guides`` None) and the request needs one."""
+    response_format = request.response_format
+    forced = request.forces_tool
+    if not forced and (response_format is None or response_format.type == "text"):
+        return None
+    if guides is None:
+        raise bad_request("This server cannot constrain its output (no grammar compiler).",
+                          "tool_choice" if forced else "response_format", "structured_output_unavailable")
+    if forced:
+        tool_choice = request.tool_choice if isinstance(request.tool_choice, str) else \
+            request.tool_choice.model_dump() if request.tool_choice is not None else None
+        try:
+            return guides.compile_schema(forced_tool_schema([tool.model_dump() for tool in request.tools or ()],
+                                                            tool_choice))
+        except ValueError as exc:
+            raise bad_request(f"The tools' parameters cannot be enforced for tool_choice: {exc}", "tools",
+                              "invalid_tool_schema") from None
+    assert response_format is not None  # not forced: a response format asked for a grammar
+    try:
+        return guides.compile_response_format(response_format.model_dump(by_alias=True, exclude_none=True))
+    except ValueError as exc:
+        raise bad_request(f"Invalid value for 'response_format': {exc}", "response_format",
+                          "invalid_response_format") from None
 
 
 def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[tuple[Image.Image, str]]:
@@ -132,14 +179,20 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
 
 
 def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,
-                    vocab_size: int) -> SamplingParams:
+                    vocab_size: int, guide: Guide | None = None) -> SamplingParams:
     """The request's sampling, with the clamps its schema documents: ``max_completion_tokens`` wins over
     ``max_tokens`` (neither: what is left of the context); a sampled temperature below
     ``MIN_TEMPERATURE`` and a top_p below ``MIN_TOP_P`` are raised to them; a top_k of -1, or at or
-    above the vocabulary size, disables top-k (0)."""
+    above the vocabulary size, disables top-k (0); ``logprobs`` true asks for ``top_logprobs`` (default
+    0) alternatives per token. 400 naming ``logit_bias`` for a token id outside the vocabulary."""
     max_tokens = request.max_completion_tokens or request.max_tokens or max(1, max_model_len - prompt_len)
     temperature = 1.0 if request.temperature is None else request.temperature
     top_k = request.top_k or 0
+    bias = tuple((int(token), value) for token, value in (request.logit_bias or {}).items())
+    outside = [token for token, _ in bias if token >= vocab_size]
+    if outside:
+        raise bad_request(f"Invalid key in 'logit_bias': {outside[0]}. This model's token ids are 0 to "
+                          f"{vocab_size - 1}.", "logit_bias", "invalid_value")
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -149,6 +202,13 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
             seed=request.seed,
             stop=request.stop_strings,
             ignore_eos=bool(request.ignore_eos),
+            n=request.n or 1,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            logit_bias=bias,
+            logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+            guide=guide,
         )
     except ValueError as exc:
         raise bad_request(str(exc), None, "invalid_value") from None
@@ -158,7 +218,7 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
 class Preparer:
     """A server's way from a request body to (prompt, sampling parameters): its prompt builder
     (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then ``build``
-    for PIXELS, ``build_from_sizes`` otherwise), its
+    for PIXELS, ``build_from_sizes`` otherwise, and its ``guides`` to compile a request's grammar), its
     engine's limits, its image limits and how it takes images."""
 
     prompts: Any
@@ -168,7 +228,8 @@ class Preparer:
 
     def __call__(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
         """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
-        tokenization); run it off the event loop. Raises APIError for anything the client got wrong."""
+        tokenization, compiling its grammar); run it off the event loop. Raises APIError for anything
+        the client got wrong."""
         engine, messages = self.engine, hf_messages(request)
         loaded = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
         images = [image for image, _ in loaded] if loaded is not None else None
@@ -176,14 +237,10 @@ class Preparer:
             image_sizes(request, self.limits, self.mode)
         sizes = [size for size, _ in keyed]
         self._check_sizes(request, sizes)
-        try:
-            prompt = self.prompts.build(messages, images) if images is not None else \
-                self.prompts.build_from_sizes(messages, sizes)
-        except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
-            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
-                              "invalid_prompt") from None
+        prompt = self._build(request, messages, images, sizes)
         prompt.image_keys = [key for _, key in keyed]  # for prefix caching: each image's content key
-        params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size)
+        params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size,
+                                 guide(request, self.prompts.guides))
         try:
             engine.check_request(prompt, params)
         except ValueError as exc:
@@ -191,6 +248,22 @@ class Preparer:
             raise bad_request(str(exc), "messages" if too_long else "max_tokens",
                               "context_length_exceeded" if too_long else "invalid_value") from None
         return prompt, params
+
+    def _build(self, request: ChatCompletionRequest, messages: list[dict], images: list[Image.Image] | None,
+               sizes: list[tuple[int, int]]) -> Prompt:
+        """The prompt, with the offered tools (``ChatCompletionRequest.offered_tools``) rendered by the
+        chat template. 400 ``tools_not_supported`` if the template has no tool format."""
+        offered = request.offered_tools
+        extra = {} if offered is None else {"tools": template_tools(offered)}
+        try:
+            return self.prompts.build(messages, images, **extra) if images is not None else \
+                self.prompts.build_from_sizes(messages, sizes, **extra)
+        except ToolsNotSupported as exc:
+            raise bad_request(f"This model's chat template cannot offer tools: {exc}", "tools",
+                              "tools_not_supported") from None
+        except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
+            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
+                              "invalid_prompt") from None
 
     def _check_sizes(self, request: ChatCompletionRequest, sizes: list[tuple[int, int]]) -> None:
         """400 ``invalid_image`` naming the first image whose size the model's image processor refuses

@@ -22,12 +22,13 @@ import re
 from typing import Annotated
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import ValidationError
 
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
-from stages.api.schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, ChatCompletionRequest
+from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA, MAX_TOOL_CALLS,
+                                MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
 from stages.text_bound import TextBound, prompt_chars
 
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
@@ -53,17 +54,65 @@ class _Part(Struct, gc=False):
     image_ref: _ImageRef | Scalar | UnsetType = UNSET
 
 
+class _FunctionCall(Struct, gc=False):
+    name: Scalar | UnsetType = UNSET
+    arguments: Scalar | UnsetType = UNSET
+
+
+class _ToolCall(Struct, gc=False):
+    id: Scalar | UnsetType = UNSET
+    type: Scalar | UnsetType = UNSET
+    function: _FunctionCall | Scalar | UnsetType = UNSET
+
+
 class _Message(Struct, gc=False):
     role: Scalar | UnsetType = UNSET
     content: Annotated[list[_Part | Scalar], Meta(max_length=MAX_CONTENT_PARTS)] | Scalar | UnsetType = UNSET
+    tool_calls: Annotated[list[_ToolCall | Scalar], Meta(max_length=MAX_TOOL_CALLS)] | Scalar | UnsetType = UNSET
+    tool_call_id: Scalar | UnsetType = UNSET
 
 
 class _StreamOptions(Struct, gc=False):
     include_usage: Scalar | UnsetType = UNSET
 
 
+class _Function(Struct, gc=False):
+    name: Scalar | UnsetType = UNSET
+    description: Scalar | UnsetType = UNSET
+    parameters: Raw | UnsetType = UNSET  # a JSON Schema: any JSON, kept as its bytes (pydantic takes an object)
+    strict: Scalar | UnsetType = UNSET
+
+
+class _Tool(Struct, gc=False):
+    type: Scalar | UnsetType = UNSET
+    function: _Function | Scalar | UnsetType = UNSET
+
+
+class _Named(Struct, gc=False):
+    name: Scalar | UnsetType = UNSET
+
+
+class _ToolChoice(Struct, gc=False):
+    type: Scalar | UnsetType = UNSET
+    function: _Named | Scalar | UnsetType = UNSET
+
+
+class _JSONSchema(Struct, gc=False):
+    name: Scalar | UnsetType = UNSET
+    description: Scalar | UnsetType = UNSET
+    schema: Raw | UnsetType = UNSET  # any JSON, kept as its bytes
+    strict: Scalar | UnsetType = UNSET
+
+
+class _ResponseFormat(Struct, gc=False):
+    type: Scalar | UnsetType = UNSET
+    json_schema: _JSONSchema | Scalar | UnsetType = UNSET
+
+
 class _Request(Struct, gc=False):
-    """Every field of ``ChatCompletionRequest``, each as loose as the schema allows but no looser in size."""
+    """Every field of ``ChatCompletionRequest``, each as loose as the schema allows but no looser in size.
+    A JSON Schema inside (a tool's parameters, a response format's schema) is any JSON: kept as its
+    bytes (``Raw``), never built here. The ``UNSUPPORTED`` fields too: only looked at for being null."""
 
     messages: Annotated[list[_Message | Scalar], Meta(max_length=MAX_MESSAGES)] | Scalar | UnsetType = UNSET
     stop: Annotated[list[Scalar], Meta(max_length=STOP_LIST_BOUND)] | Scalar | UnsetType = UNSET
@@ -81,6 +130,30 @@ class _Request(Struct, gc=False):
     bootstrap_host: Scalar | UnsetType = UNSET
     bootstrap_port: Scalar | UnsetType = UNSET
     bootstrap_room: Scalar | UnsetType = UNSET
+    presence_penalty: Scalar | UnsetType = UNSET
+    frequency_penalty: Scalar | UnsetType = UNSET
+    repetition_penalty: Scalar | UnsetType = UNSET
+    logit_bias: Annotated[dict[str, Scalar], Meta(max_length=MAX_LOGIT_BIAS_TOKENS)] | Scalar | UnsetType = UNSET
+    logprobs: Scalar | UnsetType = UNSET
+    top_logprobs: Scalar | UnsetType = UNSET
+    response_format: _ResponseFormat | Scalar | UnsetType = UNSET
+    tools: Annotated[list[_Tool | Scalar], Meta(max_length=MAX_TOOLS)] | Scalar | UnsetType = UNSET
+    tool_choice: _ToolChoice | Scalar | UnsetType = UNSET
+    user: Scalar | UnsetType = UNSET
+    safety_identifier: Scalar | UnsetType = UNSET
+    prompt_cache_key: Scalar | UnsetType = UNSET
+    metadata: Annotated[dict[str, Scalar], Meta(max_length=MAX_METADATA)] | Scalar | UnsetType = UNSET
+    store: Scalar | UnsetType = UNSET
+    service_tier: Scalar | UnsetType = UNSET
+    parallel_tool_calls: Scalar | UnsetType = UNSET
+    audio: Raw | UnsetType = UNSET
+    modalities: Raw | UnsetType = UNSET
+    prediction: Raw | UnsetType = UNSET
+    web_search_options: Raw | UnsetType = UNSET
+    functions: Raw | UnsetType = UNSET
+    function_call: Raw | UnsetType = UNSET
+    reasoning_effort: Raw | UnsetType = UNSET
+    verbosity: Raw | UnsetType = UNSET
 
 
 def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> ChatCompletionRequest:
@@ -94,6 +167,7 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
         raise _shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+    _check_unsupported(shape)
     if bound is not None:
         _check_text_fits(shape, bound)
     try:
@@ -108,6 +182,18 @@ def _shape_error(message: str) -> APIError:
     what, param = (match["what"], match["path"] or None) if match else (message, None)
     where = f"Invalid value for '{param}': " if param else "Invalid request body: "
     return bad_request(where + what, param=param, code="invalid_value")
+
+
+def _check_unsupported(shape: _Request) -> None:
+    """400 ``unsupported_parameter`` naming the first ``UNSUPPORTED`` field that asks for something:
+    any value but null (``modalities``: but null or ``["text"]``)."""
+    for name in UNSUPPORTED:
+        raw = getattr(shape, name)
+        if raw is UNSET or msgspec.json.decode(raw) in (None, ["text"] if name == "modalities" else None):
+            continue
+        accepted = 'null or ["text"]' if name == "modalities" else "null"
+        raise bad_request(f"Unsupported parameter: '{name}' is not supported by this server (only {accepted} is "
+                          "accepted).", name, "unsupported_parameter")
 
 
 def _check_text_fits(shape: _Request, bound: TextBound) -> None:

@@ -8,10 +8,12 @@ are ignored. Every limit and clamp is stated in its field's description, so it s
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationInfo,
+                      field_validator, model_validator)
+
+from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 
 MAX_MESSAGES = 2048  # as OpenAI's API
 MAX_CONTENT_PARTS = 64  # per message
@@ -23,6 +25,17 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 ROOM_MAX = 2**63 - 1
 MAX_HOST_CHARS = 255  # a DNS name's limit
 MAX_IMAGE_SIDE = 2**31 - 1  # an image_ref's width or height (its pixel count is bounded by --max-image-pixels)
+MAX_TOOLS = 128  # as OpenAI's API
+MAX_TOOL_CALLS = 128  # per assistant message
+MAX_LOGIT_BIAS_TOKENS = 300  # as OpenAI's API
+MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # as OpenAI's API
+MAX_NAME_CHARS = 64  # a function's or a response format's name, as OpenAI's API
+MAX_ID_CHARS = 256  # a tool call's id
+FUNCTION_NAME = rf"^[a-zA-Z0-9_-]{{1,{MAX_NAME_CHARS}}}$"
+# fields OpenAI defines that would change the answer and this server does not implement: a value other
+# than null (modalities: other than ["text"]) gets 400 unsupported_parameter (``stages.api.parse``)
+UNSUPPORTED = ("audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
+               "reasoning_effort", "verbosity")
 
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -35,8 +48,12 @@ def _integral(value: object) -> object:
 
 
 AsInteger = BeforeValidator(_integral)  # after the bounds in Annotated, so that they show in the JSON schema
-Integer = Annotated[int, AsInteger]
 TokenCount = Annotated[int, Field(ge=1), AsInteger]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+TokenId = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,9})$")]  # no sign, no leading zero
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]
+MetadataKey = Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY)]
+MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE)]
 
 
 class _RequestModel(BaseModel):
@@ -101,29 +118,131 @@ class ContentPart(_RequestModel):
         return image_url if isinstance(image_url, str) else image_url.url
 
 
+class FunctionCall(_RequestModel):
+    name: str = Field(max_length=MAX_NAME_CHARS, description="The function the assistant called.")
+    arguments: str = Field(description="Its arguments, as the JSON text the assistant wrote.")
+
+
+class ToolCall(_RequestModel):
+    """A tool call of an earlier assistant turn, as the server answered it."""
+
+    id: str = Field(max_length=MAX_ID_CHARS, description="The call's id; a later tool message answers it by "
+                    "tool_call_id.")
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_RequestModel):
-    role: Literal["system", "developer", "user", "assistant"] = Field(
-        description="developer (OpenAI's current name for the system role) is taken as system.")
+    model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
+        {"properties": {"role": {"const": "tool"}, "tool_call_id": {"type": "string"}, "tool_calls": {"type": "null"}},
+         "required": ["tool_call_id"]},
+        {"properties": {"role": {"enum": ["system", "developer", "user"]}, "tool_call_id": {"type": "null"},
+                        "tool_calls": {"type": "null"}}},
+        {"properties": {"role": {"const": "assistant"}, "tool_call_id": {"type": "null"}}}]})
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="developer (OpenAI's current name for the system role) is taken as system. A tool message "
+        "answers an assistant's tool call: it needs tool_call_id, and its content is text (a string or text parts).")
     content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = Field(
         None, description=f"Text, or at most {MAX_CONTENT_PARTS} text and image parts. Images count against the "
         "server's --max-images-per-request (400 too_many_images) and --max-image-bytes / --max-image-pixels (413). "
         "A server takes one kind of image part: image_url (colocated, PD mode) or image_ref (EPD mode); the "
-        "other kind gets 400 image_url_not_supported / image_ref_not_supported.")
+        "other kind gets 400 image_url_not_supported / image_ref_not_supported. An assistant message with "
+        "tool_calls may have none (null).")
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = Field(
+        None, description=f"Assistant messages only: the tool calls that turn made (at most {MAX_TOOL_CALLS}), "
+        "rendered back into the prompt by the model's chat template.")
+    tool_call_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="Tool messages only, and "
+                                     "required there: the id of the tool call this message answers.")
 
     @field_validator("role")
     @classmethod
     def _developer_is_system(cls, role: str) -> str:
         return "system" if role == "developer" else role
 
+    @model_validator(mode="after")
+    def _fields_for_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message may have 'tool_calls'")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs a 'tool_call_id'")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("only a tool message may have a 'tool_call_id'")
+        if self.role == "tool" and isinstance(self.content, list) and any(p.type != "text" for p in self.content):
+            raise ValueError("a tool message's content is text only")
+        return self
+
 
 class StreamOptions(_RequestModel):
     include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
+class FunctionDefinition(_RequestModel):
+    name: str = Field(pattern=FUNCTION_NAME, description="a-z, A-Z, 0-9, _ and -, at most 64 characters.")
+    description: str | None = Field(None, description="What the function does, shown to the model.")
+    parameters: dict[str, Any] | None = Field(None, description="The arguments' JSON Schema (an object). A call "
+                                              "forced by tool_choice follows it exactly (constrained decoding); a "
+                                              "schema the grammar compiler cannot take gets 400 invalid_tool_schema.")
+    strict: bool | None = Field(None, description="Accepted; forced calls always follow the schema.")
+
+
+class Tool(_RequestModel):
+    type: Literal["function"] = Field(description="Function tools only (400 for any other type).")
+    function: FunctionDefinition
+
+
+class NamedFunction(_RequestModel):
+    name: str = Field(max_length=MAX_NAME_CHARS, description="One of the tools' function names.")
+
+
+class NamedToolChoice(_RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaFormat(_RequestModel):
+    name: str = Field(pattern=FUNCTION_NAME, description="The format's name: a-z, A-Z, 0-9, _ and -, at most 64 "
+                      "characters.")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema the answer follows "
+                                           "(constrained decoding). None: any JSON object. A schema the grammar "
+                                           "compiler cannot take gets 400 invalid_response_format.")
+    strict: bool | None = Field(None, description="Accepted; the answer always follows the schema.")
+
+
+class ResponseFormat(_RequestModel):
+    """``{"type": "text"}`` (the default), ``{"type": "json_object"}`` (any JSON object) or ``{"type":
+    "json_schema", "json_schema": {"name", "schema", "strict"}}``: the answer is generated under a grammar
+    that admits only that, so it parses (unless max_tokens cuts it: finish_reason length)."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
+        {"properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"properties": {"type": {"const": "json_schema"}, "json_schema": {"not": {"type": "null"}}},
+         "required": ["json_schema"]}]})
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = Field(None, description="Required when type is json_schema.")
+
+    @model_validator(mode="after")
+    def _schema_for_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a json_schema response format needs a 'json_schema' field")
+        return self
+
+
+def _unsupported(what: str) -> Any:
+    """A field OpenAI defines that would change the answer and this server does not implement: only
+    null is accepted; any other value gets 400 ``unsupported_parameter`` (``stages.api.parse``)."""
+    return Field(None, description=f"Not supported ({what}): any value but null gets 400 unsupported_parameter.")
+
+
+def _forces_tool(choice: str | NamedToolChoice | None) -> bool:
+    return choice == "required" or isinstance(choice, NamedToolChoice)
+
+
 class ChatCompletionRequest(_RequestModel):
-    """An OpenAI chat completion request. Unknown fields are ignored, including those that would change
-    the logits or the answer's shape (``logit_bias``, ``frequency_penalty``, ``presence_penalty``,
-    ``logprobs``, ``tools``, ``response_format``): this server implements none of them."""
+    """An OpenAI chat completion request. Unknown fields are ignored. Fields OpenAI defines that change
+    nothing here (``user``, ``safety_identifier``, ``prompt_cache_key``, ``metadata``, ``store``,
+    ``service_tier``, ``parallel_tool_calls``) are accepted and say so; those that would change the answer
+    and are not implemented (``UNSUPPORTED``) are refused with 400 ``unsupported_parameter`` unless null."""
 
     messages: list[ChatMessage] = Field(
         min_length=1, max_length=MAX_MESSAGES,
@@ -143,22 +262,80 @@ class ChatCompletionRequest(_RequestModel):
         None, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
         "does a k at or above the vocabulary size (it would keep every token).")
     max_tokens: TokenCount | None = Field(
-        None, description="Tokens to generate at most. The prompt plus this must fit the model's context "
-        "(--max-model-len), else 400 context_length_exceeded. Default: what is left of the context.")
+        None, description="Tokens to generate at most, per choice. The prompt plus this must fit the model's "
+        "context (--max-model-len), else 400 context_length_exceeded. Default: what is left of the context.")
     max_completion_tokens: TokenCount | None = Field(None, description="As max_tokens, which it overrides.")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters "
         "each. Generation stops before the first one found, which is not returned.")
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), AsInteger] | None = Field(
-        None, description="A signed 64-bit integer seeding this request's own sampler: a "
-        "seeded request draws the same tokens whatever shares its batch.")
-    n: Integer | None = Field(1, json_schema_extra={"enum": [1, None]},
-                          description="Must be 1: one choice per request.")
+        None, description="A signed 64-bit integer seeding this request's own sampler: a seeded request draws "
+        "the same tokens whatever shares its batch. Choice i of n draws from seed + i (as vLLM).")
+    n: Annotated[int, Field(ge=1, le=MAX_N), AsInteger] | None = Field(
+        1, description=f"Choices to generate, 1 to {MAX_N}, from one prompt computed once; usage counts the "
+        "tokens of all of them. Greedy choices are all the same.")
+    presence_penalty: Penalty | None = Field(
+        None, description="In [-2, 2], default 0: subtracted from the logit of every token the choice has "
+        "generated so far, once (vLLM's semantics; applied to greedy decoding too).")
+    frequency_penalty: Penalty | None = Field(
+        None, description="In [-2, 2], default 0: subtracted from a token's logit once per time the choice has "
+        "generated it so far.")
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=2.0, allow_inf_nan=False,
+        description="Extension (vLLM's), in (0, 2], default 1: the logit of every token in the prompt or the "
+        "output so far is divided by it if positive, multiplied by it if negative.")
+    logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS_TOKENS, json_schema_extra={
+        "additionalProperties": False})] | None = Field(
+        None, description=f"At most {MAX_LOGIT_BIAS_TOKENS} token ids (as strings) mapped to a bias in "
+        f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] added to the token's logit before sampling (before the "
+        "penalties). An id outside the model's vocabulary gets 400 naming logit_bias.")
+    logprobs: bool | None = Field(
+        False, description="Return each generated token's log-probability (and with top_logprobs the most "
+        "likely alternatives) in choices[].logprobs.content: from the model's raw logits, before temperature, "
+        "penalties, bias or any constraint (vLLM's raw logprobs).")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = Field(
+        None, description=f"0 to {MAX_LOGPROBS}: the most likely tokens to report at each position. Needs "
+        "logprobs true (400 otherwise, as OpenAI).")
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description=f"At most {MAX_TOOLS} function tools, offered to the model through its own chat template "
+        "(a model whose template has no tool format gets 400 tools_not_supported). Tool calls the model writes "
+        "come back as tool_calls with finish_reason tool_calls. An empty list is no tools.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="auto (the default with tools): the model may call a tool; none: the tools are not "
+        "offered to the model at all (its prompt is the one without tools, so it cannot write a call); "
+        "required: at least one call, a named function: exactly that one, both enforced by constrained decoding. "
+        "required or a named function without tools, or naming a function not in tools, gets 400.")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: the answer is generated under a grammar that admits only "
+        "that (constrained decoding). Cannot be combined with a forced tool call (tool_choice required or a "
+        "named function: 400).")
     stream: bool | None = Field(False, description="Answer as server-sent events (text/event-stream): "
                                 "chat.completion.chunk objects, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = Field(False, description="Extension, for benchmarks: generate past end-of-sequence "
                                     "tokens until max_tokens or a stop string.")
+    # fields OpenAI defines that change nothing here
+    user: str | None = Field(None, description="Accepted and ignored (no effect on the answer).")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored (no effect on the answer).")
+    prompt_cache_key: str | None = Field(None, description="Accepted and ignored: prefix caching needs no key.")
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA)] | None = Field(
+        None, description=f"Accepted and ignored (no effect on the answer; nothing is stored): at most "
+        f"{MAX_METADATA} pairs, keys up to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE}.")
+    store: bool | None = Field(None, description="Accepted and ignored: nothing is stored.")
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = Field(
+        None, description="Accepted and ignored: every request is served alike.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted and ignored: the model may write several "
+                                             "tool calls whatever it says.")
+    # fields OpenAI defines that would change the answer, not implemented: null or 400 unsupported_parameter
+    audio: None = _unsupported("audio output")
+    modalities: Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)] | None = Field(
+        None, description='Only ["text"] (or null); any other value gets 400 unsupported_parameter.')
+    prediction: None = _unsupported("predicted outputs")
+    web_search_options: None = _unsupported("web search")
+    functions: None = _unsupported("deprecated; use tools")
+    function_call: None = _unsupported("deprecated; use tool_choice")
+    reasoning_effort: None = _unsupported("not a reasoning model")
+    verbosity: None = _unsupported("no verbosity control")
     # prefill/decode disaggregation: the fields SGLang's PD router injects (one room for both stages)
     bootstrap_host: str | None = Field(
         None, max_length=MAX_HOST_CHARS,
@@ -171,12 +348,48 @@ class ChatCompletionRequest(_RequestModel):
         None, description="The room pairing the prefill half and the decode half of one request; unique among "
         "requests in flight.")
 
-    @field_validator("n")
+    @field_validator("top_logprobs")
     @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n not in (None, 1):
-            raise ValueError(f"n must be 1 (this server returns one choice per request), got {n}")
-        return n
+    def _needs_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
+        if top_logprobs is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return top_logprobs
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, choice: str | NamedToolChoice | None,
+                            info: ValidationInfo) -> str | NamedToolChoice | None:
+        if "tools" not in info.data:  # the tools failed validation: that error is reported
+            return choice
+        names = [tool.function.name for tool in info.data["tools"] or ()]
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function '{choice.function.name}', which is not among the tools")
+        return choice
+
+    @field_validator("response_format")
+    @classmethod
+    def _not_with_a_forced_tool(cls, response_format: ResponseFormat | None,
+                                info: ValidationInfo) -> ResponseFormat | None:
+        choice = info.data.get("tool_choice")
+        if response_format is not None and response_format.type != "text" and _forces_tool(choice):
+            raise ValueError("response_format cannot be combined with a forced tool call (tool_choice required "
+                             "or a named function)")
+        return response_format
+
+    @property
+    def forces_tool(self) -> bool:
+        """tool_choice makes the model call a tool (required or a named function)."""
+        return _forces_tool(self.tool_choice)
+
+    @property
+    def offered_tools(self) -> list[dict] | None:
+        """The tools the chat template shows the model, as OpenAI tool dicts; None for no tools or
+        tool_choice none (the model is not told of tools it may not call)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

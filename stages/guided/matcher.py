@@ -3,29 +3,21 @@
 A ``LlgGuide`` holds one matcher at the grammar's start that is never advanced; each sequence gets
 a deep copy of it (cheap: the compiled grammar is shared). Per step ``mask`` has llguidance write
 its allowed-token bitmask (one bit per token of the model's vocabulary, end-of-sequence ids
-allowed exactly when the grammar may end) into a small int32 buffer, moves those words to the
-logits' device and sets every token whose bit is clear to -inf: one unpack and one masked fill on
-one row. Tokens the tokenizer does not know (an lm_head wider than the tokenizer) have no bytes, so
-their bits are always clear.
+allowed exactly when the grammar may end) into a small buffer, unpacks the inverted words into one
+byte per token on the host (numpy, microseconds), moves those to the logits' device, turns them into
+a bias of 0 or -inf by arithmetic on the bits (1 * the bits of -inf) and adds it to the row: no
+branch per token (a masked fill or ``where`` over a scattered mask is ~6x slower on a CPU). Tokens
+the tokenizer does not know (an lm_head wider than the tokenizer) have no bytes, so their bits are
+always clear.
 """
 
 from __future__ import annotations
 
-import threading
-
 import llguidance
+import numpy as np
 import torch
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}  # per device: 0..31, to unpack 32 bits of each word
-_SHIFTS_LOCK = threading.Lock()
-
-
-def _shifts(device: torch.device) -> torch.Tensor:
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        with _SHIFTS_LOCK:
-            shifts = _SHIFTS.setdefault(device, torch.arange(32, dtype=torch.int32, device=device))
-    return shifts
+NEG_INF_BITS = -8388608  # 0xFF800000 as an int32: the bits of float32 -inf
 
 
 class LlgMatcher:
@@ -34,15 +26,15 @@ class LlgMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
         self._vocab_size = vocab_size
-        self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        self._words = np.zeros((vocab_size + 31) // 32, dtype="<u4")  # bit t % 32 of word t // 32: token t
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set every token the grammar forbids next to -inf in ``logits`` ([vocab], in place)."""
-        self._matcher.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
-        words = self._words.to(logits.device)
-        allowed = ((words.unsqueeze(1) >> _shifts(logits.device)) & 1).view(-1)
-        width = min(logits.shape[-1], allowed.numel())
-        logits[:width].masked_fill_(allowed[:width] == 0, float("-inf"))
+        self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        width = min(logits.shape[-1], self._vocab_size)
+        forbidden = np.unpackbits(np.invert(self._words).view(np.uint8), count=width, bitorder="little")
+        bias = torch.from_numpy(forbidden).to(logits.device).to(torch.int32).mul_(NEG_INF_BITS).view(torch.float32)
+        logits[:width].add_(bias.to(logits.dtype))  # the engine's logits are float32: no copy
         logits[width:] = float("-inf")
 
     def accept(self, token_id: int) -> None:

@@ -228,6 +228,8 @@ def test_a_parser_is_chosen_from_the_tool_choice():
     assert isinstance(t.tool_output([WEATHER], "required"), t.ForcedToolOutput)
     assert isinstance(t.tool_output([WEATHER], {"type": "function", "function": {"name": "get_weather"}}),
                       t.ForcedToolOutput)
+    with pytest.raises(TypeError, match="tool_choice must be"):
+        t.tool_output([WEATHER], object())
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])

@@ -214,10 +214,13 @@ def _partial_tag(text: str, tag: str) -> int:
 # --- tool_choice "required" or a named function -------------------------------------------------------
 
 def forced_function(tool_choice: Any) -> str | None:
-    """The function a ``tool_choice`` names (``{"type": "function", "function": {"name": ...}}``), or None."""
+    """The function a ``tool_choice`` names (``{"type": "function", "function": {"name": ...}}``), or None
+    for a string or None. TypeError for anything else (a model object: pass its dict)."""
     if isinstance(tool_choice, dict):
         return tool_choice["function"]["name"]
-    return None
+    if tool_choice is None or isinstance(tool_choice, str):
+        return None
+    raise TypeError(f"tool_choice must be a string, a dict or None, not {type(tool_choice).__name__}")
 
 
 def forced_tool_schema(tools: list[dict], tool_choice: Any) -> dict | None:
@@ -276,7 +279,8 @@ def forced_tool_calls(output_text: str, tool_choice: Any) -> list[dict]:
 class ForcedToolStream:
     """Text deltas of an output constrained by ``forced_tool_schema`` in, OpenAI delta dicts out. A
     named function: its call's id and name in the first delta, then each piece of text as arguments
-    (as OpenAI streams them). ``required``: the calls once the output is whole (``finish``)."""
+    (as OpenAI streams them). ``required``: the calls once the output is whole (``finish``), or its
+    text as content if it is not their JSON (cut by max_tokens)."""
 
     def __init__(self, tool_choice: Any) -> None:
         self._tool_choice = tool_choice
@@ -304,7 +308,9 @@ class ForcedToolStream:
             return [{"tool_calls": [{"index": 0, **tool_call(self._name, "")}]}]
         calls = forced_tool_calls(self._text, self._tool_choice)
         self.called = bool(calls)
-        return [{"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}] if calls else []
+        if not calls:  # cut by max_tokens: the text, as ForcedToolOutput.parse answers it
+            return [{"content": self._text}] if self._text else []
+        return [{"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}]
 
 
 # --- a request's choice of parser ------------------------------------------------------------------------

@@ -54,10 +54,6 @@ class ToolsNotSupported(PromptError):
     ``tools_not_supported``)."""
 
 
-class ToolsNotSupported(PromptError):
-    """The request has tools and the model's chat template has no tool format."""
-
-
 def preprocess_image(image_processor: Any, adapter: ModelAdapter, image: Image.Image) -> ImageInput:
     """One image through the model's image processor: what the vision tower eats, and the number of
     placeholder tokens it fills (the adapter's rule on the processed pixels). Shared by the prompt

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
+from stages.api.completions import add_completion_route
 from stages.api.chat_choices import Choices
 from stages.api.chat_response import TokenText, chunk, completion, usage
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
@@ -152,6 +153,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _unless_disconnected(request, _complete(call, choices, outputs))
 
+    add_completion_route(app, engine, prepare, generate, gate, metrics, model_name=model_name,  # stages.api.completions
+                         max_body_bytes=max_body_bytes, bound=bound, stage=stage, stream_keepalive_s=stream_keepalive_s,
+                         token_text=token_text)
     if faults is not None and faults.enabled:
         add_fault_routes(app, faults)
     return app

@@ -95,6 +95,17 @@ def test_json_object_makes_an_object(compiler, tokenizer, eos, seed):
     assert isinstance(json.loads(text), dict)
 
 
+@pytest.mark.parametrize("variant", ["llava", "llava_siglip_qwen2", "qwen3_vl"])
+def test_every_generated_tokenizer_compiles_and_makes_valid_json(variant):
+    """Each generated family's tokenizer (their special tokens and end-of-sequence ids differ: the
+    Llama-style llava one ends on </s> alone)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(variant))
+    eos = text_decoding(model_dir(variant), tokenizer).eos_token_ids
+    guide = GuideCompiler(tokenizer, len(tokenizer) + EXTRA_VOCAB, eos).compile_schema(BOUNDED)
+    for seed in range(5):
+        jsonschema.validate(json.loads(sample(guide, tokenizer, eos, seed)), BOUNDED)
+
+
 def test_the_layout_is_compact_with_spaces_after_separators(compiler, tokenizer, eos):
     text = sample(compiler.compile_schema(BOUNDED), tokenizer, eos, 0)
     assert text == json.dumps(json.loads(text), ensure_ascii=False)

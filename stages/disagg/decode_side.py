@@ -5,7 +5,10 @@ room: it reserves the prompt's KV blocks (the rest are taken as it decodes: ``En
 sends the prefill's bootstrap endpoint a ``KVRequest`` (block ids + this process's transfer descriptor), waits for ``KVReady`` within
 ``kv_timeout_s`` in all and ``peer_idle_timeout_s`` of the prefill's silence (its heartbeats name the
 room while it holds it: a vanished prefill fails the room in seconds, a slow one is not cut), and
-hands the request to the engine, which decodes from the first token on.
+hands the request to the engine, which decodes from the first token on: from each of the ``n``
+sequences' first tokens, with their logprobs and the prompt's when asked (``stages.disagg.ready``),
+and the request's guide advanced past the first tokens (the prefill constrained them with the same
+grammar, compiled from the same body).
 
 Prefix caching (the decode's own, ``Engine.reserve_cached``): the reservation starts with the longest
 chain of the prompt's full blocks this decode has cached (from earlier rooms: the engine registers a
@@ -37,6 +40,7 @@ from contextlib import aclosing
 
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, not_allowed, timed_out, unavailable
+from stages.disagg.ready import read
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -132,17 +136,25 @@ class DecodeCoordinator:
             if isinstance(exc, HandshakeError):
                 raise bad_gateway(f"bootstrap room {room}: {exc}") from exc
             raise
-        last = None
+        try:
+            first = read(room, ready, len(prompt.token_ids), params)
+        except DisaggError:  # the prefill answered: nothing more lands in the blocks
+            self._free_soon(blocks)
+            raise
+        finals: dict[int, RequestOutput] = {}  # each sequence's last output
         async for output in self.engine.generate_prefilled(
-            f"room-{room}", prompt, params, blocks, ready.first_token, ready.rope_delta, ready.cached_tokens
+            f"room-{room}", prompt, params, blocks, first.tokens, ready.rope_delta, ready.cached_tokens,
+            first_logprobs=first.logprobs, prompt_logprobs=first.prompt_logprobs,
         ):
-            if last is None:
+            if not finals:
                 mark(room, "first_token")
-            last = output
+            finals[output.index] = output
             yield output
-        if last is not None:
-            mark(room, "finished", completion_tokens=last.completion_tokens,
-                 finish_reason=last.finish_reason.value if last.finish_reason is not None else None)
+        if finals:  # sequence 0's finish reason; for n > 1 every sequence's too
+            reasons = [o.finish_reason.value if o.finish_reason is not None else None for _, o in sorted(finals.items())]
+            fields: dict[str, object] = {"finish_reasons": reasons} if len(reasons) > 1 else {}
+            mark(room, "finished", None, completion_tokens=sum(o.completion_tokens for o in finals.values()),
+                 finish_reason=reasons[0], **fields)
 
     async def _reserve(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], int]:
         """The request's blocks and how many leading ones hold the prompt's KV already (this decode's

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 
+import openai
 import openai.types.chat as openai_chat
 import pytest
+import torch
 from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
 
 from stages.api.chat_choices import Choices
 from stages.api.chat_response import (ChatCompletion, ChatCompletionChunk, chunk, chunk_choice, choice, completion,
@@ -24,6 +27,7 @@ from stages.engine.logprobs import TokenLogprob
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy, hf_inputs, load_reference
 from tests.test_api_units import FakeAsyncEngine, sse_events
 
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
@@ -236,3 +240,172 @@ def test_a_request_whose_outputs_end_before_every_choice_finished_is_an_engine_e
     events = sse_events(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                                   "stream": True}))
     assert json.loads(events[-2])["error"]["code"] == "engine_error" and events[-1] == "[DONE]"
+
+
+# --- a real colocated server, the official client -----------------------------------------------------
+MODEL = "tiny-vl"
+TOLERANCE = 1e-4
+HI = [{"role": "user", "content": "Tell me about logprobs"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model):
+    return tiny_model("qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def server(start_server, model_dir):
+    return start_server("colocated", "--model", str(model_dir), "--served-model-name", MODEL,
+                        "--max-model-len", "512", "--kv-cache-mib", "16", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """The greedy continuation of ``HI`` by Hugging Face and ``log_softmax`` of its logits at each
+    generated position: (prompt ids, generated ids, [position, vocab] logprobs)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = tokenizer.apply_chat_template(HI, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    model = load_reference(model_dir)
+    generated = hf_greedy(model, Prompt(token_ids=prompt), model.config.image_token_id, GREEDY_TOKENS)
+    with torch.no_grad():
+        logits = model(**hf_inputs(Prompt(token_ids=prompt + generated), model.config.image_token_id)).logits[0]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)[len(prompt) - 1:-1]
+    return prompt, generated, logprobs, TokenText(tokenizer)
+
+
+GREEDY_TOKENS, TOP = 6, 5
+
+
+def assert_matches_reference(content, reference) -> None:
+    """``content`` (a choice's logprobs.content) is the greedy continuation, with Hugging Face's values."""
+    _, generated, logprobs, token_text = reference
+    assert len(content) == len(generated)
+    for position, (entry, token_id) in enumerate(zip(content, generated)):
+        assert (entry.token, entry.bytes) == token_text(token_id), position
+        assert abs(entry.logprob - logprobs[position, token_id].item()) < TOLERANCE, position
+        best = logprobs[position].topk(TOP)
+        assert len(entry.top_logprobs) == TOP
+        assert [top.token for top in entry.top_logprobs] == [token_text(i)[0] for i in best.indices.tolist()]
+        assert all(abs(top.logprob - value) < TOLERANCE for top, value in zip(entry.top_logprobs, best.values.tolist()))
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the most likely token was taken
+
+
+def greedy(client, **fields):
+    return client.chat.completions.create(model=MODEL, messages=HI, max_tokens=GREEDY_TOKENS, temperature=0,
+                                          logprobs=True, top_logprobs=TOP, **fields)
+
+
+def test_greedy_logprobs_equal_hugging_face(client, reference):
+    answer = greedy(client)
+    (choice,) = answer.choices
+    assert answer.usage.prompt_tokens == len(reference[0])
+    assert answer.usage.completion_tokens == len(choice.logprobs.content)
+    assert_matches_reference(choice.logprobs.content, reference)
+
+
+def test_streamed_greedy_logprobs_equal_hugging_face(client, reference):
+    chunks = list(greedy(client, stream=True))
+    content = [entry for chunk in chunks for choice in chunk.choices if choice.logprobs
+               for entry in choice.logprobs.content]
+    assert_matches_reference(content, reference)
+    text = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+    assert text == greedy(client).choices[0].message.content
+
+
+def test_top_logprobs_zero_gives_the_token_alone(client):
+    (choice,) = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3, temperature=0,
+                                               logprobs=True).choices
+    assert choice.logprobs.content and all(entry.top_logprobs == [] for entry in choice.logprobs.content)
+    (plain,) = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3, temperature=0).choices
+    assert plain.logprobs is None
+
+
+def sampled(client, n: int, seed: int, **fields):
+    return client.chat.completions.create(model=MODEL, messages=HI, max_tokens=10, temperature=1.0, seed=seed, n=n,
+                                          **fields)
+
+
+def test_n_seeded_choices_equal_the_single_requests_of_seed_plus_i(client):
+    together = sampled(client, 3, seed=11)
+    singles = [sampled(client, 1, seed=11 + i) for i in range(3)]
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [(c.message.content, c.finish_reason) for c in together.choices] == \
+        [(s.choices[0].message.content, s.choices[0].finish_reason) for s in singles]
+    assert together.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert together.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert together.usage.total_tokens == together.usage.prompt_tokens + together.usage.completion_tokens
+    assert len({c.message.content for c in together.choices}) > 1  # the sequences drew differently
+
+
+def test_n_streamed_chunks_name_their_choice(client):
+    chunks = list(sampled(client, 2, seed=5, stream=True, stream_options={"include_usage": True}))
+    whole = sampled(client, 2, seed=5)
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    texts, roles, finishes = {0: "", 1: ""}, {0: 0, 1: 0}, {0: [], 1: []}
+    for chunk_ in chunks[:-1]:
+        (piece,) = chunk_.choices
+        texts[piece.index] += piece.delta.content or ""
+        roles[piece.index] += piece.delta.role == "assistant"
+        if piece.finish_reason is not None:
+            finishes[piece.index].append(piece.finish_reason)
+    assert roles == {0: 1, 1: 1}
+    assert [texts[i] for i in (0, 1)] == [c.message.content for c in whole.choices]
+    assert [finishes[i] for i in (0, 1)] == [[c.finish_reason] for c in whole.choices]
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"], "additionalProperties": False}}}
+NAMED = {"type": "function", "function": {"name": "weather"}}
+
+
+def test_a_named_tool_call_comes_back_as_tool_calls(client):
+    answer = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=64, temperature=1.0, seed=3,
+                                            tools=[WEATHER], tool_choice=NAMED, n=2)
+    for choice_ in answer.choices:
+        assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+        (call,) = choice_.message.tool_calls
+        assert call.type == "function" and call.function.name == "weather" and call.id.startswith("call_")
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+
+
+def test_required_tool_calls_come_back_as_tool_calls_or_as_text_cut_by_length(client):
+    """A required call is an array of calls: random weights may go on adding calls past max_tokens."""
+    fields = dict(model=MODEL, messages=HI, max_tokens=64, temperature=1.0, seed=0, tools=[WEATHER],
+                  tool_choice="required", n=8)
+    answer = client.chat.completions.create(**fields)
+    for choice_ in answer.choices:
+        if choice_.message.tool_calls:  # the array ended (with the end of the sequence, or just at max_tokens)
+            assert choice_.message.content is None and choice_.finish_reason in ("tool_calls", "length")
+            for call in choice_.message.tool_calls:
+                assert call.function.name == "weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+        else:
+            assert choice_.finish_reason == "length" and choice_.message.content.startswith('[{"name": "weather"')
+    assert {c.finish_reason for c in answer.choices} == {"tool_calls", "length"}  # both kinds, for the stream below
+    streamed: dict[int, list] = {i: [] for i in range(8)}
+    for chunk_ in client.chat.completions.create(**fields, stream=True):
+        for piece in chunk_.choices:
+            streamed[piece.index].append(piece)
+    for choice_ in answer.choices:
+        pieces = streamed[choice_.index]
+        assert pieces[-1].finish_reason == choice_.finish_reason
+        calls = [call for piece in pieces for call in piece.delta.tool_calls or ()]
+        assert [(c.function.name, c.function.arguments) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in choice_.message.tool_calls or ()]
+        assert "".join(piece.delta.content or "" for piece in pieces) == (choice_.message.content or "")
+
+
+def test_a_forced_tool_call_streams_as_tool_call_deltas(client):
+    fields = dict(model=MODEL, messages=HI, max_tokens=64, temperature=1.0, seed=3, tools=[WEATHER], tool_choice=NAMED)
+    whole = client.chat.completions.create(**fields).choices[0]
+    pieces = [chunk_.choices[0] for chunk_ in client.chat.completions.create(**fields, stream=True) if chunk_.choices]
+    deltas = [call for piece in pieces for call in piece.delta.tool_calls or ()]
+    assert deltas[0].function.name == "weather" and deltas[0].id.startswith("call_") and deltas[0].index == 0
+    assert "".join(d.function.arguments or "" for d in deltas) == whole.message.tool_calls[0].function.arguments
+    assert all(not piece.delta.content for piece in pieces) and pieces[-1].finish_reason == "tool_calls"

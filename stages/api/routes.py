@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
@@ -35,6 +36,8 @@ from stages.api.faults import add_fault_routes
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, model_card
 from stages.api.token_text import token_id_text
+from stages.api.tool_output import ToolOutput
+from stages.api.tools import tool_output
 from stages.engine.async_engine import AsyncEngine, EngineUnavailable
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
@@ -138,7 +141,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
             raise engine_unavailable()
         prompt, params = await run_in_threadpool(prepare, body)
         call = _Call(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer)
-        choices = Choices(params.n, logprobs=params.logprobs is not None, token_text=token_text, stream=bool(body.stream))
+        choices = Choices(params.n, logprobs=params.logprobs is not None, token_text=token_text,
+                          tools=_tool_output(body), stream=bool(body.stream))
         try:
             outputs = _guarded(engine, await generate(call.id, prompt, params, body))
         except ValueError as exc:  # already checked by prepare(); the engine checks again
@@ -178,6 +182,12 @@ class _Call:
         else:
             reason = last.finish_reason.value if choices.finished and last.finish_reason is not None else "abort"
         self.timer.finish(reason, choices.prompt_tokens, choices.completion_tokens)
+
+
+def _tool_output(body: ChatCompletionRequest) -> ToolOutput | None:
+    """How the request's output becomes tool calls (``stages.api.tools``); None without tools to call."""
+    choice = body.tool_choice
+    return tool_output(body.offered_tools, choice.model_dump() if isinstance(choice, BaseModel) else choice)
 
 
 def _failed(output: RequestOutput) -> bool:

@@ -2,8 +2,9 @@
 the decode (the same body to the prefill at once, as a PD router sends it) and through the router: greedy
 logprobs, the first token's included, equal colocated's and Hugging Face's ``log_softmax`` within 1e-4;
 ``n=3`` seeded equals colocated's ``n=3`` choice by choice (stream too); penalties and ``logit_bias`` give
-colocated's tokens; ``response_format`` outputs parse and validate and equal colocated's; and the KV
-blocks of both stages are back to their baseline after an ``n=3`` request and after an aborted one."""
+colocated's tokens; ``response_format`` outputs parse and validate and equal colocated's; ``/v1/completions``
+``echo`` with ``logprobs`` gets the prompt's logprobs from the prefill (``KVReady``) equal to colocated's; and
+the KV blocks of both stages are back to their baseline after an ``n=3`` request and after an aborted one."""
 
 from __future__ import annotations
 
@@ -307,3 +308,28 @@ def test_through_the_router(router, colocated):
     schema = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=MAX_JSON_TOKENS, seed=11,
                                             response_format=JSON_SCHEMA)
     jsonschema.validate(json.loads(schema.choices[0].message.content), SCHEMA)
+
+
+# --- /v1/completions: the prompt's logprobs cross in KVReady ---------------------------------------------
+
+
+async def test_completions_echo_prompt_logprobs_cross_from_the_prefill(pd, colocated):
+    """``echo`` with ``logprobs``: the prefill computed the prompt, so its logprobs come from there
+    (KVReady's ``prompt_logprobs``); the decode's answer equals colocated's, prompt and completion."""
+    kwargs = dict(prompt="The sea is deep and the sky is", max_tokens=5, temperature=0, echo=True, logprobs=3)
+    room = pd.room()
+    decode = openai.AsyncOpenAI(base_url=f"{pd.decode.url}/v1", api_key="x", max_retries=0, timeout=120)
+    async with decode, httpx.AsyncClient(timeout=120) as http:
+        d, p = await asyncio.gather(
+            decode.completions.create(model=pd.model, extra_body={"ignore_eos": True, **room}, **kwargs),
+            http.post(f"{pd.prefill.url}/v1/completions",
+                      json={"model": pd.model, **kwargs, "ignore_eos": True, **room}))
+    assert p.status_code == 200, p.text
+    client = openai.OpenAI(base_url=f"{colocated.url}/v1", api_key="x", max_retries=0, timeout=120)
+    c = client.completions.create(model=pd.model, extra_body={"ignore_eos": True}, **kwargs)
+    got, want = d.choices[0], c.choices[0]
+    assert got.text == want.text and got.logprobs.tokens == want.logprobs.tokens
+    assert got.logprobs.token_logprobs[0] is None
+    assert all(abs(a - b) < TOLERANCE for a, b in zip(got.logprobs.token_logprobs[1:], want.logprobs.token_logprobs[1:]))
+    assert [sorted(t) for t in got.logprobs.top_logprobs[1:]] == [sorted(t) for t in want.logprobs.top_logprobs[1:]]
+    pd.wait_blocks_free()

@@ -287,3 +287,19 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def test_a_cached_model_an_older_generator_made_is_remade(tmp_path):
+    """``ensure_model`` (``stage up``'s default model, cached by name) keeps a checkpoint of this
+    generator's version and remakes one without it (made before the tool-format templates)."""
+    from stages.launch.models import ensure_model
+    from stages.modelgen import GENERATOR_VERSION, VERSION_FILE
+
+    path = ensure_model(tmp_path / "qwen2_vl-tiny", "qwen2_vl", "tiny")
+    assert (path / VERSION_FILE).read_text() == f"{GENERATOR_VERSION}\n"
+    made = (path / "config.json").stat().st_mtime_ns
+    assert ensure_model(path, "qwen2_vl", "tiny") == path and (path / "config.json").stat().st_mtime_ns == made
+    (path / VERSION_FILE).unlink()
+    (path / "stale.txt").write_text("left by the old one")
+    assert ensure_model(path, "qwen2_vl", "tiny") == path
+    assert (path / VERSION_FILE).exists() and not (path / "stale.txt").exists()

@@ -20,9 +20,13 @@ def cache_dir() -> Path:
 
 def ensure_model(path: Path, family: str, size: str) -> Path:
     """A generated checkpoint at ``path``, made (atomically: written next to it, then renamed) if it
-    is not there yet. Imports torch only when it has to make one."""
+    is not there yet, or remade if an older generator made it (``stages.modelgen.version``). Imports
+    torch only when it has to make one."""
     if (path / "config.json").exists():
-        return path
+        if made_by_this_generator(path):
+            return path
+        print(f"remaking {path}: an older version of the generator made it", flush=True)
+        shutil.rmtree(path)
     from stages.modelgen import make_model
 
     print(f"making a random-weight {family} ({size}) checkpoint in {path}", flush=True)
@@ -31,3 +35,13 @@ def ensure_model(path: Path, family: str, size: str) -> Path:
     make_model(family, size, partial)
     partial.rename(path)
     return path
+
+
+def made_by_this_generator(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` records this version of ``stages.modelgen``."""
+    from stages.modelgen import GENERATOR_VERSION, VERSION_FILE
+
+    try:
+        return (path / VERSION_FILE).read_text().strip() == str(GENERATOR_VERSION)
+    except OSError:
+        return False

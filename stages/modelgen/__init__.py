@@ -1,6 +1,7 @@
 """`stage make-model`: random-weight checkpoints of each supported family, written in the standard Hugging
 Face layout (config.json, model.safetensors, generation_config.json, tokenizer files with a chat template,
-preprocessor_config.json, README.md), so tests and benchmarks load them exactly like real checkpoints.
+preprocessor_config.json, README.md; and modelgen_version, the generator's version), so tests and
+benchmarks load them exactly like real checkpoints.
 
 Importing this package is cheap (no torch); `make_model` imports torch and transformers when called.
 """
@@ -10,6 +11,7 @@ from pathlib import Path
 from .llava import TEXT_MODELS, VISION_TOWERS  # LLaVA's --text and --vision choices
 from .qwen import BUILDERS as _QWEN
 from .sizes import PRESETS as _PRESETS
+from .version import GENERATOR_VERSION, VERSION_FILE
 
 FAMILIES: tuple[str, ...] = (*_QWEN, "llava")
 SIZES: tuple[str, ...] = tuple(_PRESETS)
@@ -38,4 +40,4 @@ def make_model(
     return write(recipe(family, size, vision, text), Path(out), seed)
 
 
-__all__ = ["FAMILIES", "SIZES", "TEXT_MODELS", "VISION_TOWERS", "make_model"]
+__all__ = ["FAMILIES", "GENERATOR_VERSION", "VERSION_FILE", "SIZES", "TEXT_MODELS", "VISION_TOWERS", "make_model"]

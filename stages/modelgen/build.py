@@ -10,6 +10,7 @@ from pathlib import Path
 from . import images, llava, qwen, specials, templates, tokenizer
 from .processor import llava_processor_kwargs
 from .sizes import PRESETS, Size, config_vocab
+from .version import GENERATOR_VERSION, VERSION_FILE
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ def _write_files(r: Recipe, out: Path, seed: int) -> None:
         _write_json(out / "processor_config.json", {**processor, **llava_processor_kwargs(model.config)})
     n_params = sum(p.numel() for p in model.parameters())
     (out / "README.md").write_text(model_card(r, model.config.architectures[0], seed, n_params))
+    (out / VERSION_FILE).write_text(f"{GENERATOR_VERSION}\n")
 
 
 def write(r: Recipe, out: Path, seed: int) -> Path:

@@ -50,7 +50,10 @@ from stages.engine.attention import ATTENTION_NAME
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 from stages.engine.config import EngineConfig
 from stages.engine.detokenizer import Detokenizer, TextDecoding
+from stages.engine.guide import GuideMatcher
 from stages.engine.kv_pool import KVLayout, KVPool
+from stages.engine.logits_processing import RowInputs, process_logits
+from stages.engine.logprob_tensors import gather_logprobs, prompt_logprobs, read_together, token_logprobs
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
@@ -58,7 +61,7 @@ from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
-from stages.engine.sampler import SamplingError, make_generator, sample
+from stages.engine.sampler import SamplingError, draw_rows, make_generator, results
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import ScheduledBatch, Scheduler
 
@@ -90,10 +93,20 @@ class RequestOutput:
 
 @dataclass
 class _Tracked:
-    """Per-request state the engine keeps beside the scheduler's ``Request``."""
+    """Per-request state the engine keeps beside the scheduler's ``Request`` (it survives preemption).
+
+    ``matcher``: the guide's, advanced past every appended token. ``logprob``: the logprobs of the
+    token about to be appended (set by ``_sample``; for a decode's first token, by ``add_prefilled``
+    from the prefill's), taken by that token's output. ``prompt_logprobs``: while the prompt is
+    computed, one entry per prompt position (position 0 None), filled chunk by chunk; taken by the
+    first output with a token (None once taken, or when not asked; a decode's come from its prefill).
+    """
 
     detokenizer: Detokenizer
     generator: torch.Generator
+    matcher: GuideMatcher | None = None
+    logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Engine:
@@ -137,6 +150,9 @@ class Engine:
                 "Please reduce the length of the messages or completion."
             )
         prompt.check_images(self.adapter.image_token_id, prefill=False)
+        outside = [token for token, _ in params.logit_bias if not 0 <= token < self.vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias names token {outside[0]}, not in this model's vocabulary of {self.vocab_size}")
         self.scheduler.check_fits(Request("check", prompt, params))
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
@@ -205,7 +221,9 @@ class Engine:
                 raise ValueError(f"{len(blocks)} blocks given, the request needs {need}")
             sequences = [request] + [request.fork(i) for i in range(1, params.n)]
             tracked = [self._new_tracked(sequence) for sequence in sequences]
-            for state in tracked:
+            for sequence, state in zip(sequences, tracked):
+                state.prompt_logprobs = prompt_logprobs if not sequence.index else None
+                state.logprob = None if first_logprobs is None else first_logprobs[sequence.index]
                 if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
                     self._skip_draw(state.generator)
         except BaseException:
@@ -258,7 +276,9 @@ class Engine:
 
     def _new_tracked(self, request: Request) -> _Tracked:
         params = request.params
-        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed_of(request.index), self.device))
+        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed_of(request.index), self.device),
+                        None if params.guide is None else params.guide.matcher(),
+                        prompt_logprobs=None if params.prompt_logprobs is None else [None] * request.prompt_len)
 
     def _block_hashes(self, prompt: Prompt) -> list[bytes] | None:
         """The prompt's chain of block hashes when prefix caching is on, else None."""
@@ -320,8 +340,10 @@ class Engine:
         requests = prefills + decodes
         if not requests:
             return {}
+        asking = [r for r in prefills if self._tracked[r.request_id].prompt_logprobs is not None]
+        firsts = [r.num_computed for r in asking]  # each chunk's first position
         try:
-            logits = self.runner.forward(prefills, decodes)
+            logits, prompt_hidden = self.runner.forward(prefills, decodes, asking)
         except Exception as exc:
             if len(requests) == 1:
                 errors[requests[0].request_id] = f"{type(exc).__name__}: {exc}"
@@ -331,16 +353,59 @@ class Engine:
             half, cut = len(requests) // 2, max(0, len(requests) // 2 - len(prefills))
             return {**self._forward(prefills[:half], decodes[:cut], errors),
                     **self._forward(prefills[half:], decodes[cut:], errors)}
-        requests = [r for r in prefills if r.prompt_done] + decodes  # the rows of ``logits``
-        requests, logits = self._fork(requests, logits, errors)  # n > 1: forks after their sequence 0, its row repeated
-        if not requests:
-            return {}
-        drawn = sample(logits, [r.params for r in requests], [self._tracked[r.request_id].generator for r in requests])
+        rows = [r for r in prefills if r.prompt_done] + decodes  # the rows of ``logits``
+        rows, logits = self._fork(rows, logits, errors)  # n > 1: forks after their sequence 0, its row repeated
+        chunks = [(r, first, prompt_hidden[r.request_id]) for r, first in zip(asking, firsts)]
+        return self._sample(rows, logits, chunks, errors) if rows or chunks else {}
+
+    @torch.inference_mode()  # the runner's logits are inference tensors, processed in place
+    def _sample(self, rows: list[Request], logits: torch.Tensor, chunks: list[tuple[Request, int, torch.Tensor]],
+                errors: dict[str, str]) -> dict[str, int]:
+        """Draw a token for each of ``rows`` from its row of ``logits`` after its bias, penalties and
+        guide mask (``process_logits``; in place), with the raw logprobs of the rows that ask, and the
+        prompt logprobs of ``chunks`` (request, chunk's first position, hidden states of its positions
+        that predict a prompt token), reading the device once. Logprobs go to ``_tracked``; returns the
+        tokens of the rows that succeed and records why the others failed in ``errors``."""
+        tracked = [self._tracked[r.request_id] for r in rows]
+        params = [r.params for r in rows]
+        asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw = logits[asking].log_softmax(-1) if asking else None  # before any processing
+        failed = process_logits(logits, [RowInputs(i, r.params, r.prompt.token_ids, r.output_ids, t.matcher)
+                                         for i, (r, t) in enumerate(zip(rows, tracked)) if r.params.processes_logits])
+        drawn = draw_rows(logits, params, [t.generator for t in tracked])
+        width = max((params[i].logprobs or 0 for i in asking), default=0)
+        reads = [drawn.tokens, drawn.verdicts] + ([] if raw is None else gather_logprobs(raw, drawn.tokens[asking], width))
+        prompts: list[tuple[Request, int, list[int]]] = []
+        for request, first, hidden in chunks:
+            targets = request.prompt.token_ids[first + 1:first + 1 + hidden.shape[0]]
+            try:
+                reads += prompt_logprobs(hidden, self.runner.lm_head_logits,
+                                         torch.tensor(targets, dtype=torch.long, device=self.device),
+                                         request.params.prompt_logprobs or 0)
+                prompts.append((request, first, targets))
+            except Exception as exc:  # noqa: BLE001 - this request's failure only
+                errors[request.request_id] = f"prompt logprobs failed: {type(exc).__name__}: {exc}"
+        values = read_together(reads)  # the step's one read of the device
+        ids, verdicts = [int(v) for v in values[0]], [int(v) for v in values[1]]
+        if raw is not None:
+            for i, logprob in zip(asking, token_logprobs([ids[i] for i in asking], values[2:5], width,
+                                                           [params[i].logprobs or 0 for i in asking])):
+                tracked[i].logprob = logprob
+        at = 5 if raw is not None else 2
+        for request, first, targets in prompts:
+            k = request.params.prompt_logprobs or 0
+            entries = self._tracked[request.request_id].prompt_logprobs
+            if entries is not None:
+                entries[first + 1:first + 1 + len(targets)] = token_logprobs(targets, values[at:at + 3], k,
+                                                                             [k] * len(targets))
+            at += 3
         tokens: dict[str, int] = {}
-        for request, token in zip(requests, drawn):
-            if isinstance(token, SamplingError):
+        for row, (request, token) in enumerate(zip(rows, results(drawn, ids, verdicts, params, logits.dtype))):
+            if row in failed:
+                errors[request.request_id] = failed[row]
+            elif isinstance(token, SamplingError):
                 errors[request.request_id] = f"SamplingError: {token}"
-            else:
+            elif request.request_id not in errors:
                 tokens[request.request_id] = token
         return tokens
 
@@ -363,6 +428,7 @@ class Engine:
                 except Exception as exc:  # noqa: BLE001 - this sequence's failure only
                     errors[child.request_id] = f"{type(exc).__name__}: {exc}"
                     continue
+                tracked.prompt_logprobs = None  # sequence 0's first output carries them
                 self._tracked[child.request_id] = tracked
                 expanded.append(child)
                 index.append(row)
@@ -398,29 +464,42 @@ class Engine:
             return self._finish(request, FinishReason.ABORT, error=f"{type(exc).__name__}: {exc}")
 
     def _append(self, request: Request, token: int) -> RequestOutput:
+        tracked = self._tracked[request.request_id]
+        if tracked.matcher is not None:
+            tracked.matcher.accept(token)  # raises if the grammar forbids it: this request fails (_append_or_fail)
         request.output_ids.append(token)
         params = request.params
         stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.decoding.eos_token_ids)
         visible = [] if stop_token else [token]
-        detokenizer = self._tracked[request.request_id].detokenizer
+        detokenizer = tracked.detokenizer
         text = detokenizer.add(visible)
         if stop_token or detokenizer.stopped:
             return self._finish(request, FinishReason.STOP, text, [token])
         if request.hand_off or len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return self._finish(request, FinishReason.LENGTH, text + detokenizer.add([], final=True), [token])
-        return self._output(request, text, [token])
+        return self._output(request, text, [token], tracked=tracked)
 
     def _finish(self, request: Request, reason: FinishReason, text: str = "", tokens: list[int] | None = None,
                 error: str | None = None) -> RequestOutput:
         request.finish(reason)
-        self._tracked.pop(request.request_id, None)
+        tracked = self._tracked.pop(request.request_id, None)
         self._swapped.pop(request.request_id, None)
-        return self._output(request, text, tokens or [], error)
+        return self._output(request, text, tokens or [], error, tracked)
 
-    def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None) -> RequestOutput:
+    def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None,
+                tracked: _Tracked | None = None) -> RequestOutput:
+        """The output of ``tokens`` (at most one), with the logprobs ``tracked`` holds for them: the token's
+        when the request asks (None if they are not known: a decode whose prefill sent none), and the
+        prompt's on the first output with a token."""
         handed = request.hand_off and request.finish_reason not in (None, FinishReason.ABORT)
+        logprobs: list[TokenLogprob] | None = None if request.params.logprobs is None else []
+        prompt: list[TokenLogprob | None] | None = None
+        if tracked is not None and tokens:
+            logprob, tracked.logprob = tracked.logprob, None
+            prompt, tracked.prompt_logprobs = tracked.prompt_logprobs, None
+            logprobs = None if logprobs is None or logprob is None else [logprob]
         return RequestOutput(request.group_id, text, tokens, request.finish_reason, request.prompt_len,
                              len(request.output_ids), error, request.rope_delta,
                              request.blocks if handed and not request.index else None,
-                             request.num_cached_tokens, index=request.index)
+                             request.num_cached_tokens, index=request.index, logprobs=logprobs, prompt_logprobs=prompt)
 

@@ -3,7 +3,8 @@
 The runner owns no scheduling decisions. It reads each request's prompt, blocks and progress,
 builds the packed inputs (token embeddings with image embeddings spliced in, per-token positions
 including Qwen M-RoPE deltas, KV slots), runs the model's own decoder layers with paged attention,
-and returns the logits of each request's last position. It advances ``num_computed`` and sets
+and returns the logits of each request's last position (and, for prompt logprobs, the hidden
+states of a chunk's prompt positions). It advances ``num_computed`` and sets
 ``rope_delta`` on prefilled requests; everything else about a request is the engine's business.
 
 Chunked prefill: a prefill computes its chunk ``[num_computed, chunk_end)`` of the prompt. The
@@ -20,6 +21,7 @@ are moved there once per step. Nothing in a step makes a tensor without naming i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -68,10 +70,14 @@ class ModelRunner:
             self._lm_head_t = adapter.lm_head.weight.detach().t().contiguous()
 
     @torch.inference_mode()
-    def forward(self, prefills: list[Request], decodes: list[Request]) -> torch.Tensor:
+    def forward(self, prefills: list[Request], decodes: list[Request],
+                prompt_positions: Collection[Request] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Logits [prompts completed + len(decodes), vocab] in float32 on the device: one row per
         prefill whose chunk completes its prompt (in order), then one per decode. A prefill computes
-        its chunk ``[num_computed, chunk_end)``."""
+        its chunk ``[num_computed, chunk_end)``. Second, for each prefill in ``prompt_positions`` (prompt
+        logprobs), by request id: the final hidden states [P, hidden] of its chunk's positions ``p``
+        that predict a prompt token (``p + 1 < prompt_len``, in order; possibly none), which
+        ``lm_head_logits`` turns into logits."""
         step = self._pack(prefills, decodes)
         decode_group = None
         if decodes:
@@ -93,12 +99,19 @@ class ModelRunner:
         )
         hidden = self._run_layers(step, meta)
         self.pool.mark_written()
-        logits = self._logits(hidden[0, self._tensor(step.last_rows)]).float()
+        logits = self.lm_head_logits(hidden[0, self._tensor(step.last_rows)])
+        prompt_hidden = {r.request_id: hidden[0, start:start + max(0, min(r.chunk_end, r.prompt_len - 1) - r.num_computed)]
+                         for r, (start, _) in zip(prefills, step.spans) if r in prompt_positions}
         for request in prefills:
             request.num_computed = request.chunk_end
         for request in decodes:
             request.num_computed += 1
-        return logits
+        return logits, prompt_hidden
+
+    @torch.inference_mode()
+    def lm_head_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [R, hidden] -> float32 logits [R, vocab]."""
+        return self._logits(rows).float()
 
     def _tensor(self, values: list) -> torch.Tensor:
         """An int64 tensor of ``values`` made on the device (one host-to-device copy)."""

@@ -9,7 +9,8 @@ the scaled logits overflow, say) gets a ``SamplingError`` in place of its token,
 are drawn as if it were not there.
 
 Devices: logits and generators live on the engine's device, and ``sample`` reads the device once
-per step (the token ids and each sampled row's verdict, together). A row that cannot be sampled is
+per step (the token ids and each sampled row's verdict, together); the engine, which reads logprobs
+in the same copy, calls its halves, ``draw_rows`` (device only) and ``results`` (after the read). A row that cannot be sampled is
 drawn from a harmless distribution meanwhile and reported after that read: on a GPU,
 ``multinomial`` over NaN or infinite probabilities is a device-side assert, not an exception.
 The draw is ``torch.multinomial``'s own algorithm for one sample (argmax of p / q, q ~ Exp(1)),
@@ -18,6 +19,8 @@ numbers, same token (``Engine._skip_draw`` relies on the count of random numbers
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -58,9 +61,27 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
+@dataclass
+class Drawn:
+    """One step's draw, still on the device: a token and a verdict per row, and the rows that failed
+    while drawing (before any read)."""
+
+    tokens: torch.Tensor  # [N] int64
+    verdicts: torch.Tensor  # [N] int64, SAMPLEABLE for greedy rows
+    failed: dict[int, SamplingError]
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator]) -> list[int | SamplingError]:
     """logits [N, vocab] float32 -> one token id per row, or the row's SamplingError."""
+    drawn = draw_rows(logits, params, generators)
+    ids, verdicts = torch.stack([drawn.tokens, drawn.verdicts]).tolist()  # the step's one read of the device
+    return results(drawn, ids, verdicts, params, logits.dtype)
+
+
+def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> Drawn:
+    """``sample`` up to its read of the device: whoever reads ``tokens`` and ``verdicts`` (with whatever
+    else the step reads) hands the values to ``results``."""
     tokens = logits.argmax(dim=-1)
     verdicts = torch.zeros_like(tokens)
     failed: dict[int, SamplingError] = {}
@@ -72,8 +93,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         except Exception as exc:  # noqa: BLE001 - whatever torch raises for this row stays with this row
             failed[row] = SamplingError(f"sampling failed with temperature={p.temperature!r}, top_p={p.top_p!r}, "
                                         f"top_k={p.top_k}: {type(exc).__name__}: {exc}")
-    ids, verdict = torch.stack([tokens, verdicts]).tolist()  # the step's one read of the device
-    return [failed.get(row) or _result(ids[row], verdict[row], p, logits.dtype) for row, p in enumerate(params)]
+    return Drawn(tokens, verdicts, failed)
+
+
+def results(drawn: Drawn, ids: list[int], verdicts: list[int], params: list[SamplingParams],
+            dtype: torch.dtype) -> list[int | SamplingError]:
+    """Each row's token, or its SamplingError, from the values read of ``drawn``."""
+    return [drawn.failed.get(row) or _result(ids[row], verdicts[row], p, dtype) for row, p in enumerate(params)]
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

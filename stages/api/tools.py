@@ -8,13 +8,15 @@ message's text.
 In the output, the model calls a tool by writing ``<tool_call>\\n{"name": ..., "arguments":
 {...}}\\n</tool_call>``. ``parse_tool_calls`` splits a whole text into content and OpenAI
 ``tool_calls``; ``ToolCallStream`` does the same for a stream of text deltas, turning them into
-OpenAI delta dicts. Both agree: content is the text outside the blocks, without the whitespace next
-to a block; a block whose JSON is not a call (no name, bad JSON) stays in the content as written.
+OpenAI delta dicts. Both agree: content is the text outside the calls' blocks, without the
+whitespace next to a call; a block whose JSON is not a call (no name, bad JSON) stays in the content
+as written.
 
 ``tool_choice`` "required" or a named function is enforced by constrained generation, vLLM's way:
 ``forced_tool_schema`` is the JSON schema the output must follow (the function's parameters, or an
 array of ``{"name", "parameters"}``), and ``forced_tool_calls`` / ``ForcedToolStream`` turn such
-output into tool calls.
+output into tool calls. ``tool_output(tools, tool_choice)`` picks a request's parser (whole and
+streaming: ``stages.api.tool_output.ToolOutput``). ``tool_choice`` is given as a string, a dict or None.
 """
 
 from __future__ import annotations

@@ -61,8 +61,11 @@ CHAT_ROUTE: dict = {
         400: error("The request is invalid: the error's param names the parameter, its code says why "
                     "(invalid_json, invalid_value, missing_required_parameter, context_length_exceeded, "
                     "image_url_not_supported / image_ref_not_supported: the other kind of image part than this "
-                    "server takes, ...). EPD prefill: image_not_cached, an image_ref key neither cached nor being "
-                    "encoded (at once)."),
+                    "server takes, unsupported_parameter: a field OpenAI defines that would change the answer and "
+                    "this server does not implement (the request schema's description lists them), "
+                    "invalid_response_format / invalid_tool_schema: a schema the grammar compiler cannot take, "
+                    "tools_not_supported: the model's chat template has no tool format, ...). EPD prefill: "
+                    "image_not_cached, an image_ref key neither cached nor being encoded (at once)."),
         403: error(PD + "the request names a prefill that the decode's --allowed-bootstrap does not allow "
                     "(nothing is dialed)."),
         404: error("`model` is not the served model (code model_not_found)."),

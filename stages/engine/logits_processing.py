@@ -96,10 +96,10 @@ def _penalize(logits: torch.Tensor, rows: list[RowInputs]) -> None:
 
 def _counts(like: torch.Tensor, token_lists: list[list[int]], vocab: int) -> torch.Tensor:
     """[len(token_lists), vocab] counts of each token in each list, in ``like``'s dtype, on its device."""
-    flat = [row * vocab + token for row, tokens in enumerate(token_lists) for token in tokens]
     _check_ids([token for tokens in token_lists for token in tokens], vocab, "token")
-    counts = torch.bincount(_ids(flat, like.device), minlength=len(token_lists) * vocab)
-    return counts.view(len(token_lists), vocab).to(like.dtype)
+    flat = _ids([row * vocab + token for row, tokens in enumerate(token_lists) for token in tokens], like.device)
+    counts = like.new_zeros(len(token_lists) * vocab)  # scatter_add_, not bincount: that reads the device on a GPU
+    return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=like.dtype)).view(len(token_lists), vocab)
 
 
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:

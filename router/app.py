@@ -1,4 +1,5 @@
-"""The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions``,
+"""The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions`` and
+``POST /v1/completions`` (the legacy API, text only: routed as chat is, to the same route of each stage),
 ``GET /v1/models``, ``/health``, ``/metrics``, ``/server_info`` (``router.server_info``) and
 ``/openapi.json`` (``router.openapi``); the admin API (``/admin/*``, token required) is added from
 ``router.admin_app``. A 405 carries ``Allow``.
@@ -33,7 +34,7 @@ from router.modes import Call
 from router.openapi import document
 from router.runtime import Router
 from router.server_info import server_info
-from router.upstream import StageError
+from router.upstream import CHAT_PATH, COMPLETIONS_PATH, StageError
 
 log = logging.getLogger(__name__)
 ROUTER_KEY = web.AppKey("router", Router)
@@ -51,7 +52,8 @@ def create_app(router: Router) -> web.Application:
     app = web.Application(middlewares=[collect_after_large_bodies, _errors],
                           client_max_size=router.config.max_body_bytes)
     app[ROUTER_KEY] = router
-    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post(CHAT_PATH, _chat)
+    app.router.add_post(COMPLETIONS_PATH, _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -92,6 +94,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, CHAT_PATH)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, COMPLETIONS_PATH)
+
+
+async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     if router.in_flight >= router.config.max_in_flight:
         router.metrics.requests.labels(outcome="rejected").inc()
@@ -100,7 +110,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     outcome = "aborted"
     try:
-        call = await _read_call(request, router, started)
+        call = await _read_call(request, router, started, path)
         answered = await router.dispatcher.handle(request, call)
         outcome = "success" if answered.failure is None else "upstream_error"
         router.metrics.e2e.observe(time.perf_counter() - started)
@@ -126,7 +136,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         router.metrics.requests.labels(outcome=outcome).inc()
 
 
-async def _read_call(request: web.Request, router: Router, started: float) -> Call:
+async def _read_call(request: web.Request, router: Router, started: float, path: str = CHAT_PATH) -> Call:
+    """The request's body and what the router reads of it; a completions body (``path``) has no
+    messages: no image is resolved and no chat-text bound applies (its stage checks its prompt)."""
     limits = router.stage_limits()  # the tightest over the workers, once per request
     body = _parse(await _read_body(request, *router.body_cap(limits)))
     model = body.get("model")
@@ -135,6 +147,8 @@ async def _read_call(request: web.Request, router: Router, started: float) -> Ca
     served = [card["id"] for card in router.models()]
     if model is not None and model not in served:
         raise model_not_found(model, served)
+    if path != CHAT_PATH:
+        return Call(body, body.get("stream") is True, model, started, path=path)
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
     parts = await router.images.resolve(body, limits.max_images_per_request)

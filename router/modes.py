@@ -1,6 +1,8 @@
 """Who gets what, per mode: a ``Plan`` names the stage that answers the client and the side calls that
 must succeed for it to (the prefill in pd mode), each with the exact body it is sent.
 
+Each stage gets the route the client called (``Call.path``: chat, or ``/v1/completions``, text only).
+
     colocated   one worker, the client's body
     pd          one decode and one compatible prefill, one fresh room; the decode gets the body with
                 bootstrap_host/port/room, the prefill the same with ``stream: false`` (its answer
@@ -24,7 +26,7 @@ import msgspec
 
 from router.errors import no_allowed_pair, no_worker
 from router.pairing import Pairing
-from router.prefix_tree import Prefix, chat_units
+from router.prefix_tree import Prefix, chat_units, prompt_units
 from router.upstream import CHAT_PATH
 from router.workers import Pool, Worker, compatible, has_pair, pick_pair
 
@@ -44,11 +46,12 @@ class Call:
     model: str | None
     started: float  # arrival, time.perf_counter()
     images: tuple[RefImage, ...] = ()  # epd: the body's image parts with their keys and sizes
+    path: str = CHAT_PATH  # the route the client called: every stage of the plan gets the same (COMPLETIONS_PATH)
 
     @cached_property
     def prefix(self) -> Prefix:
         """The body's routing units (``router.prefix_tree``), for prefix_aware: computed when it first reads them."""
-        return Prefix.of(chat_units(self.body))
+        return Prefix.of(chat_units(self.body) if self.path == CHAT_PATH else prompt_units(self.body))
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class ColocatedPlanner:
         candidates = self.pool.candidates(call.model, exclude)
         if not candidates:
             raise no_worker("colocated", call.model)
-        return Plan(Target("colocated", self.pool.pick(candidates, context=call), _encode(call.body)))
+        return Plan(Target("colocated", self.pool.pick(candidates, context=call), _encode(call.body), call.path))
 
 
 class PDPlanner:
@@ -115,8 +118,8 @@ class PDPlanner:
         body.update(bootstrap_host=prefill.bootstrap[0], bootstrap_port=prefill.bootstrap[1], bootstrap_room=room)
         prefill_body = {k: v for k, v in body.items() if k != "stream_options"}
         prefill_body["stream"] = False
-        return Plan(Target("decode", decode, _encode(body)), (Target("prefill", prefill, _encode(prefill_body)),),
-                    room)
+        return Plan(Target("decode", decode, _encode(body), call.path),
+                    (Target("prefill", prefill, _encode(prefill_body), call.path),), room)
 
 
 def new_room() -> int:

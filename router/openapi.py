@@ -1,9 +1,9 @@
 """The router's ``/openapi.json`` (OpenAPI 3.1). Pure: no I/O.
 
-The chat route's request body and its 200 answer are the stages' own: the router imports nothing of
-``stages``, so it takes them from a stage's ``/openapi.json`` when it registers that stage
-(``chat_part``, cached by ``router.runtime.Router``); until a stage has answered, the body is
-documented as a plain JSON object. Every other route is described here: ``/v1/models``, ``/health``,
+The chat route's and the completions route's request bodies and 200 answers are the stages' own: the
+router imports nothing of ``stages``, so it takes them from a stage's ``/openapi.json`` when it
+registers that stage (``chat_part``, cached by ``router.runtime.Router``); until a stage has
+answered (or for a stage without ``/v1/completions``), a body is documented as a plain JSON object. Every other route is described here: ``/v1/models``, ``/health``,
 ``/metrics`` (Prometheus text), ``/server_info`` and the admin API (bearer token). Every error
 answer is an OpenAI error body (``ErrorBody``).
 """
@@ -14,6 +14,7 @@ from router.version import VERSION
 
 REF = "#/components/schemas/"
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 ERROR_REF = {"$ref": REF + "ErrorBody"}
 OBJECT = {"type": "object"}
 ERROR_SCHEMAS = {
@@ -99,20 +100,27 @@ ADMIN_ROUTES: tuple[tuple[str, str, str, dict | None, list[dict], dict[int, str]
 
 
 def chat_part(stage_document: dict) -> dict:
-    """From a stage's ``/openapi.json``: its chat request body schema, its 200 answer's content and the
-    component schemas they refer to (transitively). KeyError or TypeError if it has no chat route."""
-    operation = stage_document["paths"][CHAT]["post"]
-    request = operation["requestBody"]["content"]["application/json"]["schema"]
-    answer = operation["responses"]["200"]["content"]
+    """From a stage's ``/openapi.json``: its chat request body schema, its 200 answer's content, the
+    same of its completions route (``completions``; None if it has none) and the component schemas
+    they refer to (transitively). KeyError or TypeError if it has no chat route."""
+    request, answer = _route_part(stage_document, CHAT)
+    completions = _route_part(stage_document, COMPLETIONS) if COMPLETIONS in stage_document["paths"] else None
     available = stage_document.get("components", {}).get("schemas", {})
     schemas: dict[str, dict] = {}
-    pending = _refs(request) + _refs(answer)
+    pending = _refs(request) + _refs(answer) + _refs(list(completions or ()))
     while pending:
         name = pending.pop()
         if name not in schemas:
             schemas[name] = available[name]
             pending += _refs(schemas[name])
-    return {"request": request, "answer": answer, "schemas": schemas}
+    return {"request": request, "answer": answer, "schemas": schemas,
+            "completions": None if completions is None else {"request": completions[0], "answer": completions[1]}}
+
+
+def _route_part(stage_document: dict, path: str) -> tuple[dict, dict]:
+    """A stage route's request body schema and its 200 answer's content."""
+    operation = stage_document["paths"][path]["post"]
+    return operation["requestBody"]["content"]["application/json"]["schema"], operation["responses"]["200"]["content"]
 
 
 def _refs(node: object) -> list[str]:
@@ -128,13 +136,20 @@ def _refs(node: object) -> list[str]:
 
 def document(chat: dict | None) -> dict:
     """The router's OpenAPI document; ``chat``: a stage's ``chat_part``, or None before any answered."""
-    chat = chat or {"request": OBJECT, "answer": {"application/json": {"schema": OBJECT},
-                                                 "text/event-stream": {"schema": {"type": "string"}}}, "schemas": {}}
+    unknown: dict = {"request": OBJECT, "answer": {"application/json": {"schema": OBJECT},
+                                             "text/event-stream": {"schema": {"type": "string"}}}}
+    chat = chat or {**unknown, "schemas": {}}
+    completions: dict = chat.get("completions") or unknown
     paths = {
         CHAT: {"post": _operation("Create a chat completion (OpenAI-compatible), routed to the stages",
                                   {200: {"description": "The completion; with `stream: true`, a server-sent event "
                                          "stream.", "content": chat["answer"]}},
                                   CHAT_ERRORS, body=_json_body(chat["request"]))},
+        COMPLETIONS: {"post": _operation(
+            "Create a completion (OpenAI's legacy completions API, text only), routed to the stages as chat is",
+            {200: {"description": "The completion; with `stream: true`, a server-sent event stream of "
+                   "text_completion chunks.", "content": completions["answer"]}},
+            CHAT_ERRORS, body=_json_body(completions["request"]))},
         "/v1/models": {"get": _operation("The models the answering stages serve", _ok({
             "type": "object", "required": ["object", "data"], "properties": {
                 "object": {"const": "list"}, "data": {"type": "array", "items": OBJECT}}}))},

@@ -1,6 +1,7 @@
 """The router's approximate picture of what each worker has in its prefix cache. Pure: no I/O, no clock.
 
-The router does not tokenize. A chat body becomes its routing units (``chat_units``): each message in
+The router does not tokenize. A chat body becomes its routing units (``chat_units``; a completions
+body: its text prompt's pieces, ``prompt_units``): each message in
 order, as its role and its text cut into pieces of at most ``CHUNK_CHARS`` characters, each image one
 unit named by its content key (epd: the ``image_ref`` key; other modes: a hash of its URL, a ``data:``
 URL by the time a policy reads it; of a long one, its length and its first and last ``URL_SAMPLE``
@@ -110,6 +111,14 @@ def chat_units(body: dict) -> list[tuple[str, int]]:
                 text = ""
         units += _chunks(text)
     return units
+
+
+def prompt_units(body: dict) -> list[tuple[str, int]]:
+    """The routing units of a ``/v1/completions`` body: its (first) text prompt cut into pieces; none
+    for token ids (the router does not tokenize, nor detokenize)."""
+    prompt = body.get("prompt")
+    first = prompt[0] if isinstance(prompt, list) and prompt else prompt
+    return _chunks(first) if isinstance(first, str) else []
 
 
 def image_key(part: object) -> str | None:

@@ -1,8 +1,13 @@
 """Server-sent events from a stage, split and read just enough to relay them. Pure.
 
 The router forwards the stage's bytes unchanged; it only needs to know, per event, whether it is
-the opening role chunk, a chunk with generated text, a usage chunk, an in-band error, the final
+the opening role chunk, a chunk with generated output, a usage chunk, an in-band error, the final
 ``[DONE]`` or a comment (the stages' ``: keep-alive``, forwarded once the answer is under way).
+
+Generated output (``Kind.TEXT``), in any choice of the chunk (``n`` > 1 choices come by ``index``):
+a chat delta's ``content`` or ``tool_calls``, a completions choice's ``text`` (``text_completion``
+chunks), or non-empty ``logprobs`` alone (a token whose text the stage holds back still has its
+logprobs). ``Event.outputs`` names the choices that carried output, for the tally.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ _json = msgspec.json.Decoder()
 
 class Kind(Enum):
     OPEN = "open"  # a chunk without text: the role chunk, or an empty delta
-    TEXT = "text"  # a chunk whose delta carries content
+    TEXT = "text"  # a chunk where a choice carries output: content, tool_calls, text or logprobs
     FINISH = "finish"  # a chunk with a finish_reason and no content
     USAGE = "usage"  # the usage chunk (choices == [])
     ERROR = "error"  # {"error": {...}}: the stage failed after the stream started
@@ -33,6 +38,7 @@ class Event:
     raw: bytes  # the event's bytes including its blank-line terminator
     kind: Kind
     body: dict | None = None  # the decoded JSON (None for DONE and most OTHER)
+    outputs: tuple[int, ...] = ()  # TEXT: the index of each choice that carried output
 
     @property
     def commits(self) -> bool:
@@ -81,12 +87,29 @@ def classify(raw: bytes) -> Event:
     choices = body.get("choices")
     if choices == [] and body.get("usage"):
         return Event(raw, Kind.USAGE, body)
-    if choices and isinstance(choices[0], dict):
-        choice = choices[0]
-        if (choice.get("delta") or {}).get("content"):
-            return Event(raw, Kind.TEXT, body)
-        return Event(raw, Kind.FINISH if choice.get("finish_reason") else Kind.OPEN, body)
-    return Event(raw, Kind.OTHER, body)
+    if not choices or not isinstance(choices, list):
+        return Event(raw, Kind.OTHER, body)
+    dicts = [choice for choice in choices if isinstance(choice, dict)]
+    outputs = tuple(_index(choice, i) for i, choice in enumerate(dicts) if _carries_output(choice))
+    if outputs:
+        return Event(raw, Kind.TEXT, body, outputs)
+    if any(choice.get("finish_reason") for choice in dicts):
+        return Event(raw, Kind.FINISH, body)
+    return Event(raw, Kind.OPEN if dicts else Kind.OTHER, body)
+
+
+def _carries_output(choice: dict) -> bool:
+    """A chat delta's content or tool calls, a completion's text, or logprobs of any format."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+        return True
+    logprobs = choice.get("logprobs")
+    return bool(choice.get("text")) or isinstance(logprobs, dict) and any(logprobs.values())
+
+
+def _index(choice: dict, position: int) -> int:
+    index = choice.get("index")
+    return index if type(index) is int else position
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

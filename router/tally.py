@@ -1,14 +1,16 @@
 """What the router saw of one streamed answer, for its metrics. Pure: the relay passes each event
 with the time it arrived.
 
-TPOT uses the stage's ``usage.completion_tokens`` when the client asked for usage; otherwise the
-number of text chunks (one per token, except where the detokenizer held text back to check a stop
-string).
+TPOT is per sequence: the time from the first output to the last over each choice's tokens less
+one. Tokens: the stage's ``usage.completion_tokens`` (every choice's) when the client asked for
+usage; otherwise one per choice per output chunk (a token each, except where the detokenizer held
+text back to check a stop string). With ``n`` choices, each choice's share: the tokens over the
+choices that carried output (``Event.outputs``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.sse import Event, Kind
 
@@ -18,14 +20,16 @@ class Tally:
     started: float  # arrival at the router
     first_text: float | None = None
     last_text: float | None = None
-    text_events: int = 0
+    text_events: int = 0  # choices' outputs seen: one per choice per TEXT event
+    choices: set[int] = field(default_factory=set)  # the indices of the choices that carried output
     completion_tokens: int | None = None
     error: dict | None = None  # an in-band error event's body
     done: bool = False  # [DONE] seen
 
     def see(self, event: Event, now: float) -> None:
         if event.kind is Kind.TEXT:
-            self.text_events += 1
+            self.text_events += max(1, len(event.outputs))
+            self.choices.update(event.outputs)
             self.first_text = self.first_text if self.first_text is not None else now
             self.last_text = now
         elif event.kind is Kind.USAGE and event.body is not None:
@@ -43,6 +47,7 @@ class Tally:
     @property
     def tpot(self) -> float | None:
         tokens = self.completion_tokens if self.completion_tokens is not None else self.text_events
-        if self.first_text is None or self.last_text is None or tokens < 2:
+        per_choice = tokens / max(1, len(self.choices))
+        if self.first_text is None or self.last_text is None or per_choice < 2:
             return None
-        return (self.last_text - self.first_text) / (tokens - 1)
+        return (self.last_text - self.first_text) / (per_choice - 1)

@@ -30,6 +30,7 @@ from router.verdict import Failure, idle, timed_out, unreachable
 from router.workers import Worker
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"  # OpenAI's legacy completions: text prompts, routed as chat is
 JSON_HEADERS = {"Content-Type": "application/json"}
 # a body over this is written in slices of it: for one piece, aiohttp copies the headers and the whole
 # body into one bytes object (Python < 3.12.9 avoids writelines), a copy per stage of a 64 MiB body

@@ -17,7 +17,7 @@ import pytest
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.parse import _Request, parse_request
-from stages.api.schemas import MAX_LOGIT_BIAS_TOKENS, UNSUPPORTED, ChatCompletionRequest
+from stages.api.schemas import MAX_LOGIT_BIAS_TOKENS, MIN_REPETITION_PENALTY, UNSUPPORTED, ChatCompletionRequest
 from stages.config import ImageLimits
 from stages.engine.config import EngineConfig
 from stages.loading import load_engine
@@ -62,6 +62,14 @@ def test_the_first_pass_knows_every_field_of_the_schema():
     names = {field.alias or name for name, field in ChatCompletionRequest.model_fields.items()}
     assert names == set(_Request.__struct_fields__)
     assert set(UNSUPPORTED) <= names
+
+
+def test_the_schema_lists_the_no_ops_and_the_unsupported_fields():
+    schema = ChatCompletionRequest.model_json_schema()
+    for name in UNSUPPORTED:
+        assert name in schema["description"] and "unsupported_parameter" in schema["properties"][name]["description"]
+    for name in NO_OPS:
+        assert name in schema["description"] and "ignored" in schema["properties"][name]["description"]
 
 
 @pytest.mark.parametrize("fields, error", [
@@ -191,6 +199,7 @@ def test_sampling_fields_reach_the_sampling_params(prepare):
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.3)
     assert params.logit_bias == ((3, -100.0), (11, 2.5))
     assert prepared(prepare, logprobs=True)[1].logprobs == 0  # the sampled token's only
+    assert prepared(prepare, repetition_penalty=5e-324)[1].repetition_penalty == MIN_REPETITION_PENALTY
     assert prepared(prepare, **NO_OPS)[1] == plain
 
 

@@ -215,6 +215,9 @@ BOUNDARY_BODIES = {  # valid by the schema, each at an edge of it; max_tokens sm
     "highest room": {"bootstrap_room": 2**63 - 1, "bootstrap_host": "x" * 255, "bootstrap_port": 65535},
     "integral floats": {"max_tokens": 4.0, "seed": 7.0, "n": 1.0},
     "usage stream": {"stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True},
+    "denormal repetition_penalty": {"repetition_penalty": 5e-324, "logit_bias": {"0": 100, "1": -100}},
+    "most choices and logprobs": {"n": 8, "logprobs": True, "top_logprobs": 20, "presence_penalty": -2,
+                                  "frequency_penalty": 2},
 }
 
 

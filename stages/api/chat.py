@@ -25,7 +25,7 @@ from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
 from cache.keys import image_key
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
-from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
+from stages.api.schemas import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
 from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
 from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
@@ -183,7 +183,8 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
     """The request's sampling, with the clamps its schema documents: ``max_completion_tokens`` wins over
     ``max_tokens`` (neither: what is left of the context); a sampled temperature below
     ``MIN_TEMPERATURE`` and a top_p below ``MIN_TOP_P`` are raised to them; a top_k of -1, or at or
-    above the vocabulary size, disables top-k (0); ``logprobs`` true asks for ``top_logprobs`` (default
+    above the vocabulary size, disables top-k (0); a repetition_penalty below ``MIN_REPETITION_PENALTY``
+    is raised to it; ``logprobs`` true asks for ``top_logprobs`` (default
     0) alternatives per token. 400 naming ``logit_bias`` for a token id outside the vocabulary."""
     max_tokens = request.max_completion_tokens or request.max_tokens or max(1, max_model_len - prompt_len)
     temperature = 1.0 if request.temperature is None else request.temperature
@@ -205,7 +206,8 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
             n=request.n or 1,
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            repetition_penalty=1.0 if request.repetition_penalty is None else
+            max(request.repetition_penalty, MIN_REPETITION_PENALTY),
             logit_bias=bias,
             logprobs=(request.top_logprobs or 0) if request.logprobs else None,
             guide=guide,

@@ -21,6 +21,7 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256  # per stop string: the detokenizer holds back that many characters of a stream
 MIN_TEMPERATURE = 0.01  # a sampled temperature below this is raised to it (smaller ones overflow the logits)
 MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most likely token)
+MIN_REPETITION_PENALTY = 0.01  # a repetition_penalty below this is raised to it (smaller ones overflow the logits)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 ROOM_MAX = 2**63 - 1
 MAX_HOST_CHARS = 255  # a DNS name's limit
@@ -240,9 +241,10 @@ def _forces_tool(choice: str | NamedToolChoice | None) -> bool:
 
 class ChatCompletionRequest(_RequestModel):
     """An OpenAI chat completion request. Unknown fields are ignored. Fields OpenAI defines that change
-    nothing here (``user``, ``safety_identifier``, ``prompt_cache_key``, ``metadata``, ``store``,
-    ``service_tier``, ``parallel_tool_calls``) are accepted and say so; those that would change the answer
-    and are not implemented (``UNSUPPORTED``) are refused with 400 ``unsupported_parameter`` unless null."""
+    nothing here (user, safety_identifier, prompt_cache_key, metadata, store, service_tier,
+    parallel_tool_calls) are accepted and ignored. Those that would change the answer and are not
+    implemented (audio, modalities other than ["text"], prediction, web_search_options, functions,
+    function_call, reasoning_effort, verbosity) get 400 unsupported_parameter naming the field, unless null."""
 
     messages: list[ChatMessage] = Field(
         min_length=1, max_length=MAX_MESSAGES,
@@ -283,7 +285,9 @@ class ChatCompletionRequest(_RequestModel):
     repetition_penalty: float | None = Field(
         None, gt=0.0, le=2.0, allow_inf_nan=False,
         description="Extension (vLLM's), in (0, 2], default 1: the logit of every token in the prompt or the "
-        "output so far is divided by it if positive, multiplied by it if negative.")
+        f"output so far is divided by it if positive, multiplied by it if negative. A value below "
+        f"{MIN_REPETITION_PENALTY} is raised to {MIN_REPETITION_PENALTY} (smaller ones would scale the logits out "
+        "of float range).")
     logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS_TOKENS, json_schema_extra={
         "additionalProperties": False})] | None = Field(
         None, description=f"At most {MAX_LOGIT_BIAS_TOKENS} token ids (as strings) mapped to a bias in "

@@ -4,6 +4,8 @@ A greedy request's output logprobs are ``log_softmax`` of the reference model's 
 generated position (the output tokens fed back); its prompt logprobs the same at every prompt
 position, whole, chunked (a small ``max_batched_tokens``) and with prefix caching on (the request
 takes no hit, even with its prompt cached). The top k are the k most likely, most likely first.
+A greedy request with bias and penalties picks the argmax of the reference's logits processed by
+hand (vLLM's order), and its logprobs stay the raw ones.
 On ``EPD_TEST_DEVICE`` (tests/devices.py)."""
 
 from __future__ import annotations
@@ -49,15 +51,19 @@ def run(engine: Engine, request_id: str, prompt, params: SamplingParams) -> list
     raise AssertionError("the engine did not finish")
 
 
-def reference_logprobs(reference, prompt, image_token_id: int, outputs: list[int]) -> torch.Tensor:
-    """log_softmax of HF's logits [prompt_len + len(outputs), vocab] over the prompt followed by ``outputs``."""
+def reference_logits(reference, prompt, image_token_id: int, outputs: list[int]) -> torch.Tensor:
+    """HF's float32 logits [prompt_len + len(outputs), vocab] over the prompt followed by ``outputs``."""
     inputs = hf_inputs(prompt, image_token_id)
     ids = torch.cat([inputs["input_ids"], torch.tensor([outputs], dtype=torch.long, device=DEVICE)], dim=1)
     inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
     if "mm_token_type_ids" in inputs:
         inputs["mm_token_type_ids"] = (ids == image_token_id).int()
     with torch.inference_mode():
-        return reference(**inputs).logits[0].float().log_softmax(-1).cpu()
+        return reference(**inputs).logits[0].float().cpu()
+
+
+def reference_logprobs(reference, prompt, image_token_id: int, outputs: list[int]) -> torch.Tensor:
+    return reference_logits(reference, prompt, image_token_id, outputs).log_softmax(-1)
 
 
 def assert_entry(entry, token: int, expected: torch.Tensor, k: int) -> None:
@@ -143,3 +149,28 @@ def test_a_hand_off_output_carries_logprobs_and_prompt_logprobs(setup):
     assert output.logprobs is not None and len(output.logprobs) == 1
     assert_entry(output.logprobs[0], output.token_ids[0], expected[-1], 3)
     assert output.prompt_logprobs is not None and len(output.prompt_logprobs) == len(prompt.token_ids)
+
+
+def test_greedy_penalties_and_bias_pick_the_argmax_of_the_hand_processed_reference_logits(setup):
+    engine, _, builder, reference = setup
+    prompt = prompt_of(builder, "again and again and again", image=False)
+    bias = ((int(prompt.token_ids[-1]), 3.0), (7, -2.0))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logit_bias=bias, repetition_penalty=1.3,
+                            frequency_penalty=0.5, presence_penalty=0.3, logprobs=1)
+    outputs = run(engine, "penalized", prompt, params)
+    tokens = [t for o in outputs for t in o.token_ids]
+    logits = reference_logits(reference, prompt, engine.adapter.image_token_id, tokens)
+    start = len(prompt.token_ids) - 1
+    for i, token in enumerate(tokens):
+        row = logits[start + i].clone()  # by hand, vLLM's order: bias, repetition, frequency, presence
+        for t, b in bias:
+            row[t] += b
+        for t in set(prompt.token_ids) | set(tokens[:i]):
+            row[t] = row[t] / 1.3 if row[t] > 0 else row[t] * 1.3
+        for t in set(tokens[:i]):
+            row[t] -= 0.5 * tokens[:i].count(t) + 0.3
+        assert token == int(row.argmax()), f"step {i}"
+        raw = logits[start + i].log_softmax(-1)[token].item()
+        assert outputs[i].logprobs is not None and abs(outputs[i].logprobs[0].logprob - raw) < TOLERANCE
+    plain = run(engine, "plain-greedy", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert [t for o in plain for t in o.token_ids] != tokens  # the processing changed the answer

@@ -26,6 +26,7 @@ from stages.prompt import PromptBuilder
 from tests.epd_helpers import start_epd
 from tests.hf_reference import hf_greedy, hf_inputs, load_reference
 from tests.redis_fixtures import flush, redis_server  # noqa: F401
+from tests.router_helpers import arm
 
 pytestmark = pytest.mark.timeout(300)
 TOLERANCE = 1e-4
@@ -102,7 +103,7 @@ class Stages:
 @pytest.fixture(scope="module")
 def pd(start_server, model):
     port = free_port()
-    prefill = start_server("prefill", "--model", model, *FAST, "--bootstrap-port", str(port))
+    prefill = start_server("prefill", "--model", model, *FAST, "--bootstrap-port", str(port), "--debug-faults")
     decode = start_server("decode", "--model", model, *FAST, "--kv-timeout-s", "20", "--abort-grace-s", "1")
     return Stages(prefill, decode, port)
 
@@ -285,6 +286,21 @@ async def test_blocks_back_after_an_aborted_n_request(pd):
                         break
         assert (await prefill).status_code == 200
     pd.wait_blocks_free()
+
+
+async def test_blocks_back_after_an_n_request_aborted_before_its_kv(pd):
+    """The decode's client leaves while the prefill holds the room after the write (its three first
+    tokens sampled, the KV written once): the prefill fails the room, and both sides free every block."""
+    arm(pd.prefill, "prefill.delay_ready", 1, delay_s=3.0)
+    body = {"model": pd.model, "messages": MESSAGES, "max_tokens": 50, "temperature": 1.0, "seed": 4, "n": 3,
+            "ignore_eos": True, **pd.room()}
+    async with httpx.AsyncClient(timeout=60) as http:
+        prefill = asyncio.ensure_future(http.post(f"{pd.prefill.url}/v1/chat/completions", json=body))
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"{pd.decode.url}/v1/chat/completions", json=body, timeout=1.5)
+        answer = await prefill
+    assert answer.status_code == 502 and "decode aborted" in answer.json()["error"]["message"], answer.text
+    pd.wait_blocks_free(within_s=15)
 
 
 # --- through the router ---------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ BAD_REQUESTS = {
     "messages_wrong_type": ({"messages": "hello"}, 400, "messages", "invalid_value", "messages"),
     "temperature_wrong_type": (text_chat(temperature="warm"), 400, "temperature", "invalid_value", "temperature"),
     "max_tokens_zero": (text_chat(max_tokens=0), 400, "max_tokens", "invalid_value", "greater than or equal to 1"),
-    "n_two": (text_chat(n=2), 400, "n", "invalid_value", "n must be 1"),
+    "n_nine": (text_chat(n=9), 400, "n", "invalid_value", "less than or equal to 8"),
     "five_stop_strings": (text_chat(stop=list("abcde")), 400, "stop", "invalid_value", "at most 4"),
     "bad_role": ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "invalid_value", "role"),
     "bad_base64": (image_chat("data:image/png;base64,%%%not-base64%%%"), 400,

@@ -201,6 +201,17 @@ def test_token_text_gives_a_byte_level_token_its_own_bytes():
     assert text(1) == (" a", [0x20, 0x61]) and text(2) == ("\ufffd", [0xC3]) and text(7) == ("", None)
 
 
+def test_token_text_bytes_join_into_the_text_of_a_real_byte_level_tokenizer(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = "héllo wörld, 日本語 ✓"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    token_text = TokenText(tokenizer)
+    assert token_text.byte_level
+    assert bytes(byte for token_id in ids for byte in token_text(token_id)[1]) == text.encode()
+    assert "".join(token_text(token_id)[0] for token_id in ids) != text  # pieces of characters decode to U+FFFD
+    assert token_text(tokenizer.convert_tokens_to_ids("<|im_end|>")) == ("<|im_end|>", list(b"<|im_end|>"))
+
+
 # --- through the app: a fixed prepare, scripted outputs ---------------------------------------------
 def app_client(outputs: list[RequestOutput], params: SamplingParams) -> TestClient:
     engine = FakeAsyncEngine(lambda request_id, prompt: iter(outputs))

@@ -309,15 +309,17 @@ class PrefillCoordinator:
         its ``n`` sequences, in index order, the first holding the prompt's blocks. Frees the blocks
         itself if it raises (a sequence failed, or one is missing)."""
         finished: dict[int, RequestOutput] = {}
+        ended = False  # the stream ended by itself (not by an exception: a cancel may come after the last output)
         try:
             async for output in self.engine.generate(_request_id(state.room), local.prompt, local.params,
                                                      hand_off=True):
                 if output.finished:
                     finished[output.index] = output
+            ended = True
         finally:
             outputs = [finished[i] for i in sorted(finished)]
             held = [block for o in outputs for block in o.blocks or []]
-            complete = (sorted(finished) == list(range(local.params.n)) and outputs[0].blocks is not None
+            complete = (ended and sorted(finished) == list(range(local.params.n)) and outputs[0].blocks is not None
                         and all(o.error is None and o.token_ids for o in outputs))
             if held and not complete:
                 await self._free(state.room, held)

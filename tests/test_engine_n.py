@@ -309,3 +309,20 @@ async def test_generate_streams_all_n_and_closing_it_aborts_all_n(engine, prompt
         assert await async_engine.call(lambda e: (e.has_work(), e.allocator.num_used)) == (False, 0)
     finally:
         async_engine.shutdown()
+
+
+def test_reserving_gives_each_fork_every_block_past_the_shared_ones(prompt):
+    engine, _ = load_engine(EngineConfig(model=str(model_dir("qwen2_vl")), kv_cache_mib=16, device=DEVICE,
+                                         kv_allocation="reserve"), pixels=True)
+    alone = run(engine, "alone", prompt, seeded(24))[0]
+    engine.add_request("reserved", prompt, seeded(24, n=3))
+    outputs = engine.step()
+    sequences = engine.scheduler.sequences("reserved")
+    longest = engine.scheduler.most_blocks(sequences[0])
+    full = len(prompt.token_ids) // engine.allocator.block_size
+    assert [len(s.blocks) for s in sequences] == [longest] * 3
+    assert engine.allocator.num_used == longest + 2 * (longest - full)
+    assert_own_copies(engine, "reserved")
+    tokens = by_index(drain(engine, outputs), "reserved", 3)
+    same(tokens[0], alone)
+    assert engine.allocator.num_used == 0

@@ -326,3 +326,32 @@ def test_reserving_gives_each_fork_every_block_past_the_shared_ones(prompt):
     tokens = by_index(drain(engine, outputs), "reserved", 3)
     same(tokens[0], alone)
     assert engine.allocator.num_used == 0
+
+
+def test_every_sequence_has_its_tokens_logprobs_and_only_sequence_0_the_prompts(engine, prompt):
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=SEED, ignore_eos=True, n=3, logprobs=2,
+                            prompt_logprobs=1)
+    engine.add_request("logprobs", prompt, params)
+    colocated = drain(engine)
+    engine.add_request("prefill", prompt, params, hand_off=True)
+    handed = sorted(drain(engine), key=lambda o: o.index)
+    assert [o.logprobs for o in handed] == [o.logprobs for o in sorted(colocated, key=lambda o: o.index)
+                                            if o.completion_tokens == 1]
+    local = handed[0].blocks
+    assert local is not None
+    blocks = engine.reserve_blocks(prompt, params)
+    engine.pool.tensor[blocks[: len(local)]] = engine.pool.tensor[local]
+    engine.free_blocks(local)
+    decoded = drain(engine, engine.add_prefilled(
+        "decoded", prompt, params, blocks, [o.token_ids[0] for o in handed], handed[0].rope_delta,
+        first_logprobs=[o.logprobs[0] if o.logprobs else None for o in handed],
+        prompt_logprobs=handed[0].prompt_logprobs))
+    for outputs in (colocated, handed, decoded):
+        with_prompt = [o for o in outputs if o.prompt_logprobs is not None]
+        assert [(o.index, o.completion_tokens) for o in with_prompt] == [(0, 1)]
+        assert len(with_prompt[0].prompt_logprobs) == len(prompt.token_ids)
+        for output in outputs:
+            assert output.logprobs is not None
+            assert [lp.token_id for lp in output.logprobs] == output.token_ids
+    assert by_index(decoded, "decoded", 3) == by_index(colocated, "logprobs", 3)
+    assert engine.allocator.num_used == 0

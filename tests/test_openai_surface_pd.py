@@ -1,8 +1,9 @@
 """Issue 19's request fields through 1P1D (Mooncake) and 1E1P1D, with the official openai client against
 the decode (the same body to the prefill at once, as a PD router sends it) and through the router: greedy
 logprobs, the first token's included, equal colocated's and Hugging Face's ``log_softmax`` within 1e-4;
-``n=3`` seeded equals colocated's ``n=3`` choice by choice (stream too); penalties and ``logit_bias`` give
-colocated's tokens; ``response_format`` outputs parse and validate and equal colocated's; ``/v1/completions``
+``n=3`` seeded equals colocated's ``n=3`` choice by choice (stream too, logprobs by index); penalties and
+``logit_bias`` give colocated's tokens; ``response_format`` outputs and a forced tool call parse, validate
+and equal colocated's; ``/v1/completions``
 ``echo`` with ``logprobs`` gets the prompt's logprobs from the prefill (``KVReady``) equal to colocated's; and
 the KV blocks of both stages are back to their baseline after an ``n=3`` request and after an aborted one."""
 
@@ -203,15 +204,20 @@ async def test_n_seeded_equals_colocated_choice_by_choice(stages, colocated):
     stages.wait_blocks_free()  # n sequences, one prompt: every block back on both sides
 
 
-async def test_n_streamed_carries_each_index(pd, colocated):
-    kwargs = dict(messages=MESSAGES, max_tokens=6, temperature=0.8, seed=99, n=3,
+async def test_n_streamed_carries_each_index_and_its_logprobs(pd, colocated):
+    kwargs = dict(messages=MESSAGES, max_tokens=6, temperature=0.8, seed=99, n=3, logprobs=True, top_logprobs=2,
                   extra_body={"ignore_eos": True})
     chunks, _ = await pd.chat(**kwargs, stream=True, stream_options={"include_usage": True})
-    texts = ["", "", ""]
+    texts, logprobs = ["", "", ""], [[], [], []]
     for chunk in chunks:
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
-    assert texts == [ch.message.content for ch in colocated_chat(colocated, **kwargs).choices]
+            if choice.logprobs is not None:
+                logprobs[choice.index] += [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
+                                           for t in choice.logprobs.content or []]
+    c = colocated_chat(colocated, **kwargs)
+    assert texts == [ch.message.content for ch in c.choices]
+    assert all(_close(got, _logprobs(want)) for got, want in zip(logprobs, c.choices))
     assert chunks[-1].usage.completion_tokens == 18
     pd.wait_blocks_free()
 
@@ -264,6 +270,26 @@ async def test_json_schema_outputs_validate_and_equal_colocated(stages, colocate
 async def test_json_cut_by_max_tokens_says_length(pd):
     d, _ = await pd.chat(messages=MESSAGES, max_tokens=3, temperature=1.0, seed=1, response_format=JSON_SCHEMA)
     assert d.choices[0].finish_reason == "length"
+    pd.wait_blocks_free()
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                         "parameters": {"type": "object", "properties": {
+                                             "city": {"type": "string", "maxLength": 8},
+                                             "unit": {"enum": ["c", "f"]}},
+                                             "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+async def test_a_forced_tool_call_through_pd_parses_and_equals_colocated(pd, colocated):
+    """A named ``tool_choice`` is a grammar too: the prefill's first token and the decode's rest obey it."""
+    kwargs = dict(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[TOOL], max_tokens=MAX_JSON_TOKENS,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=1.0, seed=2)
+    d, _ = await pd.chat(**kwargs)
+    c = colocated_chat(colocated, **kwargs)
+    (call,) = d.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), TOOL["function"]["parameters"])
+    assert call.function.arguments == c.choices[0].message.tool_calls[0].function.arguments
     pd.wait_blocks_free()
 
 

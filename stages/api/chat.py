@@ -113,11 +113,9 @@ def guide(request: ChatCompletionRequest, guides: Any) -> Guide | None:
         raise bad_request("This server cannot constrain its output (no grammar compiler).",
                           "tool_choice" if forced else "response_format", "structured_output_unavailable")
     if forced:
-        tool_choice = request.tool_choice if isinstance(request.tool_choice, str) else \
-            request.tool_choice.model_dump() if request.tool_choice is not None else None
         try:
             return guides.compile_schema(forced_tool_schema([tool.model_dump() for tool in request.tools or ()],
-                                                            tool_choice))
+                                                            request.tool_choice_json))
         except ValueError as exc:
             raise bad_request(f"The tools' parameters cannot be enforced for tool_choice: {exc}", "tools",
                               "invalid_tool_schema") from None

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
@@ -186,8 +185,7 @@ class _Call:
 
 def _tool_output(body: ChatCompletionRequest) -> ToolOutput | None:
     """How the request's output becomes tool calls (``stages.api.tools``); None without tools to call."""
-    choice = body.tool_choice
-    return tool_output(body.offered_tools, choice.model_dump() if isinstance(choice, BaseModel) else choice)
+    return tool_output(body.offered_tools, body.tool_choice_json)
 
 
 def _failed(output: RequestOutput) -> bool:

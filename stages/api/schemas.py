@@ -388,6 +388,13 @@ class ChatCompletionRequest(_RequestModel):
         return _forces_tool(self.tool_choice)
 
     @property
+    def tool_choice_json(self) -> str | dict | None:
+        """``tool_choice`` as its JSON value (a string, or the named function's dict), as
+        ``stages.api.tools`` takes it."""
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+
+    @property
     def offered_tools(self) -> list[dict] | None:
         """The tools the chat template shows the model, as OpenAI tool dicts; None for no tools or
         tool_choice none (the model is not told of tools it may not call)."""

@@ -9,14 +9,15 @@ it applies to greedy rows too.
 
 ``process_logits`` works in place on the step's logits and touches only the rows whose parameters
 ``processes_logits``: a step without any costs nothing. Bias and penalties of all those rows are
-applied together (a few tensor operations whatever their number), on a copy written back only when
-it succeeded; if that raises, each row is tried alone, so one row's failure is its own: it gets an
-error message and its logits stay as the model made them. A matcher is called on its own row only.
-Never reads the device.
+applied together, to the (row, token) pairs they change only (a few tensor operations over those
+pairs, not over rows x vocabulary), written in one go at the end; if that raises, each row is
+tried alone, so one row's failure is its own: it gets an error message and its logits stay as the
+model made them. A matcher is called on its own row only. Never reads the device.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -66,49 +67,38 @@ def _has_bias_or_penalty(params: SamplingParams) -> bool:
 
 
 def _penalize(logits: torch.Tensor, rows: list[RowInputs]) -> None:
-    """Bias and penalties of ``rows`` together, computed on a copy of their logits and written back
-    at the end (a raise leaves ``logits`` untouched). Raises ValueError on a token id out of range."""
-    vocab, device = logits.shape[-1], logits.device
-    index = torch.tensor([r.row for r in rows], dtype=torch.long, device=device)
-    sub = logits.index_select(0, index)  # a copy
-    bias = [(i, token, value) for i, r in enumerate(rows) for token, value in r.params.logit_bias]
-    if bias:
-        _check_ids([token for _, token, _ in bias], vocab, "logit_bias")
-        at, tokens, values = zip(*bias)
-        sub.index_put_((_ids(at, device), _ids(tokens, device)),
-                       torch.tensor(values, dtype=sub.dtype, device=device), accumulate=True)
-    counted = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0
-               or r.params.frequency_penalty or r.params.presence_penalty]
-    if counted:
-        counts = _counts(sub, [rows[i].output_ids for i in counted], vocab)  # [len(counted), vocab]
-        part = sub[_ids(counted, device)]
-        if any(rows[i].params.repetition_penalty != 1.0 for i in counted):
-            repetition = _column([rows[i].params.repetition_penalty for i in counted], part).to(device)
-            seen = (counts > 0) | (_counts(sub, [rows[i].prompt_ids for i in counted], vocab) > 0)
-            factor = torch.where(seen, repetition, torch.ones_like(part))
-            part = torch.where(part > 0, part / factor, part * factor)
-        frequency = _column([rows[i].params.frequency_penalty for i in counted], part).to(device)
-        presence = _column([rows[i].params.presence_penalty for i in counted], part).to(device)
-        part = part - frequency * counts - presence * (counts > 0).to(part.dtype)
-        sub[_ids(counted, device)] = part
-    logits.index_copy_(0, index, sub)
-
-
-def _counts(like: torch.Tensor, token_lists: list[list[int]], vocab: int) -> torch.Tensor:
-    """[len(token_lists), vocab] counts of each token in each list, in ``like``'s dtype, on its device."""
-    _check_ids([token for tokens in token_lists for token in tokens], vocab, "token")
-    flat = _ids([row * vocab + token for row, tokens in enumerate(token_lists) for token in tokens], like.device)
-    counts = like.new_zeros(len(token_lists) * vocab)  # scatter_add_, not bincount: that reads the device on a GPU
-    return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=like.dtype)).view(len(token_lists), vocab)
-
-
-def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
-    """[len(values), 1] on the host, in ``like``'s dtype (moved to the device where used)."""
-    return torch.tensor(values, dtype=like.dtype).unsqueeze(1)
-
-
-def _ids(values, device: torch.device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.long, device=device)
+    """Bias and penalties of ``rows`` together. Sparse: only the (row, token) pairs they change (the
+    bias's tokens, the output's, the prompt's with a repetition penalty) are gathered, computed in
+    vLLM's order and written back in one ``index_put_`` at the end, so a raise leaves ``logits``
+    untouched. Raises ValueError on a token id out of range (checked on the host)."""
+    at: list[int] = []
+    tokens: list[int] = []
+    columns: list[list[float]] = [[], [], [], [], []]  # bias, repetition, output count, frequency, presence
+    for row in rows:
+        p = row.params
+        counted = p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0
+        counts = Counter(row.output_ids) if counted else Counter()
+        bias = dict(p.logit_bias)
+        seen = set(row.prompt_ids) | counts.keys() if p.repetition_penalty != 1.0 else set()
+        changed = list(seen | counts.keys() | bias.keys())
+        at += [row.row] * len(changed)
+        tokens += changed
+        for column, part in zip(columns, (
+                [bias.get(t, 0.0) for t in changed] if bias else [0.0] * len(changed),
+                [p.repetition_penalty if t in seen else 1.0 for t in changed] if seen else [1.0] * len(changed),
+                [float(counts[t]) for t in changed],
+                [p.frequency_penalty] * len(changed),
+                [p.presence_penalty] * len(changed))):
+            column += part
+    if not tokens:
+        return
+    _check_ids(tokens, logits.shape[-1], "token")
+    rows_at, token_at = torch.tensor([at, tokens], dtype=torch.long, device=logits.device)
+    added, repetition, count, frequency, presence = torch.tensor(columns, dtype=logits.dtype, device=logits.device)
+    values = logits[rows_at, token_at] + added
+    values = torch.where(values > 0, values / repetition, values * repetition)
+    values = values - frequency * count - presence * (count > 0).to(values.dtype)
+    logits.index_put_((rows_at, token_at), values)
 
 
 def _check_ids(tokens: list[int], vocab: int, what: str) -> None:

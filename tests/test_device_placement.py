@@ -5,7 +5,8 @@ Under ``torch.device("meta")`` a factory call that names no device (``torch.tens
 tensors raises, and reading it (``.tolist()``) raises, so the request fails with an error and its
 tokens differ. Each test runs the same requests twice, normally and under ``meta``, and asks for the
 same tokens and no error: prefills with images (the vision tower runs inside the step), batched
-decodes, seeded sampling, and the decode side of a hand-off (``add_prefilled`` replays a draw).
+decodes, seeded sampling, logits processing and logprobs, and the decode side of a hand-off
+(``add_prefilled`` replays a draw).
 A negative control shows that a stray factory call is caught.
 """
 
@@ -26,6 +27,10 @@ from tests.hf_reference import random_image
 MAX_STEPS = 32
 SEEDED = SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, top_k=50, seed=11, ignore_eos=True)
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+# logits processing, logprobs and prompt logprobs make tensors of their own
+PROCESSED = SamplingParams(max_tokens=6, temperature=0.7, seed=3, ignore_eos=True, logit_bias=((5, 2.0),),
+                           repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2, logprobs=3,
+                           prompt_logprobs=2)
 
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl", "llava"])
@@ -43,17 +48,19 @@ def prompts(builder: PromptBuilder) -> list:
     text = [{"type": "text", "text": "say something long about the sea"}]
     return [builder.build([{"role": "user", "content": image}], [random_image(64, 48, seed=1)]),
             builder.build([{"role": "user", "content": text}], []),
-            builder.build([{"role": "user", "content": image}], [random_image(48, 80, seed=2)])]
+            builder.build([{"role": "user", "content": image}], [random_image(48, 80, seed=2)]),
+            builder.build([{"role": "user", "content": text}], [])]
 
 
 def run(loaded: tuple[Engine, PromptBuilder], tag: str, default_device: str | None) -> dict[str, tuple[list[int], str | None]]:
-    """Three requests added at once (two greedy, one seeded), stepped to the end with torch's default
-    device set to ``default_device`` during admission and steps; (tokens, error) per request."""
+    """Four requests added at once (two greedy, one seeded, one with bias, penalties, logprobs and
+    prompt logprobs), stepped to the end with torch's default device set to ``default_device`` during
+    admission and steps; (tokens, error) per request."""
     engine, builder = loaded
     results: dict[str, tuple[list[int], str | None]] = {}
     requests = prompts(builder)
     with torch.device(default_device) if default_device else torch.device(DEVICE):
-        for i, (prompt, params) in enumerate(zip(requests, [GREEDY, SEEDED, GREEDY])):
+        for i, (prompt, params) in enumerate(zip(requests, [GREEDY, SEEDED, GREEDY, PROCESSED])):
             engine.add_request(f"{tag}-{i}", prompt, params)
         for _ in range(MAX_STEPS):
             if not engine.has_work():

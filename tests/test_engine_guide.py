@@ -2,6 +2,7 @@
 sequence, then only end-of-sequence): the mask constrains greedy and sampled rows, every appended
 token is accepted (a decode's first token, from its prefill, too), the matcher's state survives a
 preemption, a matcher that raises fails its request alone, and logprobs stay raw (before the mask).
+And a logit_bias naming no token of the vocabulary is refused on admission.
 On ``EPD_TEST_DEVICE`` (tests/devices.py)."""
 
 from __future__ import annotations
@@ -152,3 +153,10 @@ def test_a_decode_advances_its_own_matcher_with_the_prefills_first_token(loaded)
     prefill_matcher, decode_matcher = guide.matchers
     assert prefill_matcher.accepted == guide.sequence[:1] and decode_matcher.accepted == tokens
     assert decode.allocator.num_used == 0
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused_on_admission(loaded):
+    (engine, builder), _ = loaded
+    with pytest.raises(ValueError, match=f"logit_bias names token {engine.vocab_size}"):
+        engine.add_request("outside", prompt(builder), SamplingParams(logit_bias=((engine.vocab_size, 1.0),)))
+    assert not engine.has_work() and "outside" not in engine._tracked

@@ -85,8 +85,8 @@ class Stages:
 
             plain = {k: v for k, v in kwargs.items() if k not in ("extra_body", "stream", "stream_options")}
             prefill_body = {"model": self.model, **plain, **kwargs.get("extra_body", {}), **room}
-            d, p = await asyncio.gather(answer(dict(kwargs)), http.post(f"{self.prefill.url}/v1/chat/completions",
-                                                            json=prefill_body))
+            prefill = http.post(f"{self.prefill.url}/v1/chat/completions", json=prefill_body)
+            d, p = await asyncio.gather(answer(dict(kwargs)), prefill)
         assert p.status_code == 200, p.text
         return d, p.json()
 

@@ -9,6 +9,7 @@ prompt builder and grammar compiler; and the 400s' exact bodies from a real colo
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import httpx
 import msgspec
@@ -17,7 +18,8 @@ import pytest
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.parse import _Request, parse_request
-from stages.api.schemas import MAX_LOGIT_BIAS_TOKENS, MIN_REPETITION_PENALTY, UNSUPPORTED, ChatCompletionRequest
+from stages.api.schemas import (MAX_LOGIT_BIAS_TOKENS, MAX_METADATA, MAX_SCHEMA_BYTES, MIN_REPETITION_PENALTY,
+                                UNSUPPORTED, ChatCompletionRequest)
 from stages.config import ImageLimits
 from stages.engine.config import EngineConfig
 from stages.loading import load_engine
@@ -169,6 +171,46 @@ def test_tool_messages_and_assistant_tool_calls_are_accepted():
     request = parse(messages=HISTORY)
     assert request.messages[1].content is None and request.messages[1].tool_calls[0].function.name == "get_weather"
     assert request.messages[2].tool_call_id == "call_1"
+
+
+def many_entries(count: int) -> bytes:
+    return b"{" + b",".join(b'"%d": 1' % i for i in range(count)) + b"}"
+
+
+@pytest.mark.parametrize("field, body", [
+    ("logit_bias", b'"logit_bias": ' + many_entries(1_000_000)),
+    ("metadata", b'"metadata": ' + many_entries(1_000_000)),
+    ("response_format.json_schema.schema", b'"response_format": {"type": "json_schema", "json_schema": {"name": "a", '
+                                           b'"schema": ' + many_entries(1_000_000) + b"}}"),
+    ("tools[4].function.parameters", b'"tools": [' + b", ".join(
+        [b'{"type": "function", "function": {"name": "f", "parameters": {"d": "' + b"x" * 250_000 + b'"}}}'] * 6)
+     + b"]"),
+])
+def test_a_huge_map_or_schema_is_refused_before_it_is_built(field, body):
+    """A JSON object costs far more to build than its bytes: a map's entries are counted and the
+    schemas' bytes summed (MAX_SCHEMA_BYTES) before anything is built, so the refusal costs ~nothing."""
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], ' + body + b"}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(APIError) as refused:
+            parse_request(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.param == field and peak < len(raw) / 10
+    bound = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA}.get(field)
+    assert refused.value.message == (f"Invalid value for '{field}': Expected `object` of length <= {bound}" if bound
+                                     else f"Invalid value for '{field}': the request's JSON schemas (tools' "
+                                     f"parameters and response_format's schema) hold more than {MAX_SCHEMA_BYTES} "
+                                     "bytes of JSON together.")
+
+
+def test_map_entries_are_counted_outside_strings_and_nested_values():
+    text = {str(i): ",{[}]\"" for i in range(MAX_METADATA)}
+    assert parse(metadata=text).metadata == text
+    assert refusal(metadata={**text, "x": "y"})["message"] == (f"Invalid value for 'metadata': Expected `object` of "
+                                                               f"length <= {MAX_METADATA}")
+    assert refusal(logit_bias={"1": [1, 2, 3]})["param"] == "logit_bias"
 
 
 def test_a_json_schema_is_not_built_by_the_first_pass():

@@ -27,13 +27,15 @@ from pydantic import ValidationError
 
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
-from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA, MAX_TOOL_CALLS,
-                                MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
+from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
+                                MAX_SCHEMA_BYTES, MAX_TOOL_CALLS, MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
 from stages.text_bound import TextBound, prompt_chars
 
+_MAPS = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA}  # the maps of the schema, and their bounds
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
 Scalar = str | int | float | bool | None
 _MSGSPEC_ERROR = re.compile(r"(?P<what>.*) - at `\$\.?(?P<path>.*)`", re.S)
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[][{},]')  # a string (its commas are text), a bracket, a comma
 
 
 class _ImageURL(Struct, gc=False):
@@ -112,7 +114,10 @@ class _ResponseFormat(Struct, gc=False):
 class _Request(Struct, gc=False):
     """Every field of ``ChatCompletionRequest``, each as loose as the schema allows but no looser in size.
     A JSON Schema inside (a tool's parameters, a response format's schema) is any JSON: kept as its
-    bytes (``Raw``), never built here. The ``UNSUPPORTED`` fields too: only looked at for being null."""
+    bytes (``Raw``), never built here, and all of them together at most ``MAX_SCHEMA_BYTES``. The
+    ``UNSUPPORTED`` fields too: only looked at for being null. A map (``_MAPS``) is kept as its bytes
+    until its entries are counted: building a JSON object costs far more per byte than skipping it,
+    and a bound checked after building it (msgspec's ``max_length`` on a dict) comes too late."""
 
     messages: Annotated[list[_Message | Scalar], Meta(max_length=MAX_MESSAGES)] | Scalar | UnsetType = UNSET
     stop: Annotated[list[Scalar], Meta(max_length=STOP_LIST_BOUND)] | Scalar | UnsetType = UNSET
@@ -133,7 +138,7 @@ class _Request(Struct, gc=False):
     presence_penalty: Scalar | UnsetType = UNSET
     frequency_penalty: Scalar | UnsetType = UNSET
     repetition_penalty: Scalar | UnsetType = UNSET
-    logit_bias: Annotated[dict[str, Scalar], Meta(max_length=MAX_LOGIT_BIAS_TOKENS)] | Scalar | UnsetType = UNSET
+    logit_bias: Raw | UnsetType = UNSET  # a map: its entries counted before it is built (``_MAPS``)
     logprobs: Scalar | UnsetType = UNSET
     top_logprobs: Scalar | UnsetType = UNSET
     response_format: _ResponseFormat | Scalar | UnsetType = UNSET
@@ -142,7 +147,7 @@ class _Request(Struct, gc=False):
     user: Scalar | UnsetType = UNSET
     safety_identifier: Scalar | UnsetType = UNSET
     prompt_cache_key: Scalar | UnsetType = UNSET
-    metadata: Annotated[dict[str, Scalar], Meta(max_length=MAX_METADATA)] | Scalar | UnsetType = UNSET
+    metadata: Raw | UnsetType = UNSET  # a map, as logit_bias
     store: Scalar | UnsetType = UNSET
     service_tier: Scalar | UnsetType = UNSET
     parallel_tool_calls: Scalar | UnsetType = UNSET
@@ -168,6 +173,8 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
     _check_unsupported(shape)
+    _check_maps(shape)
+    _check_schemas(shape)
     if bound is not None:
         _check_text_fits(shape, bound)
     try:
@@ -182,6 +189,61 @@ def _shape_error(message: str) -> APIError:
     what, param = (match["what"], match["path"] or None) if match else (message, None)
     where = f"Invalid value for '{param}': " if param else "Invalid request body: "
     return bad_request(where + what, param=param, code="invalid_value")
+
+
+def _check_maps(shape: _Request) -> None:
+    """Each ``_MAPS`` field: more entries than its bound, or not a map of scalars: 400 naming it.
+    The entries are counted without building the map, and only up to the first one past the bound."""
+    for name, bound in _MAPS.items():
+        raw = getattr(shape, name)
+        if raw is UNSET:
+            continue
+        if _more_entries(memoryview(raw), bound):
+            raise bad_request(f"Invalid value for '{name}': Expected `object` of length <= {bound}", name,
+                              "invalid_value")
+        try:
+            msgspec.json.decode(raw, type=dict[str, Scalar] | Scalar)
+        except msgspec.ValidationError as exc:
+            match = _MSGSPEC_ERROR.fullmatch(str(exc))
+            raise bad_request(f"Invalid value for '{name}': {match['what'] if match else exc}", name,
+                              "invalid_value") from None
+
+
+def _more_entries(raw: memoryview, bound: int) -> bool:
+    """Whether ``raw`` (valid JSON) is an object of more than ``bound`` entries: its commas outside
+    strings at depth 1, read up to the one that makes ``bound + 1`` entries."""
+    if raw[:1] != b"{":
+        return False
+    depth = commas = 0
+    for token in _JSON_TOKEN.finditer(raw):
+        char = token[0][:1]
+        if char in (b"{", b"["):
+            depth += 1
+        elif char in (b"}", b"]"):
+            depth -= 1
+        elif char == b"," and depth == 1:
+            commas += 1
+            if commas >= bound:
+                return True
+    return False
+
+
+def _check_schemas(shape: _Request) -> None:
+    """400 naming the JSON schema (a tool's parameters, the response format's) that brings the
+    request's schemas together over ``MAX_SCHEMA_BYTES`` of JSON."""
+    schemas = [(f"tools[{i}].function.parameters", tool.function.parameters)
+               for i, tool in enumerate(shape.tools if isinstance(shape.tools, list) else ())
+               if isinstance(tool, _Tool) and isinstance(tool.function, _Function)]
+    response_format = shape.response_format
+    if isinstance(response_format, _ResponseFormat) and isinstance(response_format.json_schema, _JSONSchema):
+        schemas.append(("response_format.json_schema.schema", response_format.json_schema.schema))
+    total = 0
+    for param, raw in schemas:
+        total += 0 if raw is UNSET else len(memoryview(raw))
+        if total > MAX_SCHEMA_BYTES:
+            raise bad_request(f"Invalid value for '{param}': the request's JSON schemas (tools' parameters and "
+                              f"response_format's schema) hold more than {MAX_SCHEMA_BYTES} bytes of JSON together.",
+                              param, "invalid_value")
 
 
 def _check_unsupported(shape: _Request) -> None:

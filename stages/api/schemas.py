@@ -30,6 +30,7 @@ MAX_TOOLS = 128  # as OpenAI's API
 MAX_TOOL_CALLS = 128  # per assistant message
 MAX_LOGIT_BIAS_TOKENS = 300  # as OpenAI's API
 MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # as OpenAI's API
+MAX_SCHEMA_BYTES = 1 << 20  # the JSON of a request's schemas together (tools' parameters, response_format's)
 MAX_NAME_CHARS = 64  # a function's or a response format's name, as OpenAI's API
 MAX_ID_CHARS = 256  # a tool call's id
 FUNCTION_NAME = rf"^[a-zA-Z0-9_-]{{1,{MAX_NAME_CHARS}}}$"
@@ -182,7 +183,9 @@ class FunctionDefinition(_RequestModel):
     description: str | None = Field(None, description="What the function does, shown to the model.")
     parameters: dict[str, Any] | None = Field(None, description="The arguments' JSON Schema (an object). A call "
                                               "forced by tool_choice follows it exactly (constrained decoding); a "
-                                              "schema the grammar compiler cannot take gets 400 invalid_tool_schema.")
+                                              "schema the grammar compiler cannot take gets 400 invalid_tool_schema. "
+                                              f"The request's schemas together: at most {MAX_SCHEMA_BYTES} bytes "
+                                              "of JSON.")
     strict: bool | None = Field(None, description="Accepted; forced calls always follow the schema.")
 
 
@@ -206,7 +209,8 @@ class JSONSchemaFormat(_RequestModel):
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema the answer follows "
                                            "(constrained decoding). None: any JSON object. A schema the grammar "
-                                           "compiler cannot take gets 400 invalid_response_format.")
+                                           "compiler cannot take gets 400 invalid_response_format. The request's "
+                                           f"schemas together: at most {MAX_SCHEMA_BYTES} bytes of JSON.")
     strict: bool | None = Field(None, description="Accepted; the answer always follows the schema.")
 
 

@@ -165,6 +165,7 @@ def fuzz(server, allowed_5xx: frozenset[int] = frozenset(), bootstrap_port: int 
 def test_colocated_answers_as_documented(colocated):
     seen = fuzz(colocated)
     assert seen["POST /v1/chat/completions positive"][200] > 0, seen  # the fuzzer got through, not just 400s
+    assert seen["POST /v1/completions positive"][200] > 0, seen
 
 
 def test_prefill_answers_as_documented(prefill, bootstrap_port):
@@ -181,6 +182,7 @@ def test_decode_answers_as_documented(decode, bootstrap_port):
 def test_router_answers_as_documented(router):
     seen = fuzz(router, admin_token=ADMIN_TOKEN)
     assert seen["POST /v1/chat/completions positive"][200] > 0, seen  # through to the stage and back
+    assert seen["POST /v1/completions positive"][200] > 0, seen
     assert set(seen["GET /admin/workers positive"]) == {200}, seen  # the token reads
     assert seen["GET /admin/rooms/{room} positive"][404] > 0, seen  # no such room
     removals = seen["DELETE /admin/workers/{id} positive"]  # no token, no entry (404: an id that is no path)

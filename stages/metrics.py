@@ -118,7 +118,9 @@ class RequestTimer:
             self.first_token_at = time.monotonic()
             self.metrics.ttft.observe(self.first_token_at - self.start)
 
-    def finish(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def finish(self, reason: str, prompt_tokens: int, completion_tokens: int, longest: int | None = None) -> None:
+        """``completion_tokens``: of all the request's sequences; ``longest``: the most of one sequence
+        (default: all of them, one sequence), which sets the time per output token."""
         if self.done:
             return
         self.done = True
@@ -128,5 +130,6 @@ class RequestTimer:
         m.generation_tokens.inc(completion_tokens)
         if reason in ("stop", "length"):
             m.e2e.observe(now - self.start)
-            if self.first_token_at is not None and completion_tokens > 1:
-                m.tpot.observe((now - self.first_token_at) / (completion_tokens - 1))
+            sequence_tokens = completion_tokens if longest is None else longest
+            if self.first_token_at is not None and sequence_tokens > 1:
+                m.tpot.observe((now - self.first_token_at) / (sequence_tokens - 1))

@@ -27,6 +27,7 @@ from stages.engine.logprobs import TokenLogprob
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.metrics import Metrics
 from tests.hf_reference import hf_greedy, hf_inputs, load_reference
 from tests.test_api_units import FakeAsyncEngine, sse_events
 
@@ -242,6 +243,18 @@ def test_the_app_streams_each_choice_by_index():
     assert [(c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in chunks[:2]] == [(0, None), (1, None)]
     assert [(c["choices"][0]["index"], c["choices"][0]["finish_reason"]) for c in chunks[-3:-1]] == [(1, "length"),
                                                                                                   (0, "stop")]
+
+
+def test_metrics_count_every_sequence_and_time_tokens_per_sequence():
+    metrics = Metrics()
+    engine = FakeAsyncEngine(lambda request_id, prompt: iter(INTERLEAVED))
+    app = create_app(engine, model_name="m", metrics=metrics,
+                     prepare=lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), SamplingParams(n=2)))
+    TestClient(app).post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    sample = metrics.registry.get_sample_value
+    assert sample("epd_generation_tokens_total") == 6 and sample("epd_prompt_tokens_total") == PROMPT_TOKENS
+    after_first = sample("epd_e2e_request_latency_seconds_sum") - sample("epd_time_to_first_token_seconds_sum")
+    assert sample("epd_time_per_output_token_seconds_sum") == pytest.approx(after_first / (3 - 1))  # per sequence
 
 
 def test_a_request_whose_outputs_end_before_every_choice_finished_is_an_engine_error():

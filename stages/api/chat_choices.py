@@ -61,6 +61,11 @@ class Choices:
     def completion_tokens(self) -> int:
         return sum(sequence.completion_tokens for sequence in self.sequences)
 
+    @property
+    def longest(self) -> int:
+        """The most completion tokens of one sequence."""
+        return max(sequence.completion_tokens for sequence in self.sequences)
+
     def _take(self, output: RequestOutput) -> _Sequence:
         if not 0 <= output.index < len(self.sequences):
             raise ValueError(f"an output of sequence {output.index} of a request of {len(self.sequences)}")

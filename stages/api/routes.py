@@ -180,7 +180,7 @@ class _Call:
             reason = "error"
         else:
             reason = last.finish_reason.value if choices.finished and last.finish_reason is not None else "abort"
-        self.timer.finish(reason, choices.prompt_tokens, choices.completion_tokens)
+        self.timer.finish(reason, choices.prompt_tokens, choices.completion_tokens, choices.longest)
 
 
 def _tool_output(body: ChatCompletionRequest) -> ToolOutput | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import TemplateError
 from PIL import Image
@@ -31,6 +31,9 @@ from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.prompt import ToolsNotSupported
+
+if TYPE_CHECKING:
+    from stages.guided import GuideCompiler
 
 
 # The key under which a stage that takes pixels names its images for prefix caching. Those keys never
@@ -99,7 +102,7 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def guide(request: ChatCompletionRequest, guides: Any) -> Guide | None:
+def guide(request: ChatCompletionRequest, guides: GuideCompiler | None) -> Guide | None:
     """The grammar every choice of ``request`` follows, compiled by ``guides`` (a
     ``stages.guided.GuideCompiler``): a forced tool call's schema (``tool_choice`` required or a
     named function), or ``response_format``'s (None for text). 400 ``invalid_tool_schema`` /
@@ -114,8 +117,9 @@ def guide(request: ChatCompletionRequest, guides: Any) -> Guide | None:
                           "tool_choice" if forced else "response_format", "structured_output_unavailable")
     if forced:
         try:
-            return guides.compile_schema(forced_tool_schema([tool.model_dump() for tool in request.tools or ()],
-                                                            request.tool_choice_json))
+            schema = forced_tool_schema([tool.model_dump() for tool in request.tools or ()], request.tool_choice_json)
+            assert schema is not None  # required or a named function: there is a call to force
+            return guides.compile_schema(schema)
         except ValueError as exc:
             raise bad_request(f"The tools' parameters cannot be enforced for tool_choice: {exc}", "tools",
                               "invalid_tool_schema") from None

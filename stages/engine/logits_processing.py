@@ -17,7 +17,6 @@ model made them. A matcher is called on its own row only. Never reads the device
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -70,39 +69,48 @@ def _penalize(logits: torch.Tensor, rows: list[RowInputs]) -> None:
     """Bias and penalties of ``rows`` together. Sparse: only the (row, token) pairs they change (the
     bias's tokens, the output's, the prompt's with a repetition penalty) are gathered, computed in
     vLLM's order and written back in one ``index_put_`` at the end, so a raise leaves ``logits``
-    untouched. Raises ValueError on a token id out of range (checked on the host)."""
-    at: list[int] = []
-    tokens: list[int] = []
-    columns: list[list[float]] = [[], [], [], [], []]  # bias, repetition, output count, frequency, presence
-    for row in rows:
-        p = row.params
-        counted = p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0
-        counts = Counter(row.output_ids) if counted else Counter()
-        bias = dict(p.logit_bias)
-        seen = set(row.prompt_ids) | counts.keys() if p.repetition_penalty != 1.0 else set()
-        changed = list(seen | counts.keys() | bias.keys())
-        at += [row.row] * len(changed)
-        tokens += changed
-        for column, part in zip(columns, (
-                [bias.get(t, 0.0) for t in changed] if bias else [0.0] * len(changed),
-                [p.repetition_penalty if t in seen else 1.0 for t in changed] if seen else [1.0] * len(changed),
-                [float(counts[t]) for t in changed],
-                [p.frequency_penalty] * len(changed),
-                [p.presence_penalty] * len(changed))):
-            column += part
-    if not tokens:
+    untouched. The pairs are worked out on the host with tensor operations (no loop over tokens),
+    then copied to the device at once. Raises ValueError on a token id out of range."""
+    vocab = logits.shape[-1]
+    parts = [_pairs(row, vocab) for row in rows]
+    at = torch.cat([torch.full_like(tokens, row.row) for row, (tokens, _) in zip(rows, parts)])
+    tokens = torch.cat([tokens for tokens, _ in parts])
+    if not len(tokens):
         return
-    _check_ids(tokens, logits.shape[-1], "token")
-    rows_at, token_at = torch.tensor([at, tokens], dtype=torch.long, device=logits.device)
-    added, repetition, count, frequency, presence = torch.tensor(columns, dtype=logits.dtype, device=logits.device)
-    values = logits[rows_at, token_at] + added
+    index = torch.stack([at, tokens]).to(logits.device)
+    added, repetition, count, frequency, presence = torch.cat([columns for _, columns in parts], dim=1).to(
+        device=logits.device, dtype=logits.dtype)
+    values = logits[index[0], index[1]] + added
     values = torch.where(values > 0, values / repetition, values * repetition)
     values = values - frequency * count - presence * (count > 0).to(values.dtype)
-    logits.index_put_((rows_at, token_at), values)
+    logits.index_put_((index[0], index[1]), values)
 
 
-def _check_ids(tokens: list[int], vocab: int, what: str) -> None:
+def _pairs(row: RowInputs, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's changed tokens (sorted, distinct; host int64) and per token, as float64 [5, tokens]:
+    its bias, its repetition penalty (1 where it does not apply), its count in the output, the row's
+    frequency and presence penalties."""
+    p = row.params
+    counted = p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0
+    output = torch.tensor(row.output_ids if counted else [], dtype=torch.long)
+    prompt = torch.tensor(row.prompt_ids if p.repetition_penalty != 1.0 else [], dtype=torch.long)
+    biased = torch.tensor([token for token, _ in p.logit_bias], dtype=torch.long)
+    for what, ids in (("logit_bias", biased), ("token", output), ("token", prompt)):
+        _check_ids(ids, vocab, what)
+    tokens = torch.cat([prompt, output, biased]).unique()  # sorted
+    columns = torch.zeros(5, len(tokens), dtype=torch.float64)
+    columns[0, torch.searchsorted(tokens, biased)] = torch.tensor([bias for _, bias in p.logit_bias],
+                                                                   dtype=torch.float64)
+    columns[1] = 1.0
+    if p.repetition_penalty != 1.0:
+        columns[1, torch.searchsorted(tokens, torch.cat([prompt, output]))] = p.repetition_penalty
+    columns[2].index_add_(0, torch.searchsorted(tokens, output), torch.ones(len(output), dtype=torch.float64))
+    columns[3], columns[4] = p.frequency_penalty, p.presence_penalty
+    return tokens, columns
+
+
+def _check_ids(tokens: torch.Tensor, vocab: int, what: str) -> None:
     """Out-of-range ids would be a device-side assert on a GPU: refuse them on the host first."""
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"{what} id {bad[0]} is not in this model's vocabulary of {vocab}")
+    bad = tokens[(tokens < 0) | (tokens >= vocab)]
+    if len(bad):
+        raise ValueError(f"{what} id {int(bad[0])} is not in this model's vocabulary of {vocab}")

@@ -1,7 +1,7 @@
 """The OpenAI legacy completions wire schema (``POST /v1/completions``), and its bounded first pass.
 
 As for chat (``stages.api.parse``): msgspec first decodes the body into a shape that bounds every list
-(prompts, token ids, stop strings, logit_bias entries) and takes scalars where the schema takes
+(prompts, token ids, stop strings; logit_bias's entries are counted before the map is built) and takes scalars where the schema takes
 scalars, so a hostile body costs no more than its size; what passes is validated by pydantic
 (``CompletionRequest``), whose errors are the API's usual 400s. Given the server's ``TextBound``, a
 text prompt that cannot fit the context is refused (400 ``context_length_exceeded``) before it is
@@ -18,21 +18,20 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from stages.api.chat_response import Usage, _Strict
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
-from stages.api.parse import STOP_LIST_BOUND, Scalar, _shape_error
-from stages.api.schemas import (MAX_HOST_CHARS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P, ROOM_MAX, SEED_MAX,
+from stages.api.parse import _JSON_TOKEN, _MSGSPEC_ERROR, STOP_LIST_BOUND, Scalar, _more_entries, _shape_error
+from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P, ROOM_MAX, SEED_MAX,
                                 SEED_MIN, AsInteger, StopString, TokenCount, _RequestModel)
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
 
 MAX_PROMPTS = 128  # prompts per request (each gets n choices)
 MAX_PROMPT_TOKENS = 1 << 20  # token ids per prompt (the context bounds them far lower; this bounds the parse)
-MAX_LOGIT_BIAS_ENTRIES = 1024
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's completions API
 
 TokenId = Annotated[int, Field(ge=0), AsInteger]
@@ -44,14 +43,17 @@ class _StreamOptions(Struct, gc=False):
 
 
 _TokenList = Annotated[list[Scalar], Meta(max_length=MAX_PROMPT_TOKENS)]
+_Prompt = _TokenList | Scalar  # a prompt: one string or token-id list, or a list of strings
+_Prompts = Annotated[list[_TokenList | Scalar], Meta(max_length=MAX_PROMPTS)]  # token-id lists
+_WHITESPACE = b" \t\r\n"
 
 
 class _Request(Struct, gc=False):
     """Every field of ``CompletionRequest``, each as loose as the schema allows but no looser in size."""
 
-    prompt: Annotated[list[_TokenList | Scalar], Meta(max_length=MAX_PROMPT_TOKENS)] | Scalar | UnsetType = UNSET
+    prompt: Raw | UnsetType = UNSET  # its bytes: a list of lists is counted before it is built (``_prompt``)
     stop: Annotated[list[Scalar], Meta(max_length=STOP_LIST_BOUND)] | Scalar | UnsetType = UNSET
-    logit_bias: Annotated[dict[str, Scalar], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | Scalar | UnsetType = UNSET
+    logit_bias: Raw | UnsetType = UNSET  # a map: its entries counted before it is built (``_check_logit_bias``)
     stream_options: _StreamOptions | Scalar | UnsetType = UNSET
     model: Scalar | UnsetType = UNSET
     suffix: Scalar | UnsetType = UNSET
@@ -123,7 +125,7 @@ class CompletionRequest(_RequestModel):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0, allow_inf_nan=False)] | None = Field(
         None, description="Extension, in (0, 2]; 1 is none (vLLM's semantics).")
     logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]] | None \
-        = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES, description="Token id (as a string) -> a bias in "
+        = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS, description="Token id (as a string) -> a bias in "
                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] added to its logit.")
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), AsInteger] | None = Field(
         None, description="A signed 64-bit integer seeding this request's own samplers.")
@@ -183,17 +185,73 @@ def parse_completion_request(raw: bytes | bytearray, bound: TextBound | None = N
         raise _shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+    _check_logit_bias(shape)
+    prompt = _prompt(shape.prompt)
     if bound is not None:
-        _check_text_fits(shape, bound)
+        _check_text_fits(prompt, bound)
     try:
-        return CompletionRequest.model_validate_json(msgspec.json.encode(shape))
+        return CompletionRequest.model_validate_json(msgspec.json.encode(msgspec.structs.replace(shape, prompt=prompt)))
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
 
 
-def _check_text_fits(shape: _Request, bound: TextBound) -> None:
+def _check_logit_bias(shape: _Request) -> None:
+    """More than ``MAX_LOGIT_BIAS_TOKENS`` entries (counted without building the map, as chat's), or
+    not a map of scalars: 400 naming ``logit_bias``."""
+    if shape.logit_bias is UNSET:
+        return
+    raw = memoryview(shape.logit_bias)
+    if _more_entries(raw, MAX_LOGIT_BIAS_TOKENS):
+        raise bad_request(f"Invalid value for 'logit_bias': Expected `object` of length <= {MAX_LOGIT_BIAS_TOKENS}",
+                          "logit_bias", "invalid_value")
+    try:
+        msgspec.json.decode(raw, type=dict[str, Scalar] | Scalar)
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_ERROR.fullmatch(str(exc))
+        raise bad_request(f"Invalid value for 'logit_bias': {match['what'] if match else exc}", "logit_bias",
+                          "invalid_value") from None
+
+
+def _prompt(raw: Raw | UnsetType) -> object:
+    """The prompt field, built within its bounds: msgspec builds a whole array before it checks its
+    length, and a million small arrays cost seconds, so a list of lists (its first item an array) has
+    its items counted on its bytes first. UNSET: the field is absent (pydantic names it)."""
+    if raw is UNSET:
+        return UNSET
+    view = memoryview(raw)
+    start = bytes(view[:64]).lstrip(_WHITESPACE)
+    nested = start[:1] == b"[" and start[1:].lstrip(_WHITESPACE)[:1] == b"["
+    if nested and _more_items(view, MAX_PROMPTS):
+        raise bad_request(f"Invalid value for 'prompt': Expected `array` of length <= {MAX_PROMPTS}", "prompt",
+                          "invalid_value")
+    try:
+        return msgspec.json.decode(view, type=_Prompts if nested else _Prompt)
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_ERROR.fullmatch(str(exc))
+        where = f"prompt{match['path']}" if match and match["path"] else "prompt"
+        raise bad_request(f"Invalid value for '{where}': {match['what'] if match else exc}", where,
+                          "invalid_value") from None
+
+
+def _more_items(raw: memoryview, bound: int) -> bool:
+    """Whether ``raw`` (valid JSON, an array) has more than ``bound`` items: its commas outside strings
+    at depth 1, read up to the one that makes ``bound + 1`` items."""
+    depth = commas = 0
+    for token in _JSON_TOKEN.finditer(raw):
+        char = token[0][:1]
+        if char in (b"{", b"["):
+            depth += 1
+        elif char in (b"}", b"]"):
+            depth -= 1
+        elif char == b"," and depth == 1:
+            commas += 1
+            if commas >= bound:
+                return True
+    return False
+
+
+def _check_text_fits(prompt: object, bound: TextBound) -> None:
     """400 ``context_length_exceeded`` if a text prompt makes more tokens than the context holds."""
-    prompt = shape.prompt
     texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
         if isinstance(prompt, list) else []
     for i, text in enumerate(texts):

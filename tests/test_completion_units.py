@@ -1,0 +1,58 @@
+"""``/v1/completions`` without a server: the bounded first pass of its body (``completion_schema``)
+and the legacy logprobs object (``completion_bodies``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stages.api.completion_bodies import FLOOR, joined, legacy_logprobs
+from stages.api.completion_schema import MAX_PROMPTS, parse_completion_request
+from stages.api.errors import APIError
+from stages.engine.logprobs import TokenLogprob
+
+
+def refusal(body: bytes) -> APIError:
+    with pytest.raises(APIError) as caught:
+        parse_completion_request(body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+@pytest.mark.parametrize("body, prompts", [
+    (b'{"prompt": "hi"}', ["hi"]), (b'{"prompt": ["a", "b"]}', ["a", "b"]), (b'{"prompt": [1, 2]}', [[1, 2]]),
+    (b'{"prompt": [ [1], [2, 3]]}', [[1], [2, 3]]), (b'{"prompt": [4.0]}', [[4]]),
+])
+def test_every_prompt_form(body, prompts):
+    assert parse_completion_request(body).prompts == prompts
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{}', "prompt"), (b'{"prompt": []}', "prompt"), (b'{"prompt": [[]]}', "prompt[0]"),
+    (b'{"prompt": [-1]}', "prompt[0]"), (b'{"prompt": [[1, [2]]]}', "prompt[0][1]"), (b'{"prompt": {"a": 1}}', "prompt"),
+    (b'{"prompt": "x", "suffix": "y"}', "suffix"), (b'{"prompt": "x", "best_of": 2}', "best_of"),
+    (b'{"prompt": "x", "logit_bias": {"1": [1]}}', "logit_bias"), (b'{"prompt": "x", "logprobs": 21}', "logprobs"),
+])
+def test_refusals_name_their_parameter(body, param):
+    assert refusal(body).param == param
+
+
+def test_lists_and_maps_are_counted_before_they_are_built():
+    many_lists = b'{"prompt": [' + b",".join([b"[1]"] * 2_000_000) + b"]}"
+    many_biases = b'{"prompt": "x", "logit_bias": {' + b",".join(b'"%d": 1' % i for i in range(2_000_000)) + b"}}"
+    for body, param, bound in ((many_lists, "prompt", MAX_PROMPTS), (many_biases, "logit_bias", 300)):
+        started = time.perf_counter()
+        error = refusal(body)
+        assert (error.param, f"<= {bound}" in error.message) == (param, True)
+        assert time.perf_counter() - started < 1.0  # building them first takes seconds
+
+
+def test_legacy_logprobs_hold_the_chosen_token_and_offsets():
+    texts = {1: "a", 2: "bc", 3: "d"}
+    entries = [None, TokenLogprob(2, -0.5, [(3, -0.1), (2, -0.5)]), TokenLogprob(3, float("-inf"), [(1, -0.2)])]
+    body = legacy_logprobs(entries, [1, 2, 3], lambda t: (texts[t], None), k=1, offset=5)
+    assert body == {"tokens": ["a", "bc", "d"], "token_logprobs": [None, -0.5, FLOOR],
+                    "top_logprobs": [None, {"d": -0.1, "bc": -0.5}, {"a": -0.2, "d": FLOOR}],
+                    "text_offset": [5, 6, 8]}
+    assert joined([body, body])["text_offset"] == [5, 6, 8, 5, 6, 8]

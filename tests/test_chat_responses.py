@@ -138,7 +138,8 @@ def test_tool_calls_make_the_message_and_the_finish_reason():
     choices = Choices(3, logprobs=False, token_text=token_id_text, tools=FakeTools())
     for output in (out(0, "CALL f", [1], STOP, 1), out(1, "CALL g", [1], LENGTH, 1), out(2, "plain", [1], STOP, 1)):
         choices.add(output)
-    call = lambda name: [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}]  # noqa: E731
+    def call(name: str) -> list[dict]:
+        return [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}]
     assert [(c["message"], c["finish_reason"]) for c in choices.choices()] == [
         ({"role": "assistant", "content": None, "tool_calls": call("f")}, "tool_calls"),
         ({"role": "assistant", "content": None, "tool_calls": call("g")}, "length"),  # cut: not a finished call
@@ -408,7 +409,8 @@ def test_required_tool_calls_come_back_as_tool_calls_or_as_text_cut_by_length(cl
         if choice_.message.tool_calls:  # the array ended (with the end of the sequence, or just at max_tokens)
             assert choice_.message.content is None and choice_.finish_reason in ("tool_calls", "length")
             for call in choice_.message.tool_calls:
-                assert call.function.name == "weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+                assert call.function.name == "weather"
+                assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
         else:
             assert choice_.finish_reason == "length" and choice_.message.content.startswith('[{"name": "weather"')
     assert {c.finish_reason for c in answer.choices} == {"tool_calls", "length"}  # both kinds, for the stream below

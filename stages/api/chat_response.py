@@ -69,8 +69,8 @@ class ChatCompletionMessageToolCall(_Strict):
 class ChatCompletionMessage(_Strict):
     role: Literal["assistant"]
     content: str | None = Field(description="The generated text; null when the answer is tool calls only.")
-    tool_calls: list[ChatCompletionMessageToolCall] | None = Field(None, description="The model's calls of the request's tools "
-                                              "(present only when it made some).")
+    tool_calls: list[ChatCompletionMessageToolCall] | None = Field(
+        None, description="The model's calls of the request's tools (present only when it made some).")
 
 
 class Choice(_Strict):

@@ -25,7 +25,7 @@ from stages.api.chat_response import Usage, _Strict
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
 from stages.api.parse import _JSON_TOKEN, _MSGSPEC_ERROR, STOP_LIST_BOUND, Scalar, _more_entries, _shape_error
-from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P, ROOM_MAX, SEED_MAX,
+from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, ChatCompletionRequest, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P, ROOM_MAX, SEED_MAX,
                                 SEED_MIN, AsInteger, StopString, TokenCount, _RequestModel)
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
@@ -173,6 +173,10 @@ class CompletionRequest(_RequestModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+# a body a server's ``generate`` may get (``stages.api.routes.Generate``): both carry the bootstrap fields
+AnyRequest = ChatCompletionRequest | CompletionRequest
 
 
 def parse_completion_request(raw: bytes | bytearray, bound: TextBound | None = None) -> CompletionRequest:

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -40,10 +40,13 @@ from stages.engine.request import FinishReason
 from stages.metrics import Metrics, RequestTimer
 from stages.text_bound import TextBound
 
+if TYPE_CHECKING:  # routes imports this module
+    from stages.api.routes import Generate
+
 COMPLETIONS_PATH = "/v1/completions"
 
 
-def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, generate: Any, gate: Admission,
+def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, generate: Generate, gate: Admission,
                          metrics: Metrics, *, model_name: str, max_body_bytes: int, bound: TextBound | None,
                          stage: Stage, stream_keepalive_s: float, token_text: TokenText) -> None:
     """Add the route to ``app`` (``create_app``'s own arguments and gate). The tokenizer that reads

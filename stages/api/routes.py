@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
+from stages.api.completion_schema import AnyRequest
 from stages.api.completions import add_completion_route
 from stages.api.chat_choices import Choices
 from stages.api.chat_response import TokenText, chunk, completion, usage
@@ -49,7 +50,7 @@ from stages.text_bound import TextBound
 
 # request id, prompt, sampling parameters, the request body -> (awaited) the request's outputs
 Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # stages.api.chat.Preparer and its kin
-Generate = Callable[[str, Prompt, SamplingParams, ChatCompletionRequest], Awaitable[AsyncGenerator[RequestOutput, None]]]
+Generate = Callable[[str, Prompt, SamplingParams, AnyRequest], Awaitable[AsyncGenerator[RequestOutput, None]]]
 LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
 # an SSE comment: SSE clients (the openai client included) skip it; it tells the router's idle deadline
 # (--stream-idle-timeout-s) that a stream with nothing to say yet is alive (docs/protocol.md "Keep-alives")
@@ -88,7 +89,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     bound = TextBound(engine.max_model_len, chars_per_token) if chars_per_token else None
     created = int(time.time())
 
-    async def whole(request_id: str, prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest):
+    async def whole(request_id: str, prompt: Prompt, params: SamplingParams, body: AnyRequest):
         return engine.generate(request_id, prompt, params)  # checks the request and the engine thread first
 
     generate = generate or whole

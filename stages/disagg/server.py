@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from stages.api.chat import ImageMode, Preparer, image_refs
 from stages.disagg.admin import add_bootstrap_route
 from stages.api.errors import APIError, bad_request
+from stages.api.completion_schema import AnyRequest
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.decode_side import DecodeCoordinator
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # imported where used (cache: an EPD prefill only)
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
-def _room(body: ChatCompletionRequest) -> tuple[int, str, int]:
+def _room(body: AnyRequest) -> tuple[int, str, int]:
     """The request's room and its prefill's bootstrap address; 400 naming the first field missing."""
     host, port, room = body.bootstrap_host, body.bootstrap_port, body.bootstrap_room
     if host is None or port is None or room is None:
@@ -83,7 +84,7 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
     response starts: 400 without the bootstrap fields, 409 for a room this prefill holds or closed."""
 
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
+                       body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
         room, _, _ = _room(body)
         try:
             coordinator.check(room)
@@ -97,8 +98,9 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
 
 
 async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None, request_id: str, room: int,
-                     prompt: Prompt, params: SamplingParams, body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
-    fill = inputs.fill(prompt, image_refs(body)) if inputs is not None and prompt.num_images else None
+                     prompt: Prompt, params: SamplingParams, body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
+    fill = (inputs.fill(prompt, image_refs(body))  # only a chat body has images (a completions prompt is text)
+            if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest) else None)
     result = await coordinator.prefill(room, prompt, params, fill)
     for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
         yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
@@ -110,7 +112,7 @@ def decode_generate(coordinator: DecodeCoordinator):
     not dial, 409 for a room in flight here."""
 
     async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
+                       body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
         room, host, port = _room(body)
         try:
             coordinator.check(room, host, port)

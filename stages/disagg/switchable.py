@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
+from stages.api.completion_schema import AnyRequest
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.admin import add_bootstrap_route, check_admin, read_json
@@ -109,7 +110,7 @@ class RoleSlot:
             await coordinator.close()
 
     async def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                       body: ChatCompletionRequest) -> AsyncGenerator[RequestOutput, None]:
+                       body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
         coordinator = self.coordinator
         if coordinator is None:
             raise APIError(503, "this switchable worker has no role now (the router assigns one: POST /role)",
@@ -135,6 +136,7 @@ class RolePreparer:
 
     def __init__(self, slot: RoleSlot, pixels: Preparer, sizes: Preparer) -> None:
         self.slot, self.pixels, self.sizes = slot, pixels, sizes
+        self.prompts = pixels.prompts  # one builder for both: its tokenizer reads /v1/completions' text prompts
 
     def __call__(self, body: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
         return (self.pixels if self.slot.role == "prefill" else self.sizes)(body)

@@ -89,22 +89,22 @@ def _penalize(logits: torch.Tensor, rows: list[RowInputs]) -> None:
 def _pairs(row: RowInputs, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One row's changed tokens (sorted, distinct; host int64) and per token, as float64 [5, tokens]:
     its bias, its repetition penalty (1 where it does not apply), its count in the output, the row's
-    frequency and presence penalties."""
+    frequency and presence penalties. On the CPU whatever torch's default device."""
     p = row.params
     counted = p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0
-    output = torch.tensor(row.output_ids if counted else [], dtype=torch.long)
-    prompt = torch.tensor(row.prompt_ids if p.repetition_penalty != 1.0 else [], dtype=torch.long)
-    biased = torch.tensor([token for token, _ in p.logit_bias], dtype=torch.long)
+    output = torch.tensor(row.output_ids if counted else [], dtype=torch.long, device="cpu")
+    prompt = torch.tensor(row.prompt_ids if p.repetition_penalty != 1.0 else [], dtype=torch.long, device="cpu")
+    biased = torch.tensor([token for token, _ in p.logit_bias], dtype=torch.long, device="cpu")
     for what, ids in (("logit_bias", biased), ("token", output), ("token", prompt)):
         _check_ids(ids, vocab, what)
     tokens = torch.cat([prompt, output, biased]).unique()  # sorted
-    columns = torch.zeros(5, len(tokens), dtype=torch.float64)
+    columns = torch.zeros(5, len(tokens), dtype=torch.float64, device="cpu")
     columns[0, torch.searchsorted(tokens, biased)] = torch.tensor([bias for _, bias in p.logit_bias],
-                                                                   dtype=torch.float64)
+                                                                   dtype=torch.float64, device="cpu")
     columns[1] = 1.0
     if p.repetition_penalty != 1.0:
         columns[1, torch.searchsorted(tokens, torch.cat([prompt, output]))] = p.repetition_penalty
-    columns[2].index_add_(0, torch.searchsorted(tokens, output), torch.ones(len(output), dtype=torch.float64))
+    columns[2].index_add_(0, torch.searchsorted(tokens, output), torch.ones_like(output, dtype=torch.float64))
     columns[3], columns[4] = p.frequency_penalty, p.presence_penalty
     return tokens, columns
 

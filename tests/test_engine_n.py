@@ -201,6 +201,10 @@ def test_add_prefilled_wants_one_first_token_per_sequence(engine, prompt):
     with pytest.raises(ValueError, match="1 first tokens for 2 sequences"):
         engine.add_prefilled("one-token", prompt, params, blocks, [7], rope_delta=0)
     assert engine.allocator.num_used == 0 and not engine.has_work()
+    blocks = engine.reserve_blocks(prompt, params)
+    with pytest.raises(ValueError, match="1 first-token logprobs for 2 sequences"):
+        engine.add_prefilled("one-logprob", prompt, params, blocks, [7, 8], rope_delta=0, first_logprobs=[None])
+    assert engine.allocator.num_used == 0 and not engine.has_work()
 
 
 def test_a_fork_that_finds_no_free_block_waits_and_ends_with_the_right_tokens(engine, prompt, lone):

@@ -211,8 +211,10 @@ class Engine:
             request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
                               rope_delta=rope_delta, num_cached_tokens=cached_tokens,
                               block_hashes=self._block_hashes(prompt), preemption=Preemption.SWAP)
-            if len(first_tokens) != params.n or (first_logprobs is not None and len(first_logprobs) != params.n):
+            if len(first_tokens) != params.n:
                 raise ValueError(f"{len(first_tokens)} first tokens for {params.n} sequences")
+            if first_logprobs is not None and len(first_logprobs) != params.n:
+                raise ValueError(f"{len(first_logprobs)} first-token logprobs for {params.n} sequences")
             for token in first_tokens:
                 if not 0 <= token < self.vocab_size:
                     raise ValueError(f"first token {token} is not in this model's vocabulary of {self.vocab_size}")
@@ -376,6 +378,7 @@ class Engine:
         width = max((params[i].logprobs or 0 for i in asking), default=0)
         reads = [drawn.tokens, drawn.verdicts] + ([] if raw is None else gather_logprobs(raw, drawn.tokens[asking], width))
         prompts: list[tuple[Request, int, list[int]]] = []
+        at = len(reads)  # where the prompts' tensors start, three each
         for request, first, hidden in chunks:
             targets = request.prompt.token_ids[first + 1:first + 1 + hidden.shape[0]]
             try:
@@ -391,7 +394,6 @@ class Engine:
             for i, logprob in zip(asking, token_logprobs([ids[i] for i in asking], values[2:5], width,
                                                            [params[i].logprobs or 0 for i in asking])):
                 tracked[i].logprob = logprob
-        at = 5 if raw is not None else 2
         for request, first, targets in prompts:
             k = request.params.prompt_logprobs or 0
             entries = self._tracked[request.request_id].prompt_logprobs

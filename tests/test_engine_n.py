@@ -359,3 +359,28 @@ def test_every_sequence_has_its_tokens_logprobs_and_only_sequence_0_the_prompts(
             assert [lp.token_id for lp in output.logprobs] == output.token_ids
     assert by_index(decoded, "decoded", 3) == by_index(colocated, "logprobs", 3)
     assert engine.allocator.num_used == 0
+
+
+def test_the_scheduler_forks_with_shared_blocks_or_parks_and_admits_with_room_for_the_forks():
+    """Pure logic: 16 blocks of 16 (watermark 1), a 37-token prompt (2 full blocks and a partial one)."""
+    allocator = BlockAllocator(16, 16)
+    scheduler = Scheduler(allocator, max_num_seqs=8, max_batched_tokens=256)
+    parent = Request("r", Prompt(token_ids=[5] * 37), greedy(8, n=3))
+    hog = allocator.allocate(16 - 4)  # the prompt's 3 blocks and 1 more: not room for 2 forks' copies
+    scheduler.add(parent)
+    assert not scheduler.schedule()  # waits: admission leaves room for the forks
+    allocator.free(hog[:1])
+    assert scheduler.schedule().prefills == [parent]
+    parent.num_computed, parent.output_ids = 37, [1]
+    forks = [parent.fork(i) for i in (1, 2)]
+    for fork in forks:
+        fork.output_ids.append(2)
+    assert [scheduler.fork(parent, fork) for fork in forks] == [True, True]
+    assert [f.blocks[:2] for f in forks] == [parent.blocks[:2]] * 2 and [len(f.blocks) for f in forks] == [3, 3]
+    assert allocator.num_used == 11 + 3 + 2 and allocator.num_free == 0
+    late = parent.fork(3)
+    late.output_ids.append(3)
+    assert scheduler.fork(parent, late) is False  # no block for its copy: parked for a recompute
+    assert scheduler.waiting[0] is late and late.num_computed == 0 and late.recompute_outputs == 1
+    assert (late.request_id, late.group_id, late.index) == ("r#3", "r", 3)
+    assert scheduler.sequences("r") == [late, parent, *forks]

@@ -285,7 +285,10 @@ def test_a_preempted_fork_keeps_its_tokens(engine, prompt, lone, decode):
 def test_n_sequences_that_cannot_all_fit_at_once_are_refused():
     """64 blocks of 16; a 37-token prompt (2 full blocks) and 300 tokens: 21 blocks at the longest."""
     scheduler = Scheduler(BlockAllocator(64, 16), max_num_seqs=8, max_batched_tokens=256)
-    request = lambda n, hand_off=False: Request("r", Prompt(token_ids=[5] * 37), greedy(300, n), hand_off=hand_off)  # noqa: E731
+
+    def request(n: int, hand_off: bool = False) -> Request:
+        return Request("r", Prompt(token_ids=[5] * 37), greedy(300, n), hand_off=hand_off)
+
     assert [scheduler.group_blocks(request(n)) for n in (1, 3, 4)] == [21, 2 + 3 * 19, 2 + 4 * 19]
     scheduler.check_fits(request(3))
     with pytest.raises(ValueError, match=r"request needs 78 KV blocks \(prompt 37 \+ max_tokens 300, 4 sequences\) "

@@ -300,6 +300,20 @@ def test_a_tool_loop_history_renders_its_calls_and_results(prepare):
     assert "tool_calls[0].function.arguments is not JSON" in error["message"]
 
 
+def test_a_template_without_a_tool_format_refuses_tools(tiny_model):
+    """The generated LLaVA template renders no tools: offering any is 400 tools_not_supported, while
+    tool_choice none (nothing offered) and no tools are served."""
+    engine, prompts = load_engine(EngineConfig(model=str(tiny_model("llava")), kv_cache_mib=4, device=DEVICE),
+                                  pixels=True)
+    llava = Preparer(prompts, engine, ImageLimits(max_images=2, max_pixels=512 * 512), ImageMode.PIXELS)
+    with pytest.raises(APIError) as refused:
+        prepared(llava, tools=[WEATHER])
+    assert refused.value.body()["error"] == invalid(
+        "tools", "This model's chat template has no tool format, so it cannot be given tools (tool_choice none "
+        "gives it none).", "tools_not_supported")
+    assert prepared(llava, tools=[WEATHER], tool_choice="none")[0].token_ids == prepared(llava)[0].token_ids
+
+
 # --- a real server -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(start_server, tiny_model):

@@ -262,9 +262,9 @@ class Preparer:
         try:
             return self.prompts.build(messages, images, **extra) if images is not None else \
                 self.prompts.build_from_sizes(messages, sizes, **extra)
-        except ToolsNotSupported as exc:
-            raise bad_request(f"This model's chat template cannot offer tools: {exc}", "tools",
-                              "tools_not_supported") from None
+        except ToolsNotSupported:
+            raise bad_request("This model's chat template has no tool format, so it cannot be given tools "
+                              "(tool_choice none gives it none).", "tools", "tools_not_supported") from None
         except (ValueError, TemplateError) as exc:  # PromptError, an image the processor refuses, a template error
             raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
                               "invalid_prompt") from None

@@ -5,6 +5,8 @@ prompt and sampled logprobs equal Hugging Face's ``log_softmax`` within 1e-4; th
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -184,3 +186,27 @@ def test_logit_bias_forces_a_token(client, tokenizer):
     answer = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0,
                                        logit_bias={str(token): 100}, extra_body={"ignore_eos": True})
     assert tokenizer(answer.choices[0].text)["input_ids"][:1] == [token]
+
+
+def metrics(server) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines() if line.startswith("epd_")}
+
+
+def test_a_client_that_leaves_mid_stream_aborts_every_prompt(server):
+    """Two prompts of two choices each, streamed; the client leaves after the first chunk: the request
+    counts as aborted, with far fewer tokens than asked, nothing runs and no block is held."""
+    aborted = 'epd_requests_total{finish_reason="abort"}'
+    before = metrics(server)
+    body = {"prompt": ["left", "behind"], "max_tokens": 400, "n": 2, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
+        assert next(line for line in response.iter_lines() if line.startswith("data: "))
+    deadline = time.monotonic() + 15
+    while True:
+        after = metrics(server)
+        if after["epd_running_requests"] == after["epd_kv_blocks_used"] == 0 and after.get(aborted, 0) > 0:
+            break
+        assert time.monotonic() < deadline, after
+        time.sleep(0.2)
+    assert after[aborted] == before.get(aborted, 0) + 1
+    assert after["epd_generation_tokens_total"] - before["epd_generation_tokens_total"] < 4 * 400

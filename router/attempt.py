@@ -1,12 +1,12 @@
 """One attempt at a request, up to the point where the answer can be committed to the client.
 
 ``open_answer`` sends the answering stage its body and returns a ``Head`` once the answer is under
-way: the whole body (non-stream), or the events up to the first one carrying text, a finish reason,
-usage or ``[DONE]`` (stream; ``[DONE]`` itself is never held: the dispatcher sends it once the request
-is settled, ``router.relay``). Until then nothing has reached the client, so any failure, including
+way: the whole body (non-stream), or the events up to the first one carrying output (text, tool calls
+or logprobs, in any choice: ``router.sse``), a finish reason, usage or ``[DONE]`` (stream; ``[DONE]``
+itself is never held: the dispatcher sends it once the request is settled, ``router.relay``). Until then nothing has reached the client, so any failure, including
 an in-band error event that a stream opens with, is a ``StageError`` the dispatcher may retry.
 The opening role chunk is held back, not sent early, for exactly that reason; it leaves with the
-first text, so the client's time to first token is unchanged.
+first output, so the client's time to first token is unchanged.
 
 ``side_call`` sends a side stage (the prefill, an encoder) its body and reads its whole answer.
 """

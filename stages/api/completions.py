@@ -184,10 +184,10 @@ class _Run:
         return None
 
     def record(self, finished: bool) -> None:
-        """Count the request once: how its last choice finished, ``error`` or ``abort``."""
-        failed = self.failure()
+        """Count the request once: ``error`` if a choice failed, ``abort`` if it ended early, else how
+        its last choice finished."""
         lasts = [state.last for state in self.choices.values() if state.last is not None]
-        reason = "abort" if not finished or not lasts else "error" if failed is not None else \
+        reason = "error" if any(o.error is not None for o in lasts) else "abort" if not finished or not lasts else \
             next((o.finish_reason.value for o in reversed(lasts) if o.finish_reason is not None), "abort")
         self.timer.finish(reason, self.prompt_tokens, self.completion_tokens)
 

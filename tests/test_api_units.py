@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from stages.api import routes
+from stages.api import lifetime
 from stages.api.chat import ImageMode, Preparer, hf_messages, image_sources, load_images, sampling_params
 from stages.api.errors import APIError, param_name
 from stages.api.images import ImageLimits, decode_data_url, load_image, open_image
@@ -422,12 +422,12 @@ def test_engine_ending_under_a_request_is_503_not_500():
 
 
 def test_engine_dying_mid_request_fails_it_instead_of_hanging(monkeypatch):
-    monkeypatch.setattr(routes, "LIVENESS_CHECK_S", 0.02)
+    monkeypatch.setattr(lifetime, "LIVENESS_CHECK_S", 0.02)
     engine = FakeAsyncEngine(lambda rid, prompt: iter([RequestOutput(rid, "partial", [1], None, 4, 1)]))
     engine.hang = True  # after its first output the request waits forever, as if the engine thread had died
 
     async def run() -> None:
-        outputs = routes._guarded(engine, engine.generate("r1", Prompt([1, 2]), None))
+        outputs = lifetime.guarded(engine, engine.generate("r1", Prompt([1, 2]), None))
         assert (await anext(outputs)).text == "partial"
         engine.alive = False
         with pytest.raises(APIError) as info:

@@ -14,12 +14,11 @@ sequence's index. A prefill's answer is its first token per choice, finish_reaso
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,7 +31,9 @@ from stages.api.body import read_body
 from stages.api.completion_bodies import TokenText, chunk, choice, completion, joined, legacy_logprobs
 from stages.api.completion_prompts import Prepared, prepare_completion
 from stages.api.completion_schema import CompletionRequest, parse_completion_request
-from stages.api.errors import APIError, Stage, bad_request, engine_unavailable, overloaded, stamped
+from stages.api.errors import APIError, Stage, bad_request, engine_unavailable, stamped
+from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, sse_event, ticking,
+                                 unless_disconnected)
 from stages.api.chat_response import usage
 from stages.engine.async_engine import AsyncEngine, EngineUnavailable
 from stages.engine.engine import RequestOutput
@@ -40,8 +41,6 @@ from stages.engine.request import FinishReason
 from stages.metrics import Metrics, RequestTimer
 from stages.text_bound import TextBound
 
-if TYPE_CHECKING:  # routes imports this module
-    from stages.api.routes import Generate
 
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -52,24 +51,11 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
     """Add the route to ``app`` (``create_app``'s own arguments and gate). The tokenizer that reads
     text prompts is ``prepare.prompts.tokenizer`` (the chat preparer's prompt builder), read per
     request; ``token_text`` names the tokens in logprobs."""
-    from stages.api import routes  # its request-lifetime helpers; imported here: it imports this module
-
     openapi.install(app, (CompletionRequest,))
 
     @app.post(COMPLETIONS_PATH, **COMPLETIONS_ROUTE)
     async def completions(request: Request) -> Response:
-        if not gate.enter():
-            raise overloaded(gate.limit)
-        try:
-            response = await _complete(request)
-        except BaseException:
-            gate.leave()
-            raise
-        if isinstance(response, routes._ClosingStreamingResponse):
-            response.on_close = gate.leave  # the stream holds its place until it ends
-        else:
-            gate.leave()
-        return response
+        return await admitted(gate, _complete(request))
 
     async def _complete(request: Request) -> Response:
         timer = metrics.timer()
@@ -90,7 +76,7 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
         try:
             for i, prompt in enumerate(prepared.prompts):
                 request_id = run.id if len(prepared.prompts) == 1 else f"{run.id}-{i}"
-                streams.append(routes._guarded(engine, await generate(request_id, prompt, prepared.params, body)))
+                streams.append(guarded(engine, await generate(request_id, prompt, prepared.params, body)))
         except BaseException as exc:
             for stream in streams:
                 await stream.aclose()
@@ -101,11 +87,8 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
             raise
         outputs = _merged(streams)
         if body.stream:
-            ticking = routes._ticking(cast(AsyncGenerator[Any, None], outputs), stream_keepalive_s)
-            return routes._ClosingStreamingResponse(
-                _sse(run, cast(AsyncGenerator[tuple[int, RequestOutput] | None, None], ticking), stage),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await routes._unless_disconnected(request, _whole(run, outputs))
+            return event_stream(_sse(run, ticking(outputs, stream_keepalive_s), stage))
+        return await unless_disconnected(request, _whole(run, outputs))
 
 
 @dataclass
@@ -221,11 +204,6 @@ async def _sse(run: _Run, outputs: AsyncGenerator[tuple[int, RequestOutput] | No
                stage: Stage) -> AsyncIterator[str]:
     """A chunk per output that says something (text, logprobs or a finish), the usage chunk if asked
     for, an in-band error if the engine failed, then ``[DONE]``; ``: keep-alive`` while quiet."""
-    from stages.api.routes import KEEPALIVE
-
-    def event(body: dict) -> str:
-        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
     finished = False
     try:
         async for item in outputs:
@@ -236,16 +214,16 @@ async def _sse(run: _Run, outputs: AsyncGenerator[tuple[int, RequestOutput] | No
             if (error := run.failure()) is not None:
                 raise error
             if piece["text"] or piece["logprobs"] or piece["finish_reason"]:
-                yield event(chunk(run.id, run.created, run.model, [piece]))
+                yield sse_event(chunk(run.id, run.created, run.model, [piece]))
         finished = True
         if run.body.include_usage:
-            yield event(chunk(run.id, run.created, run.model, [], usage_body=run.usage()))
+            yield sse_event(chunk(run.id, run.created, run.model, [], usage_body=run.usage()))
     except APIError as exc:
-        yield event(stamped(exc, stage).body())
+        yield sse_event(stamped(exc, stage).body())
     finally:
         await outputs.aclose()
         run.record(finished)
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 async def _merged(streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[tuple[int, RequestOutput], None]:

@@ -11,17 +11,15 @@ ends early (client disconnect, stream closed, engine failure).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
 
 from stages.api import openapi
 from stages.api.admission import Admission
@@ -30,9 +28,11 @@ from stages.api.completion_schema import AnyRequest
 from stages.api.completions import add_completion_route
 from stages.api.chat_choices import Choices
 from stages.api.chat_response import TokenText, chunk, completion, usage
-from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers, overloaded,
+from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers,
                                stamped, unhealthy)
 from stages.api.faults import add_fault_routes
+from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, sse_event, ticking,
+                                 unless_disconnected)
 from stages.api.parse import parse_request
 from stages.api.schemas import ChatCompletionRequest, model_card
 from stages.api.token_text import token_id_text
@@ -48,13 +48,7 @@ from stages.metrics import Metrics, RequestTimer
 from stages.supervisor import Supervisor
 from stages.text_bound import TextBound
 
-# request id, prompt, sampling parameters, the request body -> (awaited) the request's outputs
 Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # stages.api.chat.Preparer and its kin
-Generate = Callable[[str, Prompt, SamplingParams, AnyRequest], Awaitable[AsyncGenerator[RequestOutput, None]]]
-LIVENESS_CHECK_S = 1.0  # how often a waiting request checks that the engine thread is still alive
-# an SSE comment: SSE clients (the openai client included) skip it; it tells the router's idle deadline
-# (--stream-idle-timeout-s) that a stream with nothing to say yet is alive (docs/protocol.md "Keep-alives")
-KEEPALIVE = ": keep-alive\n\n"
 
 
 def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
@@ -116,18 +110,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
 
     @app.post("/v1/chat/completions", **openapi.CHAT_ROUTE)
     async def chat_completions(request: Request) -> Response:
-        if not gate.enter():
-            raise overloaded(gate.limit)
-        try:
-            response = await _chat(request)
-        except BaseException:
-            gate.leave()
-            raise
-        if isinstance(response, _ClosingStreamingResponse):
-            response.on_close = gate.leave  # the stream holds its place until it ends
-        else:
-            gate.leave()
-        return response
+        return await admitted(gate, _chat(request))
 
     async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
@@ -144,7 +127,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         choices = Choices(params.n, logprobs=params.logprobs is not None, token_text=token_text,
                           tools=_tool_output(body), stream=bool(body.stream))
         try:
-            outputs = _guarded(engine, await generate(call.id, prompt, params, body))
+            outputs = guarded(engine, await generate(call.id, prompt, params, body))
         except ValueError as exc:  # already checked by prepare(); the engine checks again
             raise bad_request(str(exc), None, "invalid_request") from None
         except EngineUnavailable:  # the engine thread ended after the check above
@@ -152,10 +135,9 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         if body.stream:
             if faults is not None and faults.enabled:
                 outputs = _slowed(outputs, faults)
-            events = _sse(call, choices, _ticking(outputs, stream_keepalive_s), body.include_usage, stage)
-            return _ClosingStreamingResponse(events, media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _unless_disconnected(request, _complete(call, choices, outputs))
+            events = _sse(call, choices, ticking(outputs, stream_keepalive_s), body.include_usage, stage)
+            return event_stream(events)
+        return await unless_disconnected(request, _complete(call, choices, outputs))
 
     add_completion_route(app, engine, prepare, generate, gate, metrics, model_name=model_name,  # stages.api.completions
                          max_body_bytes=max_body_bytes, bound=bound, stage=stage, stream_keepalive_s=stream_keepalive_s,
@@ -221,12 +203,9 @@ async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOut
     """The events of one stream: a role chunk per choice, the chunks of each output (``Choices.pieces``:
     its text or tool-call deltas, its logprobs, its choice's finish chunk), the usage chunk if asked
     for, an in-band error if the engine failed, then ``[DONE]``. ``outputs`` yields None when it has
-    been silent for the keep-alive interval (``_ticking``): ``KEEPALIVE``."""
-    def event(body: dict) -> str:
-        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
+    been silent for the keep-alive interval (``ticking``): ``KEEPALIVE``."""
     def piece(choice: dict | None, usage_body: dict | None = None) -> str:
-        return event(chunk(call.id, call.created, call.model, None if choice is None else [choice],
+        return sse_event(chunk(call.id, call.created, call.model, None if choice is None else [choice],
                            with_usage=include_usage, usage_body=usage_body))
 
     last: RequestOutput | None = None
@@ -248,11 +227,11 @@ async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOut
         if include_usage:
             yield piece(None, usage_body=usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens))
     except APIError as exc:  # the engine failed or died: tell the client in-band, then end the stream
-        yield event(stamped(exc, stage).body())
+        yield sse_event(stamped(exc, stage).body())
     finally:
         await outputs.aclose()
         call.record(last, choices)
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 async def _slowed(outputs: AsyncGenerator[RequestOutput, None],
@@ -266,88 +245,3 @@ async def _slowed(outputs: AsyncGenerator[RequestOutput, None],
             yield output
     finally:
         await outputs.aclose()
-
-
-async def _ticking(outputs: AsyncGenerator[RequestOutput, None],
-                   interval_s: float) -> AsyncGenerator[RequestOutput | None, None]:
-    """``outputs``, with a None each time ``interval_s`` passes without one (the step in flight is
-    kept, not cancelled). Closing this closes ``outputs``."""
-    step: asyncio.Future | None = None
-    try:
-        while True:
-            step = asyncio.ensure_future(anext(outputs))
-            while not (await asyncio.wait({step}, timeout=interval_s))[0]:
-                yield None
-            if isinstance(step.exception(), StopAsyncIteration):
-                return
-            yield step.result()
-    finally:
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.wait({step})
-        await outputs.aclose()
-
-
-async def _guarded(engine: AsyncEngine, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
-    """Yield the engine's outputs for one request, raising 503 if the engine thread dies while we wait
-    (nothing would ever feed the request's queue again). Closing this closes ``outputs``, which
-    aborts the request in the engine if it has not finished."""
-    try:
-        while True:
-            step = asyncio.ensure_future(anext(outputs))
-            try:
-                while not (await asyncio.wait({step}, timeout=LIVENESS_CHECK_S))[0]:
-                    if not engine.alive:
-                        raise engine_unavailable()
-            finally:
-                if not step.done():
-                    step.cancel()
-                    await asyncio.wait({step})
-            if step.cancelled() or isinstance(step.exception(), StopAsyncIteration):
-                return
-            if isinstance(step.exception(), EngineUnavailable):  # died or stalled past a deadline
-                raise engine_unavailable() from step.exception()
-            yield step.result()
-    finally:
-        await outputs.aclose()
-
-
-async def _unless_disconnected(request: Request, work: Coroutine) -> Response:
-    """Await ``work``, cancelling it (which aborts its request in the engine) if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.wait({task})
-    return Response(status_code=499)  # nobody will read it
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class _ClosingStreamingResponse(StreamingResponse):
-    """Closes its body generator however the response ends, then calls ``on_close``. A client
-    disconnect cancels Starlette's send task and leaves the generator suspended; closing it aborts
-    the request in the engine."""
-
-    on_close: Callable[[], None] | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            try:
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # Starlette types the body as any async iterable; ours is always an async generator
-            finally:
-                if self.on_close is not None:
-                    self.on_close()

@@ -3,9 +3,9 @@ non-stream), ``/v1/models``, ``/health`` and ``/metrics``.
 
 Body parsing lives in ``parse``, request conversion in ``chat``, the request's wire shape in ``schemas``,
 the answer's in ``chat_response`` (built from the engine's outputs by ``chat_choices``), errors in
-``errors``, what ``/openapi.json`` says of each route in ``openapi``. This module only wires them to
-routes and owns the request's lifetime: a request is aborted in the engine whenever its response
-ends early (client disconnect, stream closed, engine failure).
+``errors``, what ``/openapi.json`` says of each route in ``openapi``, a request's lifetime (admission,
+liveness, keep-alives, the abort of a request whose response ends early) in ``lifetime``. This module
+wires them to routes; ``/v1/completions`` is added by ``completions``.
 """
 
 from __future__ import annotations

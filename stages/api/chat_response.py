@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from stages.api.schemas import StrictModel
 from stages.engine.logprobs import TokenLogprob
 
 Finish = Literal["stop", "length", "tool_calls"]
@@ -21,23 +22,19 @@ TokenText = Callable[[int], tuple[str, list[int] | None]]
 LOGPROB_FLOOR = -9999.0  # OpenAI's value for "very unlikely"; also keeps -inf out of the JSON
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PromptTokensDetails(_Strict):
+class PromptTokensDetails(StrictModel):
     cached_tokens: int = Field(description="Prompt tokens whose KV came from the prefix cache (--prefix-caching), "
                                "computed by no forward pass; in PD and EPD, the prefill's.")
 
 
-class Usage(_Strict):
+class Usage(StrictModel):
     prompt_tokens: int = Field(description="Counted once, however many choices (n) share the prompt.")
     completion_tokens: int = Field(description="Tokens generated, summed over the n choices.")
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
 
 
-class TopLogprob(_Strict):
+class TopLogprob(StrictModel):
     token: str = Field(description="The token's text, decoded alone (a piece of a multi-byte character decodes "
                        "to U+FFFD; its bytes are exact).")
     logprob: float = Field(description=f"log_softmax of the model's raw logits at this position (before penalties, "
@@ -50,30 +47,30 @@ class ChatCompletionTokenLogprob(TopLogprob):
                                            "most likely first (empty when top_logprobs is 0 or absent).")
 
 
-class ChoiceLogprobs(_Strict):
+class ChoiceLogprobs(StrictModel):
     content: list[ChatCompletionTokenLogprob] | None = Field(
         description="One entry per generated token, in order, the end-of-sequence token included.")
 
 
-class CalledFunction(_Strict):
+class CalledFunction(StrictModel):
     name: str
     arguments: str = Field(description="The arguments as JSON text, as the model wrote them.")
 
 
-class ChatCompletionMessageToolCall(_Strict):
+class ChatCompletionMessageToolCall(StrictModel):
     id: str
     type: Literal["function"]
     function: CalledFunction
 
 
-class ChatCompletionMessage(_Strict):
+class ChatCompletionMessage(StrictModel):
     role: Literal["assistant"]
     content: str | None = Field(description="The generated text; null when the answer is tool calls only.")
     tool_calls: list[ChatCompletionMessageToolCall] | None = Field(
         None, description="The model's calls of the request's tools (present only when it made some).")
 
 
-class Choice(_Strict):
+class Choice(StrictModel):
     index: int = Field(description="Which of the request's n choices: 0 to n - 1.")
     message: ChatCompletionMessage
     logprobs: ChoiceLogprobs | None = Field(description="Null unless the request set logprobs.")
@@ -83,7 +80,7 @@ class Choice(_Strict):
         "is the first token.")
 
 
-class ChatCompletion(_Strict):
+class ChatCompletion(StrictModel):
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -92,25 +89,25 @@ class ChatCompletion(_Strict):
     usage: Usage
 
 
-class ChoiceDeltaToolCallFunction(_Strict):
+class ChoiceDeltaToolCallFunction(StrictModel):
     name: str | None = None
     arguments: str | None = Field(None, description="The next piece of the arguments' JSON text.")
 
 
-class ChoiceDeltaToolCall(_Strict):
+class ChoiceDeltaToolCall(StrictModel):
     index: int = Field(description="Which tool call of the choice this piece belongs to.")
     id: str | None = Field(None, description="On a call's first piece.")
     type: Literal["function"] | None = None
     function: ChoiceDeltaToolCallFunction | None = None
 
 
-class ChoiceDelta(_Strict):
+class ChoiceDelta(StrictModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ChoiceDeltaToolCall] | None = None
 
 
-class ChunkChoice(_Strict):
+class ChunkChoice(StrictModel):
     index: int = Field(description="Which of the request's n choices this piece belongs to.")
     delta: ChoiceDelta = Field(description="Empty on a choice's finish chunk, and on a chunk that carries only the "
                          "logprobs of tokens whose text is held back (a stop string may begin there).")
@@ -119,7 +116,7 @@ class ChunkChoice(_Strict):
     finish_reason: Finish | None
 
 
-class ChatCompletionChunk(_Strict):
+class ChatCompletionChunk(StrictModel):
     """One server-sent event's data: a role chunk per choice first, then each choice's pieces (one
     choice per chunk, by ``index``), a finish chunk per choice. With ``stream_options.include_usage``
     every chunk has ``usage`` (null except on the last chunk, which has no choices)."""

@@ -21,12 +21,14 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from stages.api.chat_response import Usage, _Strict
+from stages.api.chat_response import Usage
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.json_depth import check_json_depth
-from stages.api.parse import _JSON_TOKEN, _MSGSPEC_ERROR, STOP_LIST_BOUND, Scalar, _more_entries, _shape_error
-from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, ChatCompletionRequest, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P, ROOM_MAX, SEED_MAX,
-                                SEED_MIN, AsInteger, StopString, TokenCount, _RequestModel)
+from stages.api.bounded_json import Scalar, check_map, more_items, shape_error
+from stages.api.parse import STOP_LIST_BOUND
+from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P,
+                                ROOM_MAX, SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel, StopString,
+                                StrictModel, TokenCount)
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
 
@@ -53,7 +55,7 @@ class _Request(Struct, gc=False):
 
     prompt: Raw | UnsetType = UNSET  # its bytes: a list of lists is counted before it is built (``_prompt``)
     stop: Annotated[list[Scalar], Meta(max_length=STOP_LIST_BOUND)] | Scalar | UnsetType = UNSET
-    logit_bias: Raw | UnsetType = UNSET  # a map: its entries counted before it is built (``_check_logit_bias``)
+    logit_bias: Raw | UnsetType = UNSET  # a map: its entries counted before it is built (``bounded_json.check_map``)
     stream_options: _StreamOptions | Scalar | UnsetType = UNSET
     model: Scalar | UnsetType = UNSET
     suffix: Scalar | UnsetType = UNSET
@@ -77,11 +79,11 @@ class _Request(Struct, gc=False):
     bootstrap_room: Scalar | UnsetType = UNSET
 
 
-class CompletionStreamOptions(_RequestModel):
+class CompletionStreamOptions(RequestModel):
     include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
-class CompletionRequest(_RequestModel):
+class CompletionRequest(RequestModel):
     """An OpenAI (legacy) completion request, text only. Unknown fields are ignored; ``suffix`` and a
     ``best_of`` above ``n`` would change the answer and are refused (400 naming them)."""
 
@@ -186,10 +188,11 @@ def parse_completion_request(raw: bytes | bytearray, bound: TextBound | None = N
     try:
         shape = msgspec.json.decode(raw, type=_Request)
     except msgspec.ValidationError as exc:
-        raise _shape_error(str(exc)) from None
+        raise shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
-    _check_logit_bias(shape)
+    if shape.logit_bias is not UNSET:
+        check_map(shape.logit_bias, "logit_bias", MAX_LOGIT_BIAS_TOKENS)
     prompt = _prompt(shape.prompt)
     if bound is not None:
         _check_text_fits(prompt, bound)
@@ -197,23 +200,6 @@ def parse_completion_request(raw: bytes | bytearray, bound: TextBound | None = N
         return CompletionRequest.model_validate_json(msgspec.json.encode(msgspec.structs.replace(shape, prompt=prompt)))
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
-
-
-def _check_logit_bias(shape: _Request) -> None:
-    """More than ``MAX_LOGIT_BIAS_TOKENS`` entries (counted without building the map, as chat's), or
-    not a map of scalars: 400 naming ``logit_bias``."""
-    if shape.logit_bias is UNSET:
-        return
-    raw = memoryview(shape.logit_bias)
-    if _more_entries(raw, MAX_LOGIT_BIAS_TOKENS):
-        raise bad_request(f"Invalid value for 'logit_bias': Expected `object` of length <= {MAX_LOGIT_BIAS_TOKENS}",
-                          "logit_bias", "invalid_value")
-    try:
-        msgspec.json.decode(raw, type=dict[str, Scalar] | Scalar)
-    except msgspec.ValidationError as exc:
-        match = _MSGSPEC_ERROR.fullmatch(str(exc))
-        raise bad_request(f"Invalid value for 'logit_bias': {match['what'] if match else exc}", "logit_bias",
-                          "invalid_value") from None
 
 
 def _prompt(raw: Raw | UnsetType) -> object:
@@ -225,33 +211,13 @@ def _prompt(raw: Raw | UnsetType) -> object:
     view = memoryview(raw)
     start = bytes(view[:64]).lstrip(_WHITESPACE)
     nested = start[:1] == b"[" and start[1:].lstrip(_WHITESPACE)[:1] == b"["
-    if nested and _more_items(view, MAX_PROMPTS):
+    if nested and more_items(view, MAX_PROMPTS):
         raise bad_request(f"Invalid value for 'prompt': Expected `array` of length <= {MAX_PROMPTS}", "prompt",
                           "invalid_value")
     try:
         return msgspec.json.decode(view, type=_Prompts if nested else _Prompt)
     except msgspec.ValidationError as exc:
-        match = _MSGSPEC_ERROR.fullmatch(str(exc))
-        where = f"prompt{match['path']}" if match and match["path"] else "prompt"
-        raise bad_request(f"Invalid value for '{where}': {match['what'] if match else exc}", where,
-                          "invalid_value") from None
-
-
-def _more_items(raw: memoryview, bound: int) -> bool:
-    """Whether ``raw`` (valid JSON, an array) has more than ``bound`` items: its commas outside strings
-    at depth 1, read up to the one that makes ``bound + 1`` items."""
-    depth = commas = 0
-    for token in _JSON_TOKEN.finditer(raw):
-        char = token[0][:1]
-        if char in (b"{", b"["):
-            depth += 1
-        elif char in (b"}", b"]"):
-            depth -= 1
-        elif char == b"," and depth == 1:
-            commas += 1
-            if commas >= bound:
-                return True
-    return False
+        raise shape_error(str(exc), prefix="prompt") from None
 
 
 def _check_text_fits(prompt: object, bound: TextBound) -> None:
@@ -267,7 +233,7 @@ def _check_text_fits(prompt: object, bound: TextBound) -> None:
 
 
 # --- responses: what ``stages.api.completion_bodies`` builds, for /openapi.json -----------------------
-class LegacyLogprobs(_Strict):
+class LegacyLogprobs(StrictModel):
     tokens: list[str]
     token_logprobs: list[float | None] = Field(description="null for the prompt's first token (echo).")
     top_logprobs: list[dict[str, float] | None] = Field(
@@ -276,7 +242,7 @@ class LegacyLogprobs(_Strict):
                                    "the tokens' own texts, summed).")
 
 
-class CompletionChoice(_Strict):
+class CompletionChoice(StrictModel):
     index: int = Field(description="prompt index * n + the prompt's choice.")
     text: str
     logprobs: LegacyLogprobs | None
@@ -284,7 +250,7 @@ class CompletionChoice(_Strict):
         description="null only in a stream chunk before the choice ends; a prefill's answer ends with length.")
 
 
-class Completion(_Strict):
+class Completion(StrictModel):
     id: str
     object: Literal["text_completion"]
     created: int

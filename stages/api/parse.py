@@ -18,14 +18,14 @@ Runs on a worker thread (a 64 MiB body takes ~0.3 s); raises ``APIError`` 400.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import ValidationError
 
-from stages.api.errors import APIError, bad_request, validation_error
+from stages.api.bounded_json import Scalar, check_map, shape_error
+from stages.api.errors import bad_request, validation_error
 from stages.api.json_depth import check_json_depth
 from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
                                 MAX_SCHEMA_BYTES, MAX_TOOL_CALLS, MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
@@ -33,9 +33,6 @@ from stages.text_bound import TextBound, prompt_chars
 
 _MAPS = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA}  # the maps of the schema, and their bounds
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
-Scalar = str | int | float | bool | None
-_MSGSPEC_ERROR = re.compile(r"(?P<what>.*) - at `\$\.?(?P<path>.*)`", re.S)
-_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[][{},]')  # a string (its commas are text), a bracket, a comma
 
 
 class _ImageURL(Struct, gc=False):
@@ -169,7 +166,7 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
     try:
         shape = msgspec.json.decode(raw, type=_Request)
     except msgspec.ValidationError as exc:
-        raise _shape_error(str(exc)) from None
+        raise shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
     _check_unsupported(shape)
@@ -183,49 +180,13 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
         raise validation_error(exc.errors()) from None
 
 
-def _shape_error(message: str) -> APIError:
-    """msgspec's ``Expected `array` of length <= 2048 - at `$.messages``` -> 400 naming ``messages``."""
-    match = _MSGSPEC_ERROR.fullmatch(message)
-    what, param = (match["what"], match["path"] or None) if match else (message, None)
-    where = f"Invalid value for '{param}': " if param else "Invalid request body: "
-    return bad_request(where + what, param=param, code="invalid_value")
-
-
 def _check_maps(shape: _Request) -> None:
-    """Each ``_MAPS`` field: more entries than its bound, or not a map of scalars: 400 naming it.
-    The entries are counted without building the map, and only up to the first one past the bound."""
+    """Each ``_MAPS`` field: more entries than its bound, or not a map of scalars: 400 naming it
+    (``bounded_json.check_map``: counted without building the map)."""
     for name, bound in _MAPS.items():
         raw = getattr(shape, name)
-        if raw is UNSET:
-            continue
-        if _more_entries(memoryview(raw), bound):
-            raise bad_request(f"Invalid value for '{name}': Expected `object` of length <= {bound}", name,
-                              "invalid_value")
-        try:
-            msgspec.json.decode(raw, type=dict[str, Scalar] | Scalar)
-        except msgspec.ValidationError as exc:
-            match = _MSGSPEC_ERROR.fullmatch(str(exc))
-            raise bad_request(f"Invalid value for '{name}': {match['what'] if match else exc}", name,
-                              "invalid_value") from None
-
-
-def _more_entries(raw: memoryview, bound: int) -> bool:
-    """Whether ``raw`` (valid JSON) is an object of more than ``bound`` entries: its commas outside
-    strings at depth 1, read up to the one that makes ``bound + 1`` entries."""
-    if raw[:1] != b"{":
-        return False
-    depth = commas = 0
-    for token in _JSON_TOKEN.finditer(raw):
-        char = token[0][:1]
-        if char in (b"{", b"["):
-            depth += 1
-        elif char in (b"}", b"]"):
-            depth -= 1
-        elif char == b"," and depth == 1:
-            commas += 1
-            if commas >= bound:
-                return True
-    return False
+        if raw is not UNSET:
+            check_map(raw, name, bound)
 
 
 def _check_schemas(shape: _Request) -> None:

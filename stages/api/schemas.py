@@ -58,19 +58,19 @@ MetadataKey = Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY)]
 MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE)]
 
 
-class _RequestModel(BaseModel):
+class RequestModel(BaseModel):
     """Unknown fields are ignored; known ones take exactly their JSON type (``true`` is not 1, ``"0.5"``
     is not 0.5), as the JSON schema in /openapi.json says."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class ImageURL(_RequestModel):
+class ImageURL(RequestModel):
     url: str = Field(description="A data: URL (data:image/...;base64,...). Stage servers fetch no remote URL.")
     detail: str | None = Field(None, description="Accepted and ignored.")
 
 
-class ImageRef(_RequestModel):
+class ImageRef(RequestModel):
     """An image already encoded into the embedding cache (EPD mode): its key and its size."""
 
     key: str = Field(pattern=r"^[0-9a-f]{64}$", description="The image's cache key: cache.keys.image_key(file bytes, "
@@ -81,7 +81,7 @@ class ImageRef(_RequestModel):
         description="The image's height in pixels. width x height counts against --max-image-pixels (413).")
 
 
-class ContentPart(_RequestModel):
+class ContentPart(RequestModel):
     """``{"type": "text", "text": ...}``, ``{"type": "image_url", "image_url": {"url": ...} | "..."}``, or
     (prefill and decode servers started with --redis-url only) ``{"type": "image_ref", "image_ref":
     {"key", "width", "height"}}``."""
@@ -120,12 +120,12 @@ class ContentPart(_RequestModel):
         return image_url if isinstance(image_url, str) else image_url.url
 
 
-class FunctionCall(_RequestModel):
+class FunctionCall(RequestModel):
     name: str = Field(max_length=MAX_NAME_CHARS, description="The function the assistant called.")
     arguments: str = Field(description="Its arguments, as the JSON text the assistant wrote.")
 
 
-class ToolCall(_RequestModel):
+class ToolCall(RequestModel):
     """A tool call of an earlier assistant turn, as the server answered it."""
 
     id: str = Field(max_length=MAX_ID_CHARS, description="The call's id; a later tool message answers it by "
@@ -134,7 +134,7 @@ class ToolCall(_RequestModel):
     function: FunctionCall
 
 
-class ChatMessage(_RequestModel):
+class ChatMessage(RequestModel):
     model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
         {"properties": {"role": {"const": "tool"}, "tool_call_id": {"type": "string"}, "tool_calls": {"type": "null"}},
          "required": ["tool_call_id"]},
@@ -174,11 +174,11 @@ class ChatMessage(_RequestModel):
         return self
 
 
-class StreamOptions(_RequestModel):
+class StreamOptions(RequestModel):
     include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
-class FunctionDefinition(_RequestModel):
+class FunctionDefinition(RequestModel):
     name: str = Field(pattern=FUNCTION_NAME, description="a-z, A-Z, 0-9, _ and -, at most 64 characters.")
     description: str | None = Field(None, description="What the function does, shown to the model.")
     parameters: dict[str, Any] | None = Field(None, description="The arguments' JSON Schema (an object). A call "
@@ -189,21 +189,21 @@ class FunctionDefinition(_RequestModel):
     strict: bool | None = Field(None, description="Accepted; forced calls always follow the schema.")
 
 
-class Tool(_RequestModel):
+class Tool(RequestModel):
     type: Literal["function"] = Field(description="Function tools only (400 for any other type).")
     function: FunctionDefinition
 
 
-class NamedFunction(_RequestModel):
+class NamedFunction(RequestModel):
     name: str = Field(max_length=MAX_NAME_CHARS, description="One of the tools' function names.")
 
 
-class NamedToolChoice(_RequestModel):
+class NamedToolChoice(RequestModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JSONSchemaFormat(_RequestModel):
+class JSONSchemaFormat(RequestModel):
     name: str = Field(pattern=FUNCTION_NAME, description="The format's name: a-z, A-Z, 0-9, _ and -, at most 64 "
                       "characters.")
     description: str | None = None
@@ -214,7 +214,7 @@ class JSONSchemaFormat(_RequestModel):
     strict: bool | None = Field(None, description="Accepted; the answer always follows the schema.")
 
 
-class ResponseFormat(_RequestModel):
+class ResponseFormat(RequestModel):
     """``{"type": "text"}`` (the default), ``{"type": "json_object"}`` (any JSON object) or ``{"type":
     "json_schema", "json_schema": {"name", "schema", "strict"}}``: the answer is generated under a grammar
     that admits only that, so it parses (unless max_tokens cuts it: finish_reason length)."""
@@ -243,7 +243,7 @@ def _forces_tool(choice: str | NamedToolChoice | None) -> bool:
     return choice == "required" or isinstance(choice, NamedToolChoice)
 
 
-class ChatCompletionRequest(_RequestModel):
+class ChatCompletionRequest(RequestModel):
     """An OpenAI chat completion request. Unknown fields are ignored. Fields OpenAI defines that change
     nothing here (user, safety_identifier, prompt_cache_key, metadata, store, service_tier,
     parallel_tool_calls) are accepted and ignored. Those that would change the answer and are not
@@ -416,27 +416,29 @@ class ChatCompletionRequest(_RequestModel):
 
 
 # --- responses other than chat's (those are in stages.api.chat_response) ------------------------
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A response model: the answer has exactly these fields (the unit tests build answers through them)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelCard(_Strict):
+class ModelCard(StrictModel):
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
 
 
-class ModelList(_Strict):
+class ModelList(StrictModel):
     object: Literal["list"]
     data: list[ModelCard]
 
 
-class Health(_Strict):
+class Health(StrictModel):
     status: Literal["ok"]
 
 
-class ErrorDetail(_Strict):
+class ErrorDetail(StrictModel):
     message: str
     type: str = Field(description="invalid_request_error (4xx) or server_error (5xx).")
     param: str | None = Field(description="The request parameter at fault, as a path: messages[0].content[1].")
@@ -450,7 +452,7 @@ class ErrorDetail(_Strict):
                                   "the prefill's own code for it.")
 
 
-class ErrorBody(_Strict):
+class ErrorBody(StrictModel):
     """Every non-2xx answer, and the in-band event that ends a stream whose request failed."""
 
     error: ErrorDetail

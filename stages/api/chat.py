@@ -25,7 +25,8 @@ from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
 from cache.keys import image_key
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
-from stages.api.schemas import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P, ChatCompletionRequest, ImageRef
+from stages.api.sampling import sampling_params as shared_sampling_params
+from stages.api.schemas import ChatCompletionRequest, ImageRef
 from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
 from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
@@ -182,40 +183,12 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
 
 def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,
                     vocab_size: int, guide: Guide | None = None) -> SamplingParams:
-    """The request's sampling, with the clamps its schema documents: ``max_completion_tokens`` wins over
-    ``max_tokens`` (neither: what is left of the context); a sampled temperature below
-    ``MIN_TEMPERATURE`` and a top_p below ``MIN_TOP_P`` are raised to them; a top_k of -1, or at or
-    above the vocabulary size, disables top-k (0); a repetition_penalty below ``MIN_REPETITION_PENALTY``
-    is raised to it; ``logprobs`` true asks for ``top_logprobs`` (default
-    0) alternatives per token. 400 naming ``logit_bias`` for a token id outside the vocabulary."""
+    """The request's sampling (``stages.api.sampling``): ``max_completion_tokens`` wins over
+    ``max_tokens`` (neither: what is left of the context); ``logprobs`` true asks for
+    ``top_logprobs`` (default 0) alternatives per token."""
     max_tokens = request.max_completion_tokens or request.max_tokens or max(1, max_model_len - prompt_len)
-    temperature = 1.0 if request.temperature is None else request.temperature
-    top_k = request.top_k or 0
-    bias = tuple((int(token), value) for token, value in (request.logit_bias or {}).items())
-    outside = [token for token, _ in bias if token >= vocab_size]
-    if outside:
-        raise bad_request(f"Invalid key in 'logit_bias': {outside[0]}. This model's token ids are 0 to "
-                          f"{vocab_size - 1}.", "logit_bias", "invalid_value")
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0,
-            top_p=1.0 if request.top_p is None else max(request.top_p, MIN_TOP_P),
-            top_k=top_k if 0 < top_k < vocab_size else 0,
-            seed=request.seed,
-            stop=request.stop_strings,
-            ignore_eos=bool(request.ignore_eos),
-            n=request.n or 1,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if request.repetition_penalty is None else
-            max(request.repetition_penalty, MIN_REPETITION_PENALTY),
-            logit_bias=bias,
-            logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-            guide=guide,
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc), None, "invalid_value") from None
+    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, guide=guide,
+                                  logprobs=(request.top_logprobs or 0) if request.logprobs else None)
 
 
 @dataclass(frozen=True)

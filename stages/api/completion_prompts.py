@@ -15,7 +15,7 @@ from typing import Any
 from stages.api.chat import EngineLimits
 from stages.api.completion_schema import CompletionRequest
 from stages.api.errors import bad_request
-from stages.api.schemas import MIN_TEMPERATURE, MIN_TOP_P
+from stages.api.sampling import sampling_params as shared_sampling_params
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 
@@ -57,38 +57,7 @@ def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: Engin
 
 
 def sampling_params(request: CompletionRequest, vocab_size: int) -> SamplingParams:
-    """The request's sampling, with the clamps its schema documents (as chat's)."""
-    temperature = 1.0 if request.temperature is None else request.temperature
-    top_k = request.top_k or 0
-    echo_logprobs = request.logprobs if request.echo else None
-    try:
-        return SamplingParams(
-            max_tokens=request.max_tokens or 16,
-            temperature=max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0,
-            top_p=1.0 if request.top_p is None else max(request.top_p, MIN_TOP_P),
-            top_k=top_k if 0 < top_k < vocab_size else 0,
-            seed=request.seed,
-            stop=request.stop_strings,
-            ignore_eos=bool(request.ignore_eos),
-            n=request.choices_per_prompt,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-            logit_bias=_logit_bias(request.logit_bias, vocab_size),
-            logprobs=request.logprobs,
-            prompt_logprobs=echo_logprobs,
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc), None, "invalid_value") from None
-
-
-def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """``{"123": 5.0}`` -> ``((123, 5.0),)``; 400 naming ``logit_bias`` for a key that is no token id."""
-    pairs = []
-    for key, value in (bias or {}).items():
-        token = int(key) if key.isascii() and key.isdigit() else -1
-        if not 0 <= token < vocab_size:
-            raise bad_request(f"Invalid value for 'logit_bias': {key[:32]!r} is not a token id of this model "
-                              f"(0 to {vocab_size - 1}).", "logit_bias", "invalid_value")
-        pairs.append((token, value))
-    return tuple(pairs)
+    """The request's sampling (``stages.api.sampling``): ``max_tokens`` 16 unless given (as OpenAI);
+    ``echo`` with ``logprobs`` asks for the prompt's logprobs too."""
+    return shared_sampling_params(request, vocab_size, max_tokens=request.max_tokens or 16, logprobs=request.logprobs,
+                                  prompt_logprobs=request.logprobs if request.echo else None)

@@ -165,10 +165,6 @@ class CompletionRequest(RequestModel):
         return prompt  # type: ignore[return-value]  # a list of strings or of token-id lists
 
     @property
-    def choices_per_prompt(self) -> int:
-        return self.n or 1
-
-    @property
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 

@@ -1,0 +1,74 @@
+"""A request's ``SamplingParams`` from the fields chat and legacy completions share, with the clamps
+their schemas document. Each route adds what only it knows: how many tokens at most, which logprobs,
+a grammar.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from stages.api.errors import bad_request
+from stages.api.schemas import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
+from stages.engine.guide import Guide
+from stages.engine.sampling_params import SamplingParams
+
+
+class SamplingFields(Protocol):
+    """The sampling fields of ``ChatCompletionRequest`` and ``CompletionRequest``."""
+
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    ignore_eos: bool | None
+    n: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+    logit_bias: dict[str, float] | None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]: ...
+
+
+def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int, logprobs: int | None,
+                    prompt_logprobs: int | None = None, guide: Guide | None = None) -> SamplingParams:
+    """A sampled temperature below ``MIN_TEMPERATURE``, a top_p below ``MIN_TOP_P`` and a
+    repetition_penalty below ``MIN_REPETITION_PENALTY`` are raised to them (smaller ones overflow the
+    logits); a top_k of -1, or at or above the vocabulary size, disables top-k (0). 400 naming
+    ``logit_bias`` for a key that is no token id of this model; 400 for what ``SamplingParams`` refuses."""
+    temperature = 1.0 if request.temperature is None else request.temperature
+    top_k = request.top_k or 0
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0,
+            top_p=1.0 if request.top_p is None else max(request.top_p, MIN_TOP_P),
+            top_k=top_k if 0 < top_k < vocab_size else 0,
+            seed=request.seed,
+            stop=request.stop_strings,
+            ignore_eos=bool(request.ignore_eos),
+            n=request.n or 1,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if request.repetition_penalty is None else
+            max(request.repetition_penalty, MIN_REPETITION_PENALTY),
+            logit_bias=logit_bias(request.logit_bias, vocab_size),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            guide=guide,
+        )
+    except ValueError as exc:
+        raise bad_request(str(exc), None, "invalid_value") from None
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``{"123": 5.0}`` -> ``((123, 5.0),)``; 400 naming ``logit_bias`` for a key that is no token id."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"Invalid key in 'logit_bias': {key[:32]}. This model's token ids are 0 to "
+                              f"{vocab_size - 1}.", "logit_bias", "invalid_value")
+        pairs.append((token, value))
+    return tuple(pairs)

@@ -56,3 +56,19 @@ def test_legacy_logprobs_hold_the_chosen_token_and_offsets():
                     "top_logprobs": [None, {"d": -0.1, "bc": -0.5}, {"a": -0.2, "d": FLOOR}],
                     "text_offset": [5, 6, 8]}
     assert joined([body, body])["text_offset"] == [5, 6, 8, 5, 6, 8]
+
+
+def test_sampling_clamps_as_chat_does():
+    """Completions and chat share one mapping: a denormal repetition_penalty is raised to 0.01 (it
+    would scale the logits out of float range), echo with logprobs asks for the prompt's."""
+    from stages.api.completion_prompts import sampling_params
+    from stages.api.schemas import MIN_REPETITION_PENALTY
+
+    body = parse_completion_request(b'{"prompt": "x", "repetition_penalty": 1e-300, "temperature": 1e-9, '
+                                    b'"logprobs": 3, "echo": true, "logit_bias": {"7": -100}}')
+    params = sampling_params(body, vocab_size=100)
+    assert (params.repetition_penalty, params.temperature) == (MIN_REPETITION_PENALTY, 0.01)
+    assert (params.max_tokens, params.logprobs, params.prompt_logprobs, params.logit_bias) == (16, 3, 3, ((7, -100),))
+    with pytest.raises(APIError) as refused:
+        sampling_params(parse_completion_request(b'{"prompt": "x", "logit_bias": {"100": 1}}'), vocab_size=100)
+    assert refused.value.param == "logit_bias"

@@ -10,14 +10,30 @@ here on the bytes first; msgspec's validation messages become 400s naming the fi
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import msgspec
 
 from stages.api.errors import APIError, bad_request
+from stages.api.json_depth import check_json_depth
+
+S = TypeVar("S")
 
 Scalar = str | int | float | bool | None
 MSGSPEC_ERROR = re.compile(r"(?P<what>.*) - at `\$\.?(?P<path>.*)`", re.S)
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[][{},]')  # a string (its commas are text), a bracket, a comma
+
+
+def decode_shape(raw: bytes | bytearray, shape: type[S]) -> S:
+    """The body decoded into ``shape`` (a msgspec Struct whose every list is bounded): 400 if it nests
+    deeper than ``MAX_JSON_DEPTH`` (before any parser recurses), is not JSON, or breaks a bound."""
+    check_json_depth(raw)
+    try:
+        return msgspec.json.decode(raw, type=shape)
+    except msgspec.ValidationError as exc:
+        raise shape_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
 
 
 def shape_error(message: str, prefix: str = "") -> APIError:

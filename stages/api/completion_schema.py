@@ -23,8 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from stages.api.chat_response import Usage
 from stages.api.errors import APIError, bad_request, validation_error
-from stages.api.json_depth import check_json_depth
-from stages.api.bounded_json import Scalar, check_map, more_items, shape_error
+from stages.api.bounded_json import Scalar, check_map, decode_shape, more_items, shape_error
 from stages.api.parse import STOP_LIST_BOUND
 from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P,
                                 ROOM_MAX, SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel, StopString,
@@ -180,13 +179,7 @@ AnyRequest = ChatCompletionRequest | CompletionRequest
 def parse_completion_request(raw: bytes | bytearray, bound: TextBound | None = None) -> CompletionRequest:
     """JSON whatever the Content-Type says, validated by the schema; nested too deep: 400 before any
     parser recurses. With ``bound``, a text prompt that cannot fit the context: 400 before pydantic."""
-    check_json_depth(raw)
-    try:
-        shape = msgspec.json.decode(raw, type=_Request)
-    except msgspec.ValidationError as exc:
-        raise shape_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+    shape = decode_shape(raw, _Request)
     if shape.logit_bias is not UNSET:
         check_map(shape.logit_bias, "logit_bias", MAX_LOGIT_BIAS_TOKENS)
     prompt = _prompt(shape.prompt)

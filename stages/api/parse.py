@@ -24,9 +24,8 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import ValidationError
 
-from stages.api.bounded_json import Scalar, check_map, shape_error
+from stages.api.bounded_json import Scalar, check_map, decode_shape
 from stages.api.errors import bad_request, validation_error
-from stages.api.json_depth import check_json_depth
 from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
                                 MAX_SCHEMA_BYTES, MAX_TOOL_CALLS, MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
 from stages.text_bound import TextBound, prompt_chars
@@ -162,13 +161,7 @@ def parse_request(raw: bytes | bytearray, bound: TextBound | None = None) -> Cha
     """JSON whatever the Content-Type says (``curl -d`` sends form-encoded), validated by the schema;
     nested deeper than ``MAX_JSON_DEPTH`` anywhere: 400 before any parser recurses. With ``bound``,
     messages whose text cannot fit the context: 400 before pydantic builds them."""
-    check_json_depth(raw)
-    try:
-        shape = msgspec.json.decode(raw, type=_Request)
-    except msgspec.ValidationError as exc:
-        raise shape_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+    shape = decode_shape(raw, _Request)
     _check_unsupported(shape)
     _check_maps(shape)
     _check_schemas(shape)

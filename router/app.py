@@ -104,7 +104,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _serve(request: web.Request, path: str) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     if router.in_flight >= router.config.max_in_flight:
-        router.metrics.requests.labels(outcome="rejected").inc()
+        router.metrics.outcome("rejected").inc()
         raise overloaded(router.config.max_in_flight)
     router.in_flight += 1
     started = time.perf_counter()
@@ -133,31 +133,33 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         raise
     finally:
         router.in_flight -= 1
-        router.metrics.requests.labels(outcome=outcome).inc()
+        router.metrics.outcome(outcome).inc()
 
 
 async def _read_call(request: web.Request, router: Router, started: float, path: str = CHAT_PATH) -> Call:
     """The request's body and what the router reads of it; a completions body (``path``) has no
     messages: no image is resolved and no chat-text bound applies (its stage checks its prompt)."""
     limits = router.stage_limits()  # the tightest over the workers, once per request
-    body = _parse(await _read_body(request, *router.body_cap(limits)))
+    raw = await _read_body(request, *router.body_cap(limits))
+    body = _parse(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
-    served = [card["id"] for card in router.models()]
-    if model is not None and model not in served:
-        raise model_not_found(model, served)
-    if path != CHAT_PATH:
-        return Call(body, body.get("stream") is True, model, started, path=path)
+    if model is not None and not router.serves(model):
+        raise model_not_found(model, [card["id"] for card in router.models()])
+    if path != CHAT_PATH:  # no images: the client's bytes are sent on (``router.modes``)
+        return Call(body, body.get("stream") is True, model, started, path=path, raw=raw)
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
     parts = await router.images.resolve(body, limits.max_images_per_request)
-    if router.epd is None:  # no cache: every image is a miss (epd: counted by the dispatcher, by the cache's answer)
-        router.metrics.images.labels(cache="miss").inc(len(parts))
+    if router.epd is None and parts:  # no cache: every image is a miss (epd: counted by the dispatcher, by the cache's answer)
+        router.metrics.image_count("miss").inc(len(parts))
     # epd: keys and sizes; large images are decoded and hashed off the event loop
     large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
     images = await asyncio.to_thread(router.image_refs, parts) if large else router.image_refs(parts)
-    return Call(body, body.get("stream") is True, model, started, images)
+    # the client's bytes are sent on (``router.modes``) unless an image was fetched into the body
+    same = all(part.url[:5].lower() == "data:" for part in parts)
+    return Call(body, body.get("stream") is True, model, started, images, raw=raw if same else None)
 
 
 async def _read_body(request: web.Request, max_bytes: int,

@@ -56,7 +56,7 @@ from router.metrics import Metrics
 from router.modes import Call, Plan, Planner
 from router.relay import finish_stream, relay_stream, send_json
 from router.tally import Tally
-from router.timeline import RoomLog, RoomRecord, stage_workers
+from router.timeline import RoomLog, RoomRecord
 from router.upstream import StageError, Upstream
 from router.verdict import DECODE_SIDE_CODES, IMAGE_CODES, PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.workers import Lease, lease_all
@@ -107,7 +107,7 @@ class Dispatcher:
                     continue
                 attempts += 1
                 if last is not None:
-                    self.metrics.retries.labels(stage=last.failure.stage).inc()
+                    self.metrics.retry(last.failure.stage).inc()
                 try:
                     return await self._attempt(request, call, plan, leases)
                 except StageError as exc:
@@ -178,7 +178,7 @@ class Dispatcher:
         """This attempt's entry in the room log (a colocated plan has no room: a detached record)."""
         now = time.time()
         record = RoomRecord(plan.room if plan.room is not None else -1, now - (time.perf_counter() - call.started),
-                            now, call.stream, stage_workers((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
+                            now, call.stream, tuple((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
         return self.rooms.open(record) if plan.room is not None else record
 
     async def _head(self, plan: Plan, answer: asyncio.Future[Head], sides: Sequence[asyncio.Future[float]]) -> Head:
@@ -218,14 +218,14 @@ class Dispatcher:
             error = task.exception()
             if error is None:
                 lease.success()
-                self.metrics.stage_seconds.labels(stage=side.stage).observe(task.result())
+                self.metrics.stage_time(side.stage).observe(task.result())
             elif isinstance(error, StageError):
                 log.warning("%s stage %s failed after the answer started: %s", side.stage, side.worker.url,
                             error.failure.message)
                 lease.failure()
             else:
                 raise error
-        self.metrics.stage_seconds.labels(stage=plan.answer.stage).observe(answer_s)
+        self.metrics.stage_time(plan.answer.stage).observe(answer_s)
         if failure is not None:
             self._charge(failure, plan, leases)
         else:
@@ -241,9 +241,9 @@ class Dispatcher:
         plan (no plan made: misses). Other modes count them as they arrive (``app.py``)."""
         hit, miss = cache_counts(call.images, cached)
         if hit:
-            self.metrics.images.labels(cache="hit").inc(hit)
+            self.metrics.image_count("hit").inc(hit)
         if miss:
-            self.metrics.images.labels(cache="miss").inc(miss)
+            self.metrics.image_count("miss").inc(miss)
 
     def _charge(self, failure: Failure, plan: Plan, leases: list[Lease]) -> None:
         for target, lease in zip((plan.answer, *plan.sides), leases):

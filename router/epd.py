@@ -60,7 +60,8 @@ class EPDPlanner:
         self.fingerprint: str | None = None
 
     async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
-        pd = await self.pd.plan(dataclasses.replace(call, body=with_refs(call.body, call.images)), exclude)
+        refs = dataclasses.replace(call, body=with_refs(call.body, call.images), raw=None) if call.images else call
+        pd = await self.pd.plan(refs, exclude)
         keys = list(dict.fromkeys(image.key for image in call.images))
         if not keys:
             return pd

@@ -4,7 +4,9 @@ prefix (the stages' are ``epd_``), so one Prometheus can scrape the router and e
 When a request's metrics are recorded (``docs/router.md``, "When they are recorded"): its stage times, TTFT and
 TPOT when the router has settled it, before the client's last byte; its outcome and end-to-end
 latency after the last byte, before the handler returns. Every labelled series exists from the
-start (at 0). Worker gauges (health, circuit state, outstanding requests) are read from the
+start (at 0), and the request path uses the children made then (``outcome``, ``stage``, ``cache``:
+one dict lookup, where ``labels()`` would check and join the label values and take the metric's
+lock on every call). Worker gauges (health, circuit state, outstanding requests) are read from the
 workers at scrape time.
 """
 
@@ -65,19 +67,31 @@ class Metrics:
                               ["role", "worker"], registry=r)
         self._outstanding = Gauge("epd_router_worker_outstanding_requests", "Requests sent to the worker now.",
                                   ["role", "worker"], registry=r)
-        for outcome in OUTCOMES:
-            self.requests.labels(outcome=outcome)
-        for stage in STAGES:
-            self.retries.labels(stage=stage)
-            self.stage_seconds.labels(stage=stage)
-        for cache in CACHE:
-            self.images.labels(cache=cache)
-        for by in PREFIX_BY:
-            self.prefix_routes.labels(by=by)
+        self._outcomes = {outcome: self.requests.labels(outcome=outcome) for outcome in OUTCOMES}
+        self._retries = {stage: self.retries.labels(stage=stage) for stage in STAGES}
+        self._stage_seconds = {stage: self.stage_seconds.labels(stage=stage) for stage in STAGES}
+        self._images = {cache: self.images.labels(cache=cache) for cache in CACHE}
+        self._prefix_routes = {by: self.prefix_routes.labels(by=by) for by in PREFIX_BY}
+
+    def outcome(self, outcome: str) -> Counter:
+        """``epd_router_requests_total{outcome}``'s child."""
+        return self._outcomes.get(outcome) or self.requests.labels(outcome=outcome)
+
+    def stage_time(self, stage: str) -> Histogram:
+        """``epd_router_stage_seconds{stage}``'s child."""
+        return self._stage_seconds.get(stage) or self.stage_seconds.labels(stage=stage)
+
+    def retry(self, stage: str) -> Counter:
+        """``epd_router_retries_total{stage}``'s child."""
+        return self._retries.get(stage) or self.retries.labels(stage=stage)
+
+    def image_count(self, cache: str) -> Counter:
+        """``epd_router_images_total{cache}``'s child."""
+        return self._images.get(cache) or self.images.labels(cache=cache)
 
     def observe_prefix(self, by: str, matched: int, total: int) -> None:
         """One prefix_aware pick (``router.policy.Observe``)."""
-        self.prefix_routes.labels(by=by).inc()
+        (self._prefix_routes.get(by) or self.prefix_routes.labels(by=by)).inc()
         self.prefix_request_chars.inc(total)
         self.prefix_match_chars.inc(matched)
 

@@ -8,6 +8,14 @@ Each stage gets the route the client called (``Call.path``: chat, or ``/v1/compl
                 bootstrap_host/port/room, the prefill the same with ``stream: false`` (its answer
                 is for the router)
 
+The bodies are the client's bytes with the bootstrap fields spliced in before the closing brace
+(``splice``), not the parsed body encoded again: one copy of the bytes per stage, no re-encoding,
+and for a non-stream request the prefill and the decode share one body. The parsed body is encoded
+only when the bytes cannot be used as they are: the client sent bootstrap fields of its own (they
+are replaced), the router rewrote the body (a fetched image, epd's image references: ``Call.raw``
+is None), or, for the prefill alone, the client asked for a stream (``stream`` and
+``stream_options`` are rewritten, and duplicate keys are never sent).
+
     epd         the pd plan of the body with image references, plus one encoder side call per
                 encoder that gets missing images (``router.epd.EPDPlanner``: it reads the cache,
                 so planning is a coroutine in every mode)
@@ -47,6 +55,7 @@ class Call:
     started: float  # arrival, time.perf_counter()
     images: tuple[RefImage, ...] = ()  # epd: the body's image parts with their keys and sizes
     path: str = CHAT_PATH  # the route the client called: every stage of the plan gets the same (COMPLETIONS_PATH)
+    raw: bytes | None = None  # the client's bytes, when ``body`` is exactly what they decode to (else None)
 
     @cached_property
     def prefix(self) -> Prefix:
@@ -95,7 +104,8 @@ class ColocatedPlanner:
         candidates = self.pool.candidates(call.model, exclude)
         if not candidates:
             raise no_worker("colocated", call.model)
-        return Plan(Target("colocated", self.pool.pick(candidates, context=call), _encode(call.body), call.path))
+        body = call.raw if call.raw is not None else _encode(call.body)
+        return Plan(Target("colocated", self.pool.pick(candidates, context=call), body, call.path))
 
 
 class PDPlanner:
@@ -114,12 +124,46 @@ class PDPlanner:
         prefill, decode = pair
         assert prefill.bootstrap is not None  # compatible() requires discovered prefills
         room = new_room()
-        body = {k: v for k, v in call.body.items() if k not in BOOTSTRAP_FIELDS}
-        body.update(bootstrap_host=prefill.bootstrap[0], bootstrap_port=prefill.bootstrap[1], bootstrap_room=room)
-        prefill_body = {k: v for k, v in body.items() if k != "stream_options"}
-        prefill_body["stream"] = False
-        return Plan(Target("decode", decode, _encode(body), call.path),
-                    (Target("prefill", prefill, _encode(prefill_body), call.path),), room)
+        host, port = prefill.bootstrap
+        decode_body, prefill_body = pd_bodies(call, host, port, room)
+        return Plan(Target("decode", decode, decode_body, call.path),
+                    (Target("prefill", prefill, prefill_body, call.path),), room)
+
+
+def pd_bodies(call: Call, host: str, port: int, room: int) -> tuple[bytes, bytes]:
+    """(the decode's body, the prefill's body): the client's with ``bootstrap_host/port/room`` (any the
+    client sent replaced), the prefill's with ``stream: false`` and no ``stream_options``. Spliced
+    into ``call.raw`` where it can be (see the module doc); the same bytes object for both when the
+    two bodies are equal."""
+    body = call.body
+    raw = call.raw
+    if raw is None or any(k in body for k in BOOTSTRAP_FIELDS):
+        fields = {k: v for k, v in body.items() if k not in BOOTSTRAP_FIELDS}
+        fields.update(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room)
+        decode_body = _encode(fields)
+        if body.get("stream", False) is False and "stream_options" not in body and "stream" in body:
+            return decode_body, decode_body
+        fields.pop("stream_options", None)
+        fields["stream"] = False
+        return decode_body, _encode(fields)
+    spliced = b'"bootstrap_host":%b,"bootstrap_port":%d,"bootstrap_room":%d' % (_encode(host), port, room)
+    empty = not body
+    decode_body = splice(raw, spliced, empty)
+    if "stream_options" not in body:
+        if "stream" not in body:
+            return decode_body, splice(raw, spliced + b',"stream":false', empty)
+        if body["stream"] is False:
+            return decode_body, decode_body
+    prefill = {k: v for k, v in body.items() if k != "stream_options"}
+    prefill.update(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room, stream=False)
+    return decode_body, _encode(prefill)
+
+
+def splice(raw: bytes, members: bytes, empty: bool = False) -> bytes:
+    """``raw`` (the bytes of a JSON object; ``empty``: it has no members) with ``members`` (``"key":value``
+    pairs, comma-separated) added before its closing brace; one copy of ``raw``."""
+    end = raw.rfind(b"}")  # only whitespace follows the closing brace
+    return b"".join((memoryview(raw)[:end], members if empty else b"," + members, b"}"))
 
 
 def new_room() -> int:

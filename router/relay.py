@@ -25,7 +25,7 @@ from aiohttp import web
 
 from router.attempt import Head
 from router.errors import stage_failed
-from router.sse import DONE_EVENT, Kind, classify, error_event
+from router.sse import DONE_EVENT, Kind, classify, error_event, text_choice
 from router.upstream import StageError, Upstream
 from router.verdict import Failure, from_event, unreachable
 
@@ -60,6 +60,10 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
             now = time.perf_counter()
             relayed = []
             for raw in events:
+                if (index := text_choice(raw)) is not None:  # most events: no decode (``router.sse``)
+                    head.tally.text(index, now)
+                    relayed.append(raw)
+                    continue
                 event = classify(raw)
                 head.tally.see(event, now)
                 if event.kind is not Kind.DONE:

@@ -224,6 +224,10 @@ class Router:
         return (f"no healthy compatible prefill and decode pair allowed by the pairing rules "
                 f"({self.pairing.rules.describe()}; {len(ps)} prefill, {len(ds)} decode healthy)")
 
+    def serves(self, model: str) -> bool:
+        """Whether ``model`` is among ``models()``' ids (without building the list)."""
+        return any(card["id"] == model for worker in self.answering.workers for card in worker.cards)
+
     def models(self) -> list[dict]:
         """The model cards of the answering workers, each id once."""
         cards: dict[str, dict] = {}

@@ -8,6 +8,12 @@ Generated output (``Kind.TEXT``), in any choice of the chunk (``n`` > 1 choices 
 a chat delta's ``content`` or ``tool_calls``, a completions choice's ``text`` (``text_completion``
 chunks), or non-empty ``logprobs`` alone (a token whose text the stage holds back still has its
 logprobs). ``Event.outputs`` names the choices that carried output, for the tally.
+
+Once the answer is committed, most events are chunks of one choice whose delta opens with text, and
+``text_choice`` finds those, and their choice's index, in the bytes without decoding them (no JSON
+decode, no ``Event``); every other event (tool calls, logprobs alone, several choices, completions'
+``text``, the finish and usage chunks, an error, ``[DONE]``, a comment, any other shape) goes
+through ``classify``.
 """
 
 from __future__ import annotations
@@ -110,6 +116,34 @@ def _carries_output(choice: dict) -> bool:
 def _index(choice: dict, position: int) -> int:
     index = choice.get("index")
     return index if type(index) is int else position
+
+
+_TEXT_DELTA = b'"delta":{"content":"'
+_INDEX = b'"index":'
+
+
+def text_choice(raw: bytes) -> int | None:
+    """A cheap, sure test for the common event after commit: the index of the one choice whose output
+    ``raw`` carries, when ``raw`` is one ``data:`` line (``\n\n``-terminated) of an object with one
+    ``"delta"``, which opens with a non-empty ``content`` string, at most one ``"index"`` (an int;
+    none: choice 0), and no ``"error"`` anywhere: ``classify`` would call it ``TEXT`` with that one
+    output. Bare quotes cannot occur inside a JSON string, so the keys it looks for are keys. None
+    means "ask ``classify``", not "not text"."""
+    if not raw.startswith(b"data:") or raw.find(b"\n") != len(raw) - 2 or not raw.endswith(b"}\n\n"):
+        return None
+    at = raw.find(_TEXT_DELTA)
+    if at < 0 or raw[at + len(_TEXT_DELTA)] == 0x22 or raw.count(b'"delta"') != 1 or b'"error"' in raw:
+        return None  # no content, an empty one, several choices, or an error: classify decides
+    at = raw.find(_INDEX)
+    if at < 0:
+        return 0
+    end = at + len(_INDEX)
+    stop = end
+    while raw[stop] in b"0123456789":
+        stop += 1
+    if stop == end or raw[stop] not in b",}" or raw.find(_INDEX, stop) >= 0:
+        return None
+    return int(raw[end:stop])
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

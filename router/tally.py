@@ -26,6 +26,15 @@ class Tally:
     error: dict | None = None  # an in-band error event's body
     done: bool = False  # [DONE] seen
 
+    def text(self, index: int, now: float) -> None:
+        """A chunk whose one output is choice ``index``'s arrived at ``now`` (``see`` of a ``Kind.TEXT``
+        event with ``outputs == (index,)``; ``router.sse.text_choice``)."""
+        self.text_events += 1
+        self.choices.add(index)
+        if self.first_text is None:
+            self.first_text = now
+        self.last_text = now
+
     def see(self, event: Event, now: float) -> None:
         if event.kind is Kind.TEXT:
             self.text_events += max(1, len(event.outputs))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -35,16 +35,24 @@ def stage_workers(targets: Iterable[tuple[str, _Worker]]) -> dict[str, dict]:
     return found
 
 
-@dataclass
+@dataclass(slots=True)
 class RoomRecord:
+    """Written once per attempt on the request path, so it holds the plan's (stage, worker) pairs as
+    they are; ``workers`` is made from them when the admin API reads it."""
+
     room: int
     received: float
     dispatched: float
     stream: bool
-    workers: dict[str, dict] = field(default_factory=dict)  # stage -> {"id", "url"}
+    targets: tuple[tuple[str, _Worker], ...] = ()  # the plan's (stage, worker) pairs, answering stage first
     first_byte: float | None = None
     done: float | None = None
     outcome: str | None = None  # success, aborted (client left), failed: <why>
+
+    @property
+    def workers(self) -> dict[str, dict]:
+        """stage -> {"id", "url"} (``stage_workers``)."""
+        return stage_workers(self.targets)
 
     @property
     def seconds(self) -> float | None:

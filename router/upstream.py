@@ -24,6 +24,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
+from yarl import URL
 
 from router.config import RouterConfig
 from router.verdict import Failure, idle, timed_out, unreachable
@@ -54,6 +55,8 @@ class Upstream:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        # (worker URL, path) -> its URL, parsed once (a worker's URL never changes; a removed one's entry is a few bytes)
+        self._urls: dict[tuple[str, str], URL] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S,
@@ -74,8 +77,13 @@ class Upstream:
     async def post(self, stage: str, worker: Worker, body: bytes, path: str = CHAT_PATH) -> aiohttp.ClientResponse:
         """Send ``body``; the response with its status and headers read (the caller reads the body and
         closes or releases it). Raises StageError if the stage cannot be reached in time."""
+        url = self._urls.get((worker.url, path))
+        if url is None:
+            url = self._urls[(worker.url, path)] = URL(worker.url + path)
         try:
-            return await self.session.post(worker.url + path, data=_sliced(body) if len(body) > SLICE_BYTES else body,
+            if len(body) <= SLICE_BYTES:  # aiohttp sets Content-Length from the bytes
+                return await self.session.post(url, data=body, headers=JSON_HEADERS)
+            return await self.session.post(url, data=_sliced(body),
                                            headers={**JSON_HEADERS, "Content-Length": str(len(body))})
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self.error(stage, worker, exc) from None

@@ -17,7 +17,7 @@ from router.images import check_remote, image_parts
 from router.metrics import Metrics
 from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import RoundRobin
-from router.sse import DONE_EVENT, Kind, SSESplitter, classify, error_event
+from router.sse import DONE_EVENT, Kind, SSESplitter, classify, error_event, text_choice
 from router.tally import Tally
 from router.timeline import RoomLog
 from router.verdict import blame, from_answer, from_event, timed_out, unreachable
@@ -71,6 +71,7 @@ FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}\n\n'
 ERROR = b'data: {"error":{"message":"boom","type":"server_error","param":null,"code":"engine_error"}}\n\n'
 DONE = b"data: [DONE]\n\n"
+TEXT_3 = b'data: {"id":"c","choices":[{"index":3,"delta":{"content":"b"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
 
 
 def test_splitter_returns_complete_events_and_keeps_the_rest():
@@ -95,6 +96,29 @@ def test_splitter_takes_crlf_boundaries():
 def test_classify(raw, kind, commits):
     event = classify(raw)
     assert event.kind is kind and event.commits is commits and event.raw == raw
+
+
+@pytest.mark.parametrize("raw", [
+    ROLE, TEXT, FINISH, USAGE, ERROR, DONE, b": keep-alive\n\n", b"data: not json\n\n",
+    b'data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"error"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\r\n\r\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi \\"delta\\":{\\"content\\":\\"x"}}]}\n\n',
+    b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"hi"},"finish_reason":null}]}\n\n',
+    TEXT_3, b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b'data: {"choices":[{"index":-1,"delta":{"content":"a"}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"a","tool_calls":[{"index":0,"id":"c"}]}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"a","logprob":-1.0}]}}]}\n\n',
+])
+def test_text_choice_is_sure_or_defers_to_classify(raw):
+    """``text_choice`` names a choice only where ``classify`` says TEXT with that one output; anything it
+    is unsure of it leaves to classify."""
+    index = text_choice(raw)
+    if index is not None:
+        event = classify(raw)
+        assert event.kind is Kind.TEXT and event.outputs == (index,)
+    if raw in (TEXT, TEXT_3):
+        assert index == (3 if raw == TEXT_3 else 0)
 
 
 def test_error_event_is_one_event_and_done_ends_the_stream():
@@ -344,3 +368,27 @@ async def test_pd_plan_puts_one_fresh_room_in_both_bodies():
         ("127.0.0.1", 9000, True, {"include_usage": True})
     assert p["stream"] is False and "stream_options" not in p
     assert (await PDPlanner(prefills, decodes).plan(Call(body, True, None, 0.0), ())).room != plan.room
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "stream": false}  \n',
+    b'{"messages":[{"role":"user","content":"}"}]}', b'{}', b' { } ',
+    b'{"messages":[],"bootstrap_room":5,"bootstrap_host":"x"}',
+])
+async def test_pd_bodies_spliced_into_the_clients_bytes_decode_as_the_parsed_body_would(raw):
+    import msgspec
+
+    from router.modes import pd_bodies
+
+    body = msgspec.json.decode(raw)
+    call = Call(body, body.get("stream") is True, None, 0.0, raw=raw)
+    d, p = pd_bodies(call, "10.0.0.1", 9000, 7)
+    fields = {k: v for k, v in body.items() if not k.startswith("bootstrap_")} | {
+        "bootstrap_host": "10.0.0.1", "bootstrap_port": 9000, "bootstrap_room": 7}
+    assert msgspec.json.decode(d) == fields
+    assert msgspec.json.decode(p) == {k: v for k, v in fields.items() if k != "stream_options"} | {"stream": False}
+    for sent in (d, p):  # never a duplicate key
+        assert sent.count(b'"bootstrap_room"') == 1 and sent.count(b'"stream"') <= 1
+    if body.get("stream") is False and "stream_options" not in body and "bootstrap_room" not in body:
+        assert d is p  # one body for both

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-ms", type=float, default=2.0, help="the fake decode's gap before each streamed token")
     add_cores_args(p, {"router": ("1", "every router"), "client": ("0", "this process (the client)"),
                        "backend": ("0", "the fake backend pair")})
+    p.add_argument("--baseline", default=None, help="a checkout of another commit (e.g. `git archive REF | tar -x "
+                   "-C DIR`): its router runs as target ours-base beside ours, in the same alternating rounds")
     p.add_argument("--py-spy", action="store_true", help="record our router with py-spy during an extra c=32 run")
     add_output_args(p, "router_overhead", quick_help="smoke run: 1 round, a quarter of the requests")
     return p
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     out = output_path(args)
     venv = Path(args.peers_venv).expanduser()
     targets = [t for t in args.targets.split(",") if t]
+    if args.baseline and "ours-base" not in targets:
+        targets.insert(targets.index("ours") + 1 if "ours" in targets else len(targets), "ours-base")
     versions, skipped = ensure_peers(venv) if set(targets) & set(PEERS) else ({}, {})
     client_cores = pin_this_process(args.client_cores)
     router_cores = parse_cores(args.router_cores)
@@ -74,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             child = Child(name, router_argv(name, venv, port, prefill, decode, ports["bootstrap"]), router_cores,
                           out.with_name(out.stem + f"_{name}.log"), url=f"http://127.0.0.1:{port}",
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1",
+                               **({"PYTHONPATH": str(Path(args.baseline).resolve())} if name == "ours-base" else {})})
             try:
                 child.wait(STARTUP_S)
                 routers[name] = child
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     "backend": {"pid": backend.proc.pid, "cores": parse_cores(args.backend_cores) or None}},
         "config": {"targets": live, "requests_c1": args.requests_c1, "requests_stream": args.requests_stream,
                    "requests_c32": args.requests_c32, "concurrency": args.concurrency, "rounds": args.rounds,
-                   "warmup": args.warmup, "tokens": TOKENS, "itl_ms": args.itl_ms, "quick": args.quick,
+                   "warmup": args.warmup, "tokens": TOKENS, "baseline": args.baseline, "itl_ms": args.itl_ms, "quick": args.quick,
                    "backend": "bench/fake_backend.py (no model)", "policies": "round_robin for prefill and decode",
                    "router_argv": {n: r.argv for n, r in routers.items()}},
         "peer_versions": versions, "skipped": skipped, "failed": failed, "results": results, **comparison,

@@ -30,6 +30,7 @@ def summarize(target: str, rounds: list[dict]) -> dict:
             row["router_cpu_us_per_request_best_round"] = round(min(  # the round least disturbed by other load
                 1e6 * r[phase]["router_cpu_s"] / max(1, len(r[phase]["samples"])) for r in rounds), 1)
             row["router_cpu_share"] = round(sum(cpu) / wall, 3)
+        row["per_round"] = _per_round(rounds, phase)
         if phase == "stream":
             fb = [1000 * s.first_byte_s for s in samples]
             ft = [1000 * s.first_token_s for s in samples]
@@ -37,6 +38,53 @@ def summarize(target: str, rounds: list[dict]) -> dict:
                     "first_token_ms_p50": round(percentile(ft, 0.5), 3),
                     "first_token_ms_p99": round(percentile(ft, 0.99), 3)}
         out[phase] = row
+    return out
+
+
+def _per_round(rounds: list[dict], phase: str) -> dict:
+    """Each round's p50 latency, requests/s, CPU per request (and a stream's first byte and token p50),
+    with their median and spread (min, max) over the rounds: ``{measure: {"rounds", "median", "min", "max"}}``."""
+    values: dict[str, list[float]] = {"latency_ms_p50": [], "requests_per_s": [], "router_cpu_us_per_request": [],
+                                      "first_byte_ms_p50": [], "first_token_ms_p50": []}
+    for r in rounds:
+        samples = r[phase]["samples"]
+        if not samples:
+            continue
+        values["latency_ms_p50"].append(percentile([1000 * s.latency_s for s in samples], 0.5))
+        values["requests_per_s"].append(len(samples) / r[phase]["wall_s"])
+        if r[phase]["router_cpu_s"] is not None:
+            values["router_cpu_us_per_request"].append(1e6 * r[phase]["router_cpu_s"] / len(samples))
+        if phase == "stream":
+            values["first_byte_ms_p50"].append(percentile([1000 * s.first_byte_s for s in samples], 0.5))
+            values["first_token_ms_p50"].append(percentile([1000 * s.first_token_s for s in samples], 0.5))
+    return {k: {"rounds": [round(x, 3) for x in v], "median": round(percentile(v, 0.5), 3), "min": round(min(v), 3),
+                "max": round(max(v), 3)} for k, v in values.items() if v}
+
+
+def versus(results: dict[str, dict], mine: str, other: str) -> dict:
+    """``mine`` / ``other`` (e.g. ours / ours-base, two commits side by side) on the medians over rounds:
+    ``{measure: {"mine": [median, min, max], "other": [...], "ratio": median / median}}``; added
+    latency is each round's p50 less direct's p50 of the same round."""
+    out: dict = {}
+    direct = results.get("direct")
+    for phase, measure in (("c1", "latency_ms_p50"), ("c1", "router_cpu_us_per_request"),
+                           ("c32", "requests_per_s"), ("c32", "router_cpu_us_per_request"),
+                           ("c32", "latency_ms_p50"), ("stream", "router_cpu_us_per_request"),
+                           ("stream", "first_byte_ms_p50"), ("stream", "first_token_ms_p50")):
+        a, b = results[mine][phase]["per_round"].get(measure), results[other][phase]["per_round"].get(measure)
+        if not a or not b:
+            continue
+        row = {"mine": [a["median"], a["min"], a["max"]], "other": [b["median"], b["min"], b["max"]],
+               "ratio": round(a["median"] / b["median"], 3) if b["median"] else None}
+        if direct and measure in ("latency_ms_p50", "first_byte_ms_p50", "first_token_ms_p50") and phase != "c32":
+            base = direct[phase]["per_round"][measure]["rounds"]
+            added = {n: [x - y for x, y in zip(results[n][phase]["per_round"][measure]["rounds"], base)]
+                     for n in (mine, other)}
+            row["added_mine"] = [round(percentile(added[mine], 0.5), 3), round(min(added[mine]), 3),
+                                 round(max(added[mine]), 3)]
+            row["added_other"] = [round(percentile(added[other], 0.5), 3), round(min(added[other]), 3),
+                                  round(max(added[other]), 3)]
+        out[f"{phase}.{measure}"] = row
     return out
 
 
@@ -75,7 +123,13 @@ def compare(results: dict[str, dict]) -> dict:
             ratios[measure] = {"ours": mine, "best_peer": best, "best_peer_value": theirs,
                                "ours_over_best": round(mine / theirs, 2) if theirs else None,
                                "no_worse": mine <= theirs if lower else mine >= theirs}
-    return {"added_vs_direct": added, "ours_vs_best_peer": ratios}
+    out = {"added_vs_direct": added, "ours_vs_best_peer": ratios}
+    if "ours" in results and "ours-base" in results:
+        out["ours_vs_base"] = versus(results, "ours", "ours-base")
+    for peer in peers:
+        if "ours" in results:
+            out.setdefault("ours_vs_peer_rounds", {})[peer] = versus(results, "ours", peer)
+    return out
 
 
 def failed_targets(runs: dict[str, list[dict]]) -> dict[str, list[str]]:

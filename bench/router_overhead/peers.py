@@ -38,8 +38,8 @@ def router_argv(name: str, venv: Path, port: int, prefill: str, decode: str, boo
     """The command line of router ``name`` (``ours`` or a peer) on ``port`` in front of the pair, with
     round-robin for both roles and the peers' metrics on loopback."""
     bin_ = venv / "bin"
-    if name == "ours":
-        return [sys.executable, "-m", "stages.cli", "serve", "router", "--host", "127.0.0.1", "--port", str(port),
+    if name in ("ours", "ours-base"):  # ours-base: -P, so the baseline checkout on PYTHONPATH is imported, not this one
+        return [sys.executable, *(["-P"] if name == "ours-base" else []), "-m", "stages.cli", "serve", "router", "--host", "127.0.0.1", "--port", str(port),
                 "--prefill", prefill, "--decode", decode, "--policy-prefill", "round_robin",
                 "--policy-decode", "round_robin", "--log-level", "warning"]
     metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]

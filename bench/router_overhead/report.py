@@ -47,6 +47,17 @@ def print_table(results: dict[str, dict], comparison: dict) -> None:
               f"{r['stream']['first_byte_ms_p50']:>8.2f} "
               f"{r['stream']['first_token_ms_p50']:>8.2f}")
     print("(ms unless marked; +p50/+p99: added over direct at c=1; 1st byte/tok: stream p50)")
+    for title, key in (("ours vs ours-base", "ours_vs_base"),):
+        if comparison.get(key):
+            print(f"{title} (median over rounds [min, max]; added = round p50 - direct's):")
+            for measure, row in comparison[key].items():
+                extra = f"  added {row['added_mine']} vs {row['added_other']}" if "added_mine" in row else ""
+                print(f"  {measure}: {row['mine']} vs {row['other']} = {row['ratio']}x{extra}")
+    for peer, rows in comparison.get("ours_vs_peer_rounds", {}).items():
+        print(f"ours vs {peer} (median over rounds [min, max]):")
+        for measure, row in rows.items():
+            extra = f"  added {row['added_mine']} vs {row['added_other']}" if "added_mine" in row else ""
+            print(f"  {measure}: {row['mine']} vs {row['other']} = {row['ratio']}x{extra}")
     for measure, row in comparison["ours_vs_best_peer"].items():
         print(f"ours / best peer ({row['best_peer']}) on {measure}: {row['ours']} vs {row['best_peer_value']} "
               f"= {row['ours_over_best']}x{'' if row['no_worse'] else '  (worse)'}")

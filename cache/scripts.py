@@ -137,6 +137,21 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0
 """
 
+# CLAIM for several keys in one call. KEYS: claim, entry of each key in turn. ARGV: lease_ms, then each
+# key's owner. Returns 1 or 0 per key, as CLAIM.
+CLAIM_MANY = """
+local out = {}
+for i = 1, #KEYS / 2 do
+  local claim, entry = KEYS[2 * i - 1], KEYS[2 * i]
+  if redis.call('EXISTS', entry) == 0 and redis.call('SET', claim, ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
 # KEYS: claim. ARGV: owner. 1 if the owner held the claim and it is now released.
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

@@ -87,6 +87,7 @@ class EmbeddingCache:
         self._contains = self._redis.register_script(scripts.CONTAINS)
         self._delete = self._redis.register_script(scripts.DELETE)
         self._claim = self._redis.register_script(scripts.CLAIM)
+        self._claim_many = self._redis.register_script(scripts.CLAIM_MANY)
         self._release = self._redis.register_script(scripts.RELEASE)
         self._renew = self._redis.register_script(scripts.RENEW)
         self._stats = CacheStats()
@@ -171,6 +172,16 @@ class EmbeddingCache:
         won = bool(await self._call("claim", lambda: self._claim(
             keys=[scripts.claim_key(check_key(key)), scripts.entry_key(key)], args=[owner, _ms(lease_s)])))
         self._stats.claims += won
+        return won
+
+    async def claim_many(self, claims: Sequence[tuple[str, str]], lease_s: float) -> list[bool]:
+        """``claim`` of each (key, owner) in ``claims``, in one Redis call (one round trip); the answers in order."""
+        if not claims:
+            return []
+        keys = [k for key, _ in claims for k in (scripts.claim_key(check_key(key)), scripts.entry_key(key))]
+        won = [bool(x) for x in await self._call("claim", lambda: self._claim_many(
+            keys=keys, args=[_ms(lease_s), *(owner for _, owner in claims)]))]
+        self._stats.claims += sum(won)
         return won
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:

@@ -7,8 +7,10 @@
 3. Each missing key gets an encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same
    encoder) among the eligible encoders with the router's vision fingerprint, and is claimed on that
    encoder's behalf (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once
-   the image is queued there). A key whose claim is held already is being encoded elsewhere: it is
-   not sent, the prefill waits for it. A missing key with no eligible encoder: 503.
+   the image is queued there); the request's claims go in one Redis call (``claim_many``), so a
+   request makes two Redis round trips however many images it has. A key whose claim is held
+   already is being encoded elsewhere: it is not sent, the prefill waits for it. A missing key with
+   no eligible encoder: 503.
 4. One encoder side call per encoder with keys: ``POST /v1/encode {"room", "images"}``, sent at the
    same moment as the prefill's and the decode's calls.
 
@@ -94,21 +96,22 @@ class EPDPlanner:
         if not candidates:
             raise no_worker("encoder", model)
         chosen = [(key, self.encoders.pick(candidates, key)) for key in missing]
-        won = await asyncio.gather(*(self._claim(key, worker) for key, worker in chosen)) if claims \
-            else [True] * len(chosen)
+        won = await self._claim(chosen) if claims else [True] * len(chosen)
         sent: dict[str, tuple[Worker, list[str]]] = {}
         for (key, worker), mine in zip(chosen, won):
             if mine:
                 sent.setdefault(worker.url, (worker, []))[1].append(key)
         return list(sent.values())
 
-    async def _claim(self, key: str, worker: Worker) -> bool:
-        assert worker.encoder_id is not None
+    async def _claim(self, chosen: Sequence[tuple[str, Worker]]) -> list[bool]:
+        """Each key claimed for its encoder, all in one Redis call (``EmbeddingCache.claim_many``)."""
+        assert all(worker.encoder_id is not None for _, worker in chosen)
         try:
-            return await self.cache.claim(key, worker.encoder_id, self.config.claim_lease_s)
-        except CacheUnavailable as exc:  # Redis went away since contains_many: the encoder claims it itself
-            log.warning("epd: sending image %s to %s unclaimed: %s", key, worker.url, exc)
-            return True
+            return await self.cache.claim_many([(key, worker.encoder_id or "") for key, worker in chosen],
+                                               self.config.claim_lease_s)
+        except CacheUnavailable as exc:  # Redis went away since contains_many: the encoders claim them themselves
+            log.warning("epd: sending %d image(s) unclaimed: %s", len(chosen), exc)
+            return [True] * len(chosen)
 
     async def _abort(self, room: int, sent: Sequence[tuple[Worker, list[str]]], unreachable: frozenset[str]) -> None:
         await asyncio.gather(*(self._release(worker, keys) if worker.url in unreachable

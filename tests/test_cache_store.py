@@ -269,6 +269,11 @@ async def test_metrics_read_the_stats_at_scrape_time(redis_url: str) -> None:
         assert await cache.claim(key(7), "me", 5.0) and not await cache.claim(key(7), "other", 5.0)
         assert not await cache.claim(key(3), "me", 5.0)  # cached: nobody needs to encode it
         assert value("epd_cache_claims_total") == 1.0
+        # several keys in one call: free -> claimed; claimed by another or cached -> not
+        assert await cache.claim_many([(key(8), "a"), (key(7), "a"), (key(3), "a"), (key(9), "b")], 5.0) == \
+            [True, False, False, True]
+        assert not await cache.claim(key(9), "a", 5.0) and await cache.claim_many([], 5.0) == []
+        assert value("epd_cache_claims_total") == 3.0
         assert value("epd_cache_unavailable_total") == 0.0
 
 

@@ -97,6 +97,30 @@ def make_app(role: str, args: argparse.Namespace, stats: Counter) -> web.Applica
     return app
 
 
+def make_encoder_app(stats: Counter) -> web.Application:
+    """A fake encoder (``--encoder-port``): ``/server_info`` with its id and vision fingerprint, and
+    ``POST /v1/encode`` / ``/v1/abort`` answered at once (nothing is encoded nor cached: the fake
+    prefill waits for no embedding)."""
+    info = {"role": "encoder", "model": MODEL, "encoder_id": "fake-encoder", "vision_fingerprint": "f" * 64}
+
+    async def encode(request: web.Request) -> web.Response:
+        body = await request.json()
+        stats["encoder_requests"] += 1
+        stats["encoder_images"] += len(body.get("images") or ())
+        return web.json_response({"room": body.get("room"), "images": len(body.get("images") or ())})
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/encode", encode)
+    app.router.add_post("/v1/abort", ok)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/server_info", lambda _: _json(info))
+    app.router.add_get("/bench/stats", lambda _: _json(dict(stats)))
+    return app
+
+
 async def _json(body: dict) -> web.Response:
     return web.json_response(body)
 
@@ -108,6 +132,11 @@ async def main(args: argparse.Namespace) -> None:
         runner = web.AppRunner(make_app(role, args, stats), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+    if args.encoder_port:
+        runner = web.AppRunner(make_encoder_app(stats), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", args.encoder_port).start()
         runners.append(runner)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,6 +152,7 @@ if __name__ == "__main__":
     parser.add_argument("--prefill-port", type=int, required=True)
     parser.add_argument("--decode-port", type=int, required=True)
     parser.add_argument("--bootstrap-port", type=int, required=True, help="reported in the prefill's /server_info")
+    parser.add_argument("--encoder-port", type=int, default=0, help="also a fake encoder on this port (0: none)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per decode answer")
     parser.add_argument("--itl-ms", type=float, default=2.0, help="gap before each streamed token (decode)")
     asyncio.run(main(parser.parse_args()))

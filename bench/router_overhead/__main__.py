@@ -15,9 +15,10 @@ from bench.common.meter import CpuMeter
 from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.proc import thread_cpu
 from bench.common.record import Recorder
+from cache.embedded import EmbeddedRedis
 from bench.router_overhead import __doc__ as DOC
 from bench.router_overhead.analysis import check_stage_reach, compare, failed_targets, summarize
-from bench.router_overhead.client import TOKENS
+from bench.router_overhead.client import TOKENS, unique_images
 from bench.router_overhead.measure import measure_target, profile
 from bench.router_overhead.peers import PEERS, ensure_peers, router_argv
 from bench.router_overhead.report import figures, plot, print_table
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "backend": ("0", "the fake backend pair")})
     p.add_argument("--baseline", default=None, help="a checkout of another commit (e.g. `git archive REF | tar -x "
                    "-C DIR`): its router runs as target ours-base beside ours, in the same alternating rounds")
+    p.add_argument("--epd", action=argparse.BooleanOptionalAction, default=True,
+                   help="also our router(s) in epd mode (target ours-epd, and ours-base-epd with --baseline): a "
+                   "fake encoder and a private Redis; each request carries an image of its own (a cache miss the "
+                   "router claims and sends to the encoder)")
     p.add_argument("--py-spy", action="store_true", help="record our router with py-spy during an extra c=32 run")
     add_output_args(p, "router_overhead", quick_help="smoke run: 1 round, a quarter of the requests")
     return p
@@ -58,15 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t for t in args.targets.split(",") if t]
     if args.baseline and "ours-base" not in targets:
         targets.insert(targets.index("ours") + 1 if "ours" in targets else len(targets), "ours-base")
+    if args.epd:  # the EPD path: our router(s) in epd mode, each request with an image of its own
+        targets += [f"{t}-epd" for t in ("ours", "ours-base") if t in targets and f"{t}-epd" not in targets]
     versions, skipped = ensure_peers(venv) if set(targets) & set(PEERS) else ({}, {})
     client_cores = pin_this_process(args.client_cores)
     router_cores = parse_cores(args.router_cores)
-    ports = {"prefill": free_port(), "decode": free_port(), "bootstrap": free_port()}
+    ports = {"prefill": free_port(), "decode": free_port(), "bootstrap": free_port(), "encoder": free_port()}
+    epd_targets = [t for t in targets if t.endswith("-epd")]
+    redis = EmbeddedRedis(64 << 20).start() if epd_targets else None
+    epd = (f"http://127.0.0.1:{ports['encoder']}", redis.url) if redis is not None else None
+    images = unique_images(args.requests_c32 + args.requests_c1 + args.requests_stream + 2 * args.warmup) \
+        if epd_targets else None
     prefill, decode = f"http://127.0.0.1:{ports['prefill']}", f"http://127.0.0.1:{ports['decode']}"
     backend = Child("fake backend", [sys.executable, str(REPO / "bench" / "fake_backend.py"),
                                      "--prefill-port", str(ports["prefill"]), "--decode-port", str(ports["decode"]),
                                      "--bootstrap-port", str(ports["bootstrap"]), "--tokens", str(TOKENS),
-                                     "--itl-ms", str(args.itl_ms)],
+                                     "--itl-ms", str(args.itl_ms),
+                                     *(["--encoder-port", str(ports["encoder"])] if epd else [])],
                     parse_cores(args.backend_cores), out.with_name(out.stem + "_backend.log"), url=decode,
                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
     routers: dict[str, Child] = {}
@@ -76,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             if name == "direct" or name in skipped:
                 continue
             port = free_port()
-            child = Child(name, router_argv(name, venv, port, prefill, decode, ports["bootstrap"]), router_cores,
-                          out.with_name(out.stem + f"_{name}.log"), url=f"http://127.0.0.1:{port}",
+            child = Child(name, router_argv(name, venv, port, prefill, decode, ports["bootstrap"], epd),
+                          router_cores, out.with_name(out.stem + f"_{name}.log"), url=f"http://127.0.0.1:{port}",
                           env={**os.environ, "PYTHONUNBUFFERED": "1",
-                               **({"PYTHONPATH": str(Path(args.baseline).resolve())} if name == "ours-base" else {})})
+                               **({"PYTHONPATH": str(Path(args.baseline).resolve())} if "-base" in name else {})})
             try:
                 child.wait(STARTUP_S)
                 routers[name] = child
@@ -98,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                 meter = CpuMeter({os.getpid(), backend.proc.pid, *(r.proc.pid for r in routers.values())},
                                  "client_cpu_s")
                 runs[target].append(measure_target(target, routers.get(target), prefill, decode, ports["bootstrap"],
-                                                   args))
+                                                   args, images if target.endswith("-epd") else None))
                 meters.append({"round": round_index + 1, "target": target, **meter.done()})
         spy = profile(routers["ours"], venv, out, args) if args.py_spy and "ours" in routers else None
         threads = {name: thread_cpu(r.proc.pid) for name, r in routers.items()}
     finally:
         for child in [*routers.values(), backend]:
             child.stop()
+        if redis is not None:
+            redis.stop()
 
     failed = failed_targets(runs)
     for target, errors in failed.items():
@@ -118,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     "backend": {"pid": backend.proc.pid, "cores": parse_cores(args.backend_cores) or None}},
         "config": {"targets": live, "requests_c1": args.requests_c1, "requests_stream": args.requests_stream,
                    "requests_c32": args.requests_c32, "concurrency": args.concurrency, "rounds": args.rounds,
-                   "warmup": args.warmup, "tokens": TOKENS, "baseline": args.baseline, "itl_ms": args.itl_ms, "quick": args.quick,
+                   "warmup": args.warmup, "tokens": TOKENS, "baseline": args.baseline, "epd": epd is not None, "itl_ms": args.itl_ms, "quick": args.quick,
                    "backend": "bench/fake_backend.py (no model)", "policies": "round_robin for prefill and decode",
                    "router_argv": {n: r.argv for n, r in routers.items()}},
         "peer_versions": versions, "skipped": skipped, "failed": failed, "results": results, **comparison,

@@ -126,6 +126,8 @@ def compare(results: dict[str, dict]) -> dict:
     out = {"added_vs_direct": added, "ours_vs_best_peer": ratios}
     if "ours" in results and "ours-base" in results:
         out["ours_vs_base"] = versus(results, "ours", "ours-base")
+    if "ours-epd" in results and "ours-base-epd" in results:
+        out["ours_epd_vs_base"] = versus(results, "ours-epd", "ours-base-epd")
     for peer in peers:
         if "ours" in results:
             out.setdefault("ours_vs_peer_rounds", {})[peer] = versus(results, "ours", peer)

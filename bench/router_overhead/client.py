@@ -16,9 +16,30 @@ TOKENS = 8
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def chat_body(stream: bool) -> dict:
-    """The one chat body every target gets (JSON, or a stream with usage)."""
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "Hello! How far is the moon?"}],
+def unique_images(n: int, size: int = 32) -> list[str]:
+    """``n`` distinct small PNG ``data:`` URLs (random pixels: each its own cache key, so each request
+    of an EPD target is a cache miss that the router claims and sends to the encoder)."""
+    import base64
+    import io
+    import os
+
+    from PIL import Image
+
+    urls = []
+    for _ in range(n):
+        buffer = io.BytesIO()
+        Image.frombytes("RGB", (size, size), os.urandom(size * size * 3)).save(buffer, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    return urls
+
+
+def chat_body(stream: bool, image: str | None = None) -> dict:
+    """The one chat body every target gets (JSON, or a stream with usage); with ``image`` (a ``data:``
+    URL: the EPD targets) the message holds that image before its text."""
+    content: str | list = "Hello! How far is the moon?"
+    if image is not None:
+        content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": content}]
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": content}],
             "max_tokens": TOKENS, "temperature": 0}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -37,8 +58,10 @@ class Sample:
 class Client:
     """Sends one target's requests over kept-alive connections and checks every answer's text."""
 
-    def __init__(self, target: str, url: str, pd: tuple[str, str, int] | None) -> None:
+    def __init__(self, target: str, url: str, pd: tuple[str, str, int] | None,
+                 images: list[str] | None = None) -> None:
         self.target, self.url, self.pd = target, url, pd  # pd: (prefill url, decode url, bootstrap port): direct
+        self.images, self._next_image = images, 0  # EPD targets: each request the next image, cycling
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                              timeout=aiohttp.ClientTimeout(total=30))
         self.errors: list[str] = []
@@ -47,7 +70,11 @@ class Client:
         await self.session.close()
 
     async def one(self, stream: bool) -> Sample | None:
-        body = chat_body(stream)
+        image = None
+        if self.images:
+            image = self.images[self._next_image % len(self.images)]
+            self._next_image += 1
+        body = chat_body(stream, image)
         if self.pd is None:
             return await self._call(self.url, body, stream)
         prefill, decode, bootstrap = self.pd

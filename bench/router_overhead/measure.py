@@ -29,11 +29,13 @@ async def stats_of(session: aiohttp.ClientSession, url: str) -> dict:
 
 
 def measure_target(target: str, router: Child | None, prefill: str, decode: str, bootstrap: int,
-                   args: Namespace) -> dict:
-    """``measure`` of one target: through ``router``, or direct to the pair when it is None."""
+                   args: Namespace, images: list[str] | None = None) -> dict:
+    """``measure`` of one target: through ``router``, or direct to the pair when it is None; ``images``:
+    each request carries the next one (the EPD targets)."""
 
     async def run() -> dict:
-        client = Client(target, router.url if router else "", None if router else (prefill, decode, bootstrap))
+        client = Client(target, router.url if router else "", None if router else (prefill, decode, bootstrap),
+                        images)
         try:
             return await measure(client, router, decode, args)
         finally:

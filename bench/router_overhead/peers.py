@@ -34,14 +34,20 @@ def ensure_peers(venv: Path) -> tuple[dict[str, str], dict[str, str]]:
     return versions, errors
 
 
-def router_argv(name: str, venv: Path, port: int, prefill: str, decode: str, bootstrap: int) -> list[str]:
-    """The command line of router ``name`` (``ours`` or a peer) on ``port`` in front of the pair, with
-    round-robin for both roles and the peers' metrics on loopback."""
+OURS = ("ours", "ours-base", "ours-epd", "ours-base-epd")  # -base: the --baseline checkout; -epd: epd mode
+
+
+def router_argv(name: str, venv: Path, port: int, prefill: str, decode: str, bootstrap: int,
+                epd: tuple[str, str] | None = None) -> list[str]:
+    """The command line of router ``name`` (one of ``OURS``, or a peer) on ``port`` in front of the pair,
+    with round-robin for both roles and the peers' metrics on loopback; ``epd``: (the fake encoder's
+    URL, the Redis URL) for the ``-epd`` targets."""
     bin_ = venv / "bin"
-    if name in ("ours", "ours-base"):  # ours-base: -P, so the baseline checkout on PYTHONPATH is imported, not this one
-        return [sys.executable, *(["-P"] if name == "ours-base" else []), "-m", "stages.cli", "serve", "router", "--host", "127.0.0.1", "--port", str(port),
-                "--prefill", prefill, "--decode", decode, "--policy-prefill", "round_robin",
-                "--policy-decode", "round_robin", "--log-level", "warning"]
+    if name in OURS:  # -base: -P, so the baseline checkout on PYTHONPATH is imported, not this one
+        mode = ["--encoder", epd[0], "--redis-url", epd[1]] if name.endswith("-epd") and epd else []
+        return [sys.executable, *(["-P"] if "-base" in name else []), "-m", "stages.cli", "serve", "router",
+                "--host", "127.0.0.1", "--port", str(port), "--prefill", prefill, "--decode", decode, *mode,
+                "--policy-prefill", "round_robin", "--policy-decode", "round_robin", "--log-level", "warning"]
     metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     if name == "sglang-router":
         return [str(bin_ / "python"), "-m", "sglang_router.launch_router", "--pd-disaggregation",

@@ -47,7 +47,7 @@ def print_table(results: dict[str, dict], comparison: dict) -> None:
               f"{r['stream']['first_byte_ms_p50']:>8.2f} "
               f"{r['stream']['first_token_ms_p50']:>8.2f}")
     print("(ms unless marked; +p50/+p99: added over direct at c=1; 1st byte/tok: stream p50)")
-    for title, key in (("ours vs ours-base", "ours_vs_base"),):
+    for title, key in (("ours vs ours-base", "ours_vs_base"), ("ours-epd vs ours-base-epd", "ours_epd_vs_base")):
         if comparison.get(key):
             print(f"{title} (median over rounds [min, max]; added = round p50 - direct's):")
             for measure, row in comparison[key].items():

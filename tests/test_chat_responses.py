@@ -435,3 +435,25 @@ def test_a_forced_tool_call_streams_as_tool_call_deltas(client):
     assert deltas[0].function.name == "weather" and deltas[0].id.startswith("call_") and deltas[0].index == 0
     assert "".join(d.function.arguments or "" for d in deltas) == whole.message.tool_calls[0].function.arguments
     assert all(not piece.delta.content for piece in pieces) and pieces[-1].finish_reason == "tool_calls"
+
+
+def test_the_openai_clients_tool_loop(client):
+    """The loop an agent runs with the official client: a forced call comes back as tool_calls; the
+    assistant message (as the client returns it) and the tool's result go back into the history; the
+    next turn (tool_choice none: answer now; the tools block is not rendered, which keeps this tiny
+    model's prompt within its 512 tokens) is served and ends by itself or at max_tokens."""
+    messages: list = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice=NAMED,
+                                           max_tokens=64, temperature=0)
+    (call,) = first.choices[0].message.tool_calls
+    assert call.function.name == "weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny, 22C"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=8, temperature=0)
+    assert second.choices[0].finish_reason in ("stop", "length") and second.choices[0].message.tool_calls is None
+    alone = client.chat.completions.create(model=MODEL, messages=messages[:1], max_tokens=1, temperature=0)
+    assert second.usage.prompt_tokens > alone.usage.prompt_tokens + first.usage.completion_tokens  # the call rendered
+    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none",
+                                           max_tokens=8, temperature=0)
+    assert again.choices[0].message == second.choices[0].message  # greedy: the history renders the same way

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
+
 import openai
 import openai.types.chat as openai_chat
 import pytest
@@ -457,3 +459,28 @@ def test_the_openai_clients_tool_loop(client):
     again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none",
                                            max_tokens=8, temperature=0)
     assert again.choices[0].message == second.choices[0].message  # greedy: the history renders the same way
+
+
+THING = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                          "name": {"type": "string", "maxLength": 6},
+                                          "size": {"type": "integer", "minimum": 0, "maximum": 99}},
+         "required": ["color", "name", "size"], "additionalProperties": False}
+
+
+def test_structured_output_parses_and_validates_for_20_seeds(client):
+    """Random weights under a bounded schema (enums, maxLength, a range) with room to finish: every
+    output of 20 seeded sequences (5 requests of n=4, sequence i seeded seed + i) parses and validates;
+    json_object gives objects; a cut one says length."""
+    schema = {"type": "json_schema", "json_schema": {"name": "thing", "schema": THING, "strict": True}}
+    for seed in range(0, 20, 4):
+        answer = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=200, temperature=1.0, seed=seed,
+                                                n=4, response_format=schema)
+        for choice_ in answer.choices:
+            assert choice_.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice_.message.content), THING)
+    objects = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=200, temperature=1.0, seed=0, n=4,
+                                             response_format={"type": "json_object"})
+    assert all(isinstance(json.loads(c.message.content), dict) for c in objects.choices if c.finish_reason == "stop")
+    cut = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3, temperature=1.0, seed=0,
+                                         response_format=schema)
+    assert cut.choices[0].finish_reason == "length"

@@ -49,11 +49,8 @@ import torch
 from stages.engine.attention import ATTENTION_NAME
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 from stages.engine.config import EngineConfig
-from stages.engine.detokenizer import Detokenizer, TextDecoding
-from stages.engine.guide import GuideMatcher
+from stages.engine.detokenizer import TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
-from stages.engine.logits_processing import RowInputs, process_logits
-from stages.engine.logprob_tensors import gather_logprobs, prompt_logprobs, read_together, token_logprobs
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
@@ -61,9 +58,10 @@ from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
-from stages.engine.sampler import SamplingError, draw_rows, make_generator, results
+from stages.engine.sampler import make_generator
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import ScheduledBatch, Scheduler
+from stages.engine.step_sampling import Tracked, sample_step
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +87,6 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass
-class _Tracked:
-    """Per-request state the engine keeps beside the scheduler's ``Request`` (it survives preemption).
-
-    ``matcher``: the guide's, advanced past every appended token. ``logprob``: the logprobs of the
-    token about to be appended (set by ``_sample``; for a decode's first token, by ``add_prefilled``
-    from the prefill's), taken by that token's output. ``prompt_logprobs``: while the prompt is
-    computed, one entry per prompt position (position 0 None), filled chunk by chunk; taken by the
-    first output with a token (None once taken, or when not asked; a decode's come from its prefill).
-    """
-
-    detokenizer: Detokenizer
-    generator: torch.Generator
-    matcher: GuideMatcher | None = None
-    logprob: TokenLogprob | None = None
-    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Engine:
@@ -135,7 +115,7 @@ class Engine:
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.batched_tokens, config.kv_allocation)
         self.runner = ModelRunner(self.adapter, self.pool)
-        self._tracked: dict[str, _Tracked] = {}  # every request in the scheduler, by id
+        self._tracked: dict[str, Tracked] = {}  # every request in the scheduler, by id
         self._swapped: dict[str, torch.Tensor] = {}  # the host copy of each swapped-out request's KV
         self._forked: list[tuple[Request, Request]] = []  # (sequence 0, a fork) of the step's pass
 
@@ -276,9 +256,9 @@ class Engine:
         if any(sequence_id(request_id, i) in self._tracked for i in range(n)) or self.scheduler.sequences(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
 
-    def _new_tracked(self, request: Request) -> _Tracked:
+    def _new_tracked(self, request: Request) -> Tracked:
         params = request.params
-        return _Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed_of(request.index), self.device),
+        return Tracked(self.decoding.detokenizer(params.stop), make_generator(params.seed_of(request.index), self.device),
                         None if params.guide is None else params.guide.matcher(),
                         prompt_logprobs=None if params.prompt_logprobs is None else [None] * request.prompt_len)
 
@@ -358,58 +338,11 @@ class Engine:
         rows = [r for r in prefills if r.prompt_done] + decodes  # the rows of ``logits``
         rows, logits = self._fork(rows, logits, errors)  # n > 1: forks after their sequence 0, its row repeated
         chunks = [(r, first, prompt_hidden[r.request_id]) for r, first in zip(asking, firsts)]
-        return self._sample(rows, logits, chunks, errors) if rows or chunks else {}
-
-    @torch.inference_mode()  # the runner's logits are inference tensors, processed in place
-    def _sample(self, rows: list[Request], logits: torch.Tensor, chunks: list[tuple[Request, int, torch.Tensor]],
-                errors: dict[str, str]) -> dict[str, int]:
-        """Draw a token for each of ``rows`` from its row of ``logits`` after its bias, penalties and
-        guide mask (``process_logits``; in place), with the raw logprobs of the rows that ask, and the
-        prompt logprobs of ``chunks`` (request, chunk's first position, hidden states of its positions
-        that predict a prompt token), reading the device once. Logprobs go to ``_tracked``; returns the
-        tokens of the rows that succeed and records why the others failed in ``errors``."""
-        tracked = [self._tracked[r.request_id] for r in rows]
-        params = [r.params for r in rows]
-        asking = [i for i, p in enumerate(params) if p.logprobs is not None]
-        raw = logits[asking].log_softmax(-1) if asking else None  # before any processing
-        failed = process_logits(logits, [RowInputs(i, r.params, r.prompt.token_ids, r.output_ids, t.matcher)
-                                         for i, (r, t) in enumerate(zip(rows, tracked)) if r.params.processes_logits])
-        drawn = draw_rows(logits, params, [t.generator for t in tracked])
-        width = max((params[i].logprobs or 0 for i in asking), default=0)
-        reads = [drawn.tokens, drawn.verdicts] + ([] if raw is None else gather_logprobs(raw, drawn.tokens[asking], width))
-        prompts: list[tuple[Request, int, list[int]]] = []
-        at = len(reads)  # where the prompts' tensors start, three each
-        for request, first, hidden in chunks:
-            targets = request.prompt.token_ids[first + 1:first + 1 + hidden.shape[0]]
-            try:
-                reads += prompt_logprobs(hidden, self.runner.lm_head_logits,
-                                         torch.tensor(targets, dtype=torch.long, device=self.device),
-                                         request.params.prompt_logprobs or 0)
-                prompts.append((request, first, targets))
-            except Exception as exc:  # noqa: BLE001 - this request's failure only
-                errors[request.request_id] = f"prompt logprobs failed: {type(exc).__name__}: {exc}"
-        values = read_together(reads)  # the step's one read of the device
-        ids, verdicts = [int(v) for v in values[0]], [int(v) for v in values[1]]
-        if raw is not None:
-            for i, logprob in zip(asking, token_logprobs([ids[i] for i in asking], values[2:5], width,
-                                                           [params[i].logprobs or 0 for i in asking])):
-                tracked[i].logprob = logprob
-        for request, first, targets in prompts:
-            k = request.params.prompt_logprobs or 0
-            entries = self._tracked[request.request_id].prompt_logprobs
-            if entries is not None:
-                entries[first + 1:first + 1 + len(targets)] = token_logprobs(targets, values[at:at + 3], k,
-                                                                             [k] * len(targets))
-            at += 3
-        tokens: dict[str, int] = {}
-        for row, (request, token) in enumerate(zip(rows, results(drawn, ids, verdicts, params, logits.dtype))):
-            if row in failed:
-                errors[request.request_id] = failed[row]
-            elif isinstance(token, SamplingError):
-                errors[request.request_id] = f"SamplingError: {token}"
-            elif request.request_id not in errors:
-                tokens[request.request_id] = token
-        return tokens
+        if not rows and not chunks:
+            return {}
+        return sample_step([(r, self._tracked[r.request_id]) for r in rows], logits,
+                           [(r, self._tracked[r.request_id], first, hidden) for r, first, hidden in chunks],
+                           self.runner.lm_head_logits, errors)
 
     def _fork(self, rows: list[Request], logits: torch.Tensor, errors: dict[str, str]) -> tuple[list[Request], torch.Tensor]:
         """The rows to sample after a pass: each of ``rows`` whose prompt the pass completed as the
@@ -489,7 +422,7 @@ class Engine:
         return self._output(request, text, tokens or [], error, tracked)
 
     def _output(self, request: Request, text: str, tokens: list[int], error: str | None = None,
-                tracked: _Tracked | None = None) -> RequestOutput:
+                tracked: Tracked | None = None) -> RequestOutput:
         """The output of ``tokens`` (at most one), with the logprobs ``tracked`` holds for them: the token's
         when the request asks (None if they are not known: a decode whose prefill sent none), and the
         prompt's on the first output with a token."""

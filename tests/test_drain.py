@@ -191,6 +191,10 @@ def drain_under_load(router, watcher, leaving, placed: Callable[[], bool], expec
 # the router under load learns of the drain only from the draining answers (its health loop sleeps), which it
 # must retry elsewhere without a breaker charge (one charge would open the circuit); a second router watches
 # /health only
+# each step of the leaving worker: its requests (16 tokens) drain for ~5 s after the SIGTERM, time for the
+# checks before the second wave on a loaded machine (at 0.1 s, ~1.6 s: the worker had exited before a
+# second-wave request reached it, a refused connection that opened the breaker, twice in one full run)
+STALL_S = 0.3
 UNDER_LOAD = ("--admin-token", TOKEN, "--health-interval-s", "60", "--breaker-failures", "1")
 WATCHING = ("--admin-token", TOKEN, "--health-interval-s", "0.2")
 
@@ -201,7 +205,7 @@ def test_sigterm_under_load_loses_no_request(start_server, model_path):
     pair = ("--colocated", leaving.url, "--colocated", staying.url)
     router = start_server("router", *pair, *UNDER_LOAD, "--policy-colocated", "round_robin")
     watcher = start_server("router", *pair, *WATCHING)
-    arm(leaving, "engine.stall", times=1000, delay_s=0.1)  # its requests stay in flight for seconds
+    arm(leaving, "engine.stall", times=1000, delay_s=STALL_S)  # its requests stay in flight for seconds
     drain_under_load(router, watcher, leaving, all_placed(router, leaving, staying, 12), staying.base_url)
 
 
@@ -213,7 +217,7 @@ def test_a_decode_drains_under_pd_load(start_server, model_path):
     workers = ("--prefill", prefill.url, "--decode", leaving.url, "--decode", staying.url)
     router = start_server("router", *workers, *UNDER_LOAD, "--policy-decode", "round_robin")
     watcher = start_server("router", *workers, *WATCHING)
-    arm(leaving, "engine.stall", times=1000, delay_s=0.1)
+    arm(leaving, "engine.stall", times=1000, delay_s=STALL_S)
     drain_under_load(router, watcher, leaving, all_placed(router, leaving, staying, 8), router.base_url,
                      count=8)  # then: P and the other D
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import aiohttp
-
 from router.modes import Target
 from router.sse import Kind, SSESplitter, classify
 from router.tally import Tally
-from router.upstream import StageError, Upstream
+from router.upstream import Response, StageError, Upstream
 from router.verdict import from_answer, from_event, unreachable
 
 
@@ -30,7 +28,7 @@ class Head:
     target: Target
     sent_at: float
     held: bytes  # non-stream: the whole body; stream: the complete events read so far
-    response: aiohttp.ClientResponse | None = None  # stream: still open, the caller relays and closes it
+    response: Response | None = None  # stream: still open, the caller relays and closes it
     splitter: SSESplitter | None = None
     tally: Tally | None = None
 
@@ -51,7 +49,7 @@ async def open_answer(upstream: Upstream, target: Target, stream: bool, tally: T
         raise
 
 
-async def _open_stream(upstream: Upstream, target: Target, response: aiohttp.ClientResponse, sent_at: float,
+async def _open_stream(upstream: Upstream, target: Target, response: Response, sent_at: float,
                        tally: Tally) -> Head:
     splitter = SSESplitter()
     held: list[bytes] = []

@@ -1,9 +1,14 @@
-"""The router's HTTP client to its stages: one aiohttp session, a keep-alive pool without a
-connection cap (the router's admission gate bounds the requests), and a deadline on every call.
+"""The router's HTTP client to its stages.
 
-TCP_NODELAY: aiohttp sets it on every connection it opens (``BaseProtocol.connection_made``), so a
-small request body or chunk is never held back by Nagle's algorithm; ``tests/test_router_http.py``
-checks it on a live connection.
+The hot path (``post``, ``read``, ``chunks``: every request's calls to its stages) is an asyncio
+``Protocol`` over plain sockets with httptools' C parser (llhttp) reading the answers, and a keep-alive
+pool per worker without a cap (the router's admission gate bounds the requests). The router frames its
+own requests (one ``POST`` with ``Content-Length``: writing bytes, no parsing); every byte it reads is
+parsed by httptools. docs/router.md "The upstream client" says why not aiohttp's client there. The
+cold paths (discovery, health checks, the admin API, room aborts) keep an aiohttp session (``session``).
+
+TCP_NODELAY is set on every connection (asyncio sets it too), so a small request body or chunk is
+never held back by Nagle's algorithm; ``tests/test_router_http.py`` checks it on a live connection.
 
 Every failure to reach a stage, or a connection lost or a deadline passed while reading its
 answer, becomes a ``StageError`` carrying a ``Failure`` that names the stage.
@@ -14,6 +19,10 @@ stream (the stages send ``: keep-alive`` comments while they have nothing to say
 or vanished stage trips it); ``--upstream-host-timeout-s``: TCP keepalive probes and
 ``TCP_USER_TIMEOUT`` on every connection, so a host that vanished (no RST: its link is down) fails
 any call on it, JSON or stream, after about that long.
+
+Reads are bounded: a connection stops reading its socket while more than ``READ_HIGH_BYTES`` of an
+answer wait unread, and a cancelled or abandoned call closes its connection (which aborts the request
+at the stage); only a connection whose answer was read whole goes back to the pool.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
-from yarl import URL
+import httptools  # hot path: llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
 
 from router.config import RouterConfig
 from router.verdict import Failure, idle, timed_out, unreachable
@@ -33,12 +45,15 @@ from router.workers import Worker
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"  # OpenAI's legacy completions: text prompts, routed as chat is
 JSON_HEADERS = {"Content-Type": "application/json"}
-# a body over this is written in slices of it: for one piece, aiohttp copies the headers and the whole
-# body into one bytes object (Python < 3.12.9 avoids writelines), a copy per stage of a 64 MiB body
+# a body over this is written in slices of it, each once the socket took the last (no copy of a 64 MiB body)
 SLICE_BYTES = 1 << 20
 # idle connections are dropped before the stages' own keep-alive ends (uvicorn: 5 s), so a request is
 # never sent on a connection the stage is closing at that moment
 KEEPALIVE_S = 4.0
+READ_HIGH_BYTES = 1 << 18  # unread answer bytes above which a connection pauses reading its socket
+_DISCONNECTED = "ServerDisconnectedError: Server disconnected"
+_CUT = "the connection closed before the answer was complete"
+_TIMER = object()  # a waiter's result when its deadline fired
 
 
 class StageError(Exception):
@@ -55,80 +70,388 @@ class Upstream:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
-        # (worker URL, path) -> its URL, parsed once (a worker's URL never changes; a removed one's entry is a few bytes)
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._sockets = probing_sockets(config.upstream_host_timeout_s)
+        # (worker URL, path) -> (host, port) and the request line with its fixed headers, made once (a
+        # worker's URL never changes; a removed one's entry is a few bytes)
+        self._targets: dict[tuple[str, str, bytes], tuple[tuple[str, int], bytes]] = {}
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}  # per worker: kept-alive connections, newest last
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S,
-                                         socket_factory=probing_sockets(self.config.upstream_host_timeout_s))
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, socket_factory=self._sockets)
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
 
     async def close(self) -> None:
+        for pool in self._idle.values():
+            for connection in pool:
+                connection.close()
+        self._idle.clear()
         if self._session is not None:
             await self._session.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session of the cold paths (discovery, health, admin, aborts)."""
         if self._session is None:
             raise RuntimeError("Upstream.start() was not called")
         return self._session
 
-    async def post(self, stage: str, worker: Worker, body: bytes, path: str = CHAT_PATH) -> aiohttp.ClientResponse:
+    async def post(self, stage: str, worker: Worker, body: bytes, path: str = CHAT_PATH) -> Response:
         """Send ``body``; the response with its status and headers read (the caller reads the body and
         closes or releases it). Raises StageError if the stage cannot be reached in time."""
-        url = self._urls.get((worker.url, path))
-        if url is None:
-            url = self._urls[(worker.url, path)] = URL(worker.url + path)
-        try:
-            if len(body) <= SLICE_BYTES:  # aiohttp sets Content-Length from the bytes
-                return await self.session.post(url, data=body, headers=JSON_HEADERS)
-            return await self.session.post(url, data=_sliced(body),
-                                           headers={**JSON_HEADERS, "Content-Length": str(len(body))})
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self.error(stage, worker, exc) from None
+        return await self.request(stage, worker, b"POST", path, body)
 
-    async def read(self, stage: str, worker: Worker, response: aiohttp.ClientResponse) -> bytes:
+    async def request(self, stage: str, worker: Worker, method: bytes, path: str, body: bytes = b"") -> Response:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.upstream_timeout_s
+        target = self._targets.get((worker.url, path, method))
+        if target is None:
+            target = self._targets[(worker.url, path, method)] = _target(worker.url, path, method)
+        key, head_bytes = target
+        connection = self._reused(key, loop.time())
+        if connection is None:
+            connection = await self._connect(stage, worker, key, deadline)
+        head = connection.send(head_bytes + b"%d\r\n\r\n" % len(body), body)
+        handle = loop.call_at(deadline, _fire, head)
+        try:
+            if len(body) > SLICE_BYTES:
+                await connection.write_sliced(body)
+            answer = await head
+        except BaseException:
+            connection.close()  # cancelled or failed: closing the connection aborts the request at the stage
+            raise
+        finally:
+            handle.cancel()
+        if answer is _TIMER:
+            connection.close()
+            raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
+        if isinstance(answer, str):
+            connection.close()
+            raise StageError(unreachable(stage, worker.url, answer))
+        answer.deadline = deadline
+        answer.pool = self._idle.setdefault(key, [])
+        return answer
+
+    def _reused(self, key: tuple[str, int], now: float) -> _Connection | None:
+        pool = self._idle.get(key)
+        while pool:
+            connection = pool.pop()
+            if not connection.lost and now - connection.idle_since < KEEPALIVE_S:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, stage: str, worker: Worker, key: tuple[str, int], deadline: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connect_s = self.config.connect_timeout_s
+        left = deadline - loop.time()
+        sock = None
+        try:
+            async with asyncio.timeout(min(connect_s, left)):
+                last: OSError | None = None
+                for info in await loop.getaddrinfo(key[0], key[1], type=socket.SOCK_STREAM):
+                    sock = self._sockets(info)
+                    sock.setblocking(False)
+                    try:
+                        await loop.sock_connect(sock, info[4])
+                        break
+                    except OSError as exc:
+                        sock.close()
+                        sock, last = None, exc
+                if sock is None:
+                    raise last or OSError(f"no address for {key[0]}")
+                _, connection = await loop.create_connection(_Connection, sock=sock)
+                return connection
+        except TimeoutError:
+            if sock is not None:
+                sock.close()
+            if connect_s <= left:
+                raise StageError(timed_out(stage, worker.url, connect_s, "--connect-timeout-s")) from None
+            raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s")) from None
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            raise StageError(unreachable(stage, worker.url, f"{type(exc).__name__}: {exc}")) from None
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+
+    async def read(self, stage: str, worker: Worker, response: Response) -> bytes:
         """The whole body of ``response``, then released to the pool. Raises StageError on a lost
         connection or deadline; on any error or cancellation the connection is closed (which aborts
         the request at the stage)."""
         try:
-            data = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            response.close()
-            raise self.error(stage, worker, exc) from None
+            response.whole()
+            while not response.done:
+                if response.cut is not None:
+                    raise StageError(unreachable(stage, worker.url, response.cut))
+                left = response.deadline - response.loop.time()
+                if left <= 0 or not await response.wait(left):
+                    raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
         except BaseException:
             response.close()
             raise
+        data = response.take()
         response.release()
         return data
 
-    async def chunks(self, stage: str, worker: Worker, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The body of ``response`` as it arrives, each piece as soon as the socket gives it. Raises
-        StageError on a lost connection or deadline, and ``upstream_idle_timeout`` when no byte came
-        for ``--stream-idle-timeout-s`` (the caller closes the response)."""
-        iterator = response.content.iter_any()
+    async def chunks(self, stage: str, worker: Worker, response: Response) -> AsyncIterator[bytes]:
+        """The body of ``response`` as it arrives, all the bytes the socket gave since the last piece.
+        Raises StageError on a lost connection or deadline, and ``upstream_idle_timeout`` when no byte
+        came for ``--stream-idle-timeout-s`` (the caller closes the response). At its end the connection
+        goes back to the pool."""
         idle_s = self.config.stream_idle_timeout_s
         while True:
-            try:
-                async with asyncio.timeout(idle_s) as deadline:
-                    data = await anext(iterator)
-            except StopAsyncIteration:
+            if response.pieces:
+                yield response.take()
+                continue
+            if response.done:
+                response.release()
                 return
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                if deadline.expired():
-                    raise StageError(idle(stage, worker.url, idle_s)) from None
-                raise self.error(stage, worker, exc) from None
-            yield data
+            if response.cut is not None:
+                raise StageError(unreachable(stage, worker.url, response.cut))
+            left = response.deadline - response.loop.time()
+            if left <= 0 or not await response.wait(min(idle_s, left)):
+                if idle_s < left:
+                    raise StageError(idle(stage, worker.url, idle_s))
+                raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
 
     def error(self, stage: str, worker: Worker, exc: BaseException) -> StageError:
+        """An aiohttp failure on a cold path as a StageError."""
         if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 return StageError(timed_out(stage, worker.url, self.config.connect_timeout_s, "--connect-timeout-s"))
             return StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
         if isinstance(exc, aiohttp.ClientPayloadError):
-            return StageError(unreachable(stage, worker.url, "the connection closed before the answer was complete"))
+            return StageError(unreachable(stage, worker.url, _CUT))
         return StageError(unreachable(stage, worker.url, f"{type(exc).__name__}: {exc}".rstrip(": ")))
+
+
+def _target(url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None:
+        raise ValueError(f"the stages are reached over plain http: {url}")
+    port = parts.port or 80
+    host = parts.netloc.rsplit("@", 1)[-1]
+    prefix = (parts.path.rstrip("/") + path) or "/"
+    head = (b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: "
+            % (method, prefix.encode("ascii"), host.encode("idna")))
+    return (parts.hostname, port), head
+
+
+def _fire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(_TIMER)
+
+
+class _Headers(dict):
+    """Response headers by lower-case name; ``get`` takes any case."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+
+class Response:
+    """One answer: its status and headers, and its body as the connection receives it."""
+
+    __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
+                 "deadline", "pool", "all", "finished")
+
+    def __init__(self, connection: _Connection, status: int, headers: _Headers) -> None:
+        self.connection = connection
+        self.loop = connection.loop
+        self.status = status
+        self.headers = headers
+        self.pieces: list[bytes] = []
+        self.buffered = 0
+        self.done = False  # the whole body is in
+        self.cut: str | None = None  # the connection went away before that: why
+        self.waiter: asyncio.Future | None = None
+        self.deadline = math.inf
+        self.pool: list[_Connection] | None = None
+        self.all = False  # read whole (never pause the socket)
+        self.finished = False  # released or closed
+
+    def feed(self, data: bytes) -> None:
+        self.pieces.append(data)
+        self.buffered += len(data)
+        if not self.all:
+            if self.buffered > READ_HIGH_BYTES:
+                self.connection.pause()
+            self.wake()
+
+    def end(self) -> None:
+        self.done = True
+        self.wake()
+
+    def lose(self, detail: str) -> None:
+        if not self.done:
+            self.cut = detail
+            self.wake()
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def whole(self) -> None:
+        self.all = True
+        self.connection.resume()
+
+    async def wait(self, delay: float) -> bool:
+        """Until more bytes, the end or a cut; False if ``delay`` passed first."""
+        waiter = self.waiter = self.loop.create_future()
+        handle = self.loop.call_later(delay, _fire, waiter)
+        try:
+            return await waiter is not _TIMER
+        finally:
+            handle.cancel()
+            self.waiter = None
+
+    def take(self) -> bytes:
+        pieces = self.pieces
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self.pieces = []
+        self.buffered = 0
+        self.connection.resume()
+        return data
+
+    def release(self) -> None:
+        """Back to the pool if the answer was read whole and the stage keeps the connection; else closed."""
+        if self.finished:
+            return
+        self.finished = True
+        connection = self.connection
+        if self.done and not self.pieces and connection.keep and not connection.lost and self.pool is not None:
+            connection.idle_since = self.loop.time()
+            connection.response = None
+            self.pool.append(connection)
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        """Close the connection (the stage aborts the request); a no-op once released."""
+        if not self.finished:
+            self.finished = True
+            self.connection.close()
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection to a stage, one request at a time; httptools parses what it reads."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.head: asyncio.Future | None = None  # the sent request's: its Response, a detail (str) or _TIMER
+        self.response: Response | None = None
+        self.names: list[tuple[bytes, bytes]] = []
+        self.lost = False
+        self.keep = False
+        self.paused = False
+        self.idle_since = 0.0
+        self.drained: asyncio.Future | None = None
+        self.write_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, head: bytes, body: bytes) -> asyncio.Future:
+        self.head = self.loop.create_future()
+        self.response = None
+        self.keep = False
+        assert self.transport is not None
+        if len(body) <= SLICE_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+        return self.head
+
+    async def write_sliced(self, body: bytes) -> None:
+        view = memoryview(body)
+        for start in range(0, len(view), SLICE_BYTES):
+            if self.lost:
+                return
+            if self.write_paused:
+                self.drained = self.loop.create_future()
+                await self.drained
+            assert self.transport is not None
+            self.transport.write(view[start:start + SLICE_BYTES])
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def pause(self) -> None:
+        if not self.paused and not self.lost and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and not self.lost and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.gone(f"{type(exc).__name__}: {exc}")
+            self.close()
+
+    def eof_received(self) -> bool:
+        self.gone(_DISCONNECTED)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone(_DISCONNECTED if exc is None else f"{type(exc).__name__}: {exc}")
+
+    def gone(self, detail: str) -> None:
+        self.lost = True
+        if self.head is not None and not self.head.done():
+            self.head.set_result(detail)
+        if self.response is not None:
+            self.response.lose(_CUT)
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # httptools' callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.names.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        headers = _Headers()
+        for name, value in self.names:
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self.names = []
+        response = self.response = Response(self, self.parser.get_status_code(), headers)
+        if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
+            self.close()
+            return
+        self.head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.feed(body)
+
+    def on_message_complete(self) -> None:
+        self.keep = self.parser.should_keep_alive()
+        self.head = None
+        if self.response is not None:
+            self.response.end()
 
 
 def probing_sockets(host_timeout_s: float) -> Callable[[tuple], socket.socket]:
@@ -152,10 +475,3 @@ def probing_sockets(host_timeout_s: float) -> Callable[[tuple], socket.socket]:
         return sock
 
     return make
-
-
-async def _sliced(body: bytes) -> AsyncIterator[memoryview]:
-    """``body`` in ``SLICE_BYTES`` views, none of them a copy."""
-    view = memoryview(body)
-    for start in range(0, len(view), SLICE_BYTES):
-        yield view[start:start + SLICE_BYTES]

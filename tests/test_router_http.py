@@ -6,6 +6,7 @@ client that leaves, and startup refusals."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import statistics
 import subprocess
@@ -19,7 +20,9 @@ import pytest
 
 from router.config import RouterConfig
 from router.runtime import Router
+from router.breaker import CircuitBreaker
 from router.upstream import Upstream
+from router.workers import Worker
 from stages.launch.ports import free_port
 from tests.conftest import REPO
 from tests.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
@@ -298,10 +301,11 @@ async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
         # long enough that the stream is still open when the headers arrive: aiohttp releases the
         # connection (response.connection None) once the whole body is in, which 8 tokens could be
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256, "ignore_eos": True, "stream": True}
-        async with upstream.session.post(f"{colocated.url}/v1/chat/completions", json=body) as response:
-            sock = response.connection.transport.get_extra_info("socket")  # held while the stream is open
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
-            await response.read()
+        worker = Worker(colocated.url, "colocated", CircuitBreaker(3, 10.0))
+        response = await upstream.post("colocated", worker, json.dumps(body).encode())
+        sock = response.connection.transport.get_extra_info("socket")  # the hot path's own connection
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        await upstream.read("colocated", worker, response)
     finally:
         await upstream.close()
         await runner.cleanup()

@@ -275,7 +275,7 @@ async def test_a_stream_silent_past_the_idle_deadline_is_a_stage_error_naming_it
     await upstream.start()
     worker = Worker(url, "colocated", CircuitBreaker(3, 10.0))
     try:
-        response = await upstream.session.get(f"{url}/held")
+        response = await upstream.request("colocated", worker, b"GET", "/held")
         got = b""
         with pytest.raises(StageError) as caught:
             async for data in upstream.chunks("colocated", worker, response):
@@ -303,15 +303,25 @@ async def test_upstream_connections_probe_the_peer_host():
     upstream = Upstream(RouterConfig(colocated=(url,)))
     await upstream.start()
     try:
-        async with upstream.session.get(f"{url}/held") as response:
-            sock = response.connection.transport.get_extra_info("socket")
+        for client in ("hot path", "aiohttp session"):  # a stage's calls, and discovery's and health's
+            if client == "hot path":
+                worker = Worker(url, "colocated", CircuitBreaker(3, 10.0))
+                response = await upstream.request("colocated", worker, b"GET", "/held")
+                transport = response.connection.transport
+            else:
+                response = await upstream.session.get(f"{url}/held")
+                transport = response.connection.transport
+            sock = transport.get_extra_info("socket")
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 1
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 4
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 5000
             release.set()
-            assert await response.read() == b"first"
+            if client == "hot path":
+                assert await upstream.read("colocated", worker, response) == b"first"
+            else:
+                assert await response.read() == b"first"
     finally:
         await upstream.close()
         await runner.cleanup()

@@ -326,7 +326,10 @@ class Response:
         if self.done and not self.pieces and connection.keep and not connection.lost and self.pool is not None:
             connection.idle_since = self.loop.time()
             connection.response = None
-            self.pool.append(connection)
+            pool = self.pool
+            if pool and pool[0].lost:  # the oldest were closed by their stage while idle: drop them
+                pool[:] = [kept for kept in pool if not kept.lost]
+            pool.append(connection)
         else:
             connection.close()
 

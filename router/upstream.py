@@ -256,7 +256,7 @@ class Response:
     """One answer: its status and headers, and its body as the connection receives it."""
 
     __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
-                 "deadline", "pool", "all", "finished")
+                 "deadline", "pool", "all", "finished", "to_eof")
 
     def __init__(self, connection: _Connection, status: int, headers: _Headers) -> None:
         self.connection = connection
@@ -272,6 +272,7 @@ class Response:
         self.pool: list[_Connection] | None = None
         self.all = False  # read whole (never pause the socket)
         self.finished = False  # released or closed
+        self.to_eof = False  # the body runs to the connection's end
 
     def feed(self, data: bytes) -> None:
         self.pieces.append(data)
@@ -411,6 +412,10 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
+        response = self.response
+        if response is not None and response.to_eof and not response.done:  # framed by the close itself
+            self.keep = False
+            response.end()
         self.gone(_DISCONNECTED)
         return False
 
@@ -441,6 +446,9 @@ class _Connection(asyncio.Protocol):
             headers[name.decode("latin-1").lower()] = value.decode("latin-1")
         self.names = []
         response = self.response = Response(self, self.parser.get_status_code(), headers)
+        # neither Content-Length nor chunked: the body ends when the stage closes (llhttp sees no end)
+        response.to_eof = ("content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
+                           and response.status not in (204, 304) and response.status >= 200)
         if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
             self.close()
             return

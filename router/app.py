@@ -26,7 +26,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.admin_app import add_admin_routes
-from router.errors import (RouterError, bad_request, body_too_large, error_body, model_not_found, overloaded,
+from router.errors import (RouterError, bad_request, error_body, model_not_found, overloaded,
                            stage_failed)
 from router.limits import prompt_too_long
 from router.memory import collect_after_large_bodies

@@ -30,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 

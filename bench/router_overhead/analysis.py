@@ -104,7 +104,6 @@ def compare(results: dict[str, dict]) -> dict:
     peers = [p for p in PEERS if p in results]
     ratios: dict = {}
     if "ours" in results and peers:
-        ours = results["ours"]
         measures = {  # name: (value of a result, lower is better)
             "added_c1_p50": (lambda n: added[n]["c1_p50_ms"], True),
             "added_c1_p99": (lambda n: added[n]["c1_p99_ms"], True),

@@ -445,7 +445,7 @@ class _Connection(asyncio.Protocol):
         self.names = []
         response = self.response = Response(self, self.parser.get_status_code(), headers)
         # neither Content-Length nor chunked: the body ends when the stage closes (llhttp sees no end)
-        response.to_eof = ("content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
+        response.to_eof = ("content-length" not in headers and "chunked" not in (headers.get("transfer-encoding") or "")
                            and response.status not in (204, 304) and response.status >= 200)
         if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
             self.close()

@@ -22,7 +22,7 @@ from stages.api.chat_response import (ChatCompletion, ChatCompletionChunk, chunk
                                       logprobs_body, message, usage)
 from stages.api.errors import APIError
 from stages.api.routes import create_app
-from stages.api.schemas import ErrorBody, ModelList, model_card
+from stages.api.common_schemas import ErrorBody, ModelList, model_card
 from stages.api.token_text import TokenText, token_id_text
 from stages.engine.engine import RequestOutput
 from stages.engine.logprobs import TokenLogprob

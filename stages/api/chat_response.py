@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from stages.api.schemas import StrictModel
+from stages.api.common_schemas import StrictModel
 from stages.engine.logprobs import TokenLogprob
 
 Finish = Literal["stop", "length", "tool_calls"]

@@ -15,7 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from stages.api.chat_response import ChatCompletion, ChatCompletionChunk
-from stages.api.schemas import ChatCompletionRequest, ErrorBody, Health, ModelList
+from stages.api.common_schemas import ErrorBody, Health, ModelList
+from stages.api.schemas import ChatCompletionRequest
 
 REF = "#/components/schemas/{model}"
 PD = "Prefill and decode servers only: "

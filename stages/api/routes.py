@@ -34,7 +34,8 @@ from stages.api.faults import add_fault_routes
 from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, sse_event, ticking,
                                  unless_disconnected)
 from stages.api.parse import parse_request
-from stages.api.schemas import ChatCompletionRequest, model_card
+from stages.api.common_schemas import model_card
+from stages.api.schemas import ChatCompletionRequest
 from stages.api.token_text import token_id_text
 from stages.api.tool_output import ToolOutput
 from stages.api.tools import tool_output

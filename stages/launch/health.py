@@ -6,6 +6,7 @@ Standard library only (urllib): the tests, the benchmarks and ``stage up`` all u
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import time
@@ -17,16 +18,21 @@ REQUEST_TIMEOUT_S = 2.0
 
 
 class ForeignServer(RuntimeError):
-    """Another process answers on a child's port: its ``/server_info`` shows another instance id (or none)."""
+    """Another process answers on a child's port: its ``/server_info`` shows another instance id (or
+    none), or it does not speak HTTP."""
 
 
 def get(url: str) -> bytes | None:
-    """The body of ``url``'s answer when it is a 200, else None (no answer yet, or another status)."""
+    """The body of ``url``'s answer when it is a 200, else None (no answer yet, or another status).
+    ``ForeignServer`` when what answers does not speak HTTP (e.g. a ZeroMQ socket of another process
+    that took the port before the child bound it)."""
     try:
         with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
             return response.read() if response.status == 200 else None
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
+    except http.client.HTTPException as exc:
+        raise ForeignServer(f"it answers with something other than HTTP ({type(exc).__name__})") from None
 
 
 def healthy(url: str, instance_id: str | None = None) -> bool:

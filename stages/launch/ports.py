@@ -10,9 +10,17 @@ anything.
 from __future__ import annotations
 
 import errno
+import random
 import socket
+from pathlib import Path
 
 from transfer.addresses import host_port
+
+
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_FREE_PORT_LOW = 10000  # above the ports services are usually configured on
+_FREE_PORT_TRIES = 64
+_RANDOM = random.SystemRandom()  # not the shared generator, which a test or a benchmark may have seeded
 
 
 class PortError(ValueError):
@@ -51,7 +59,31 @@ def refusal(host: str, port: int, flag: str, exc: OSError) -> str:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port of ``host`` that was free a moment ago, for a child to bind (it may be taken in between:
-    callers that start a child on it retry or report the child's bind error)."""
-    with socket.socket() as sock:
+    callers that start a child on it retry or report the child's bind error).
+
+    Drawn at random below the kernel's ephemeral range (``ephemeral_ports``), not by binding port 0:
+    a port 0 bind returns an ephemeral port, and every other process's outgoing connection or port 0
+    listener (a ZeroMQ bind, a transfer engine, a Redis client) draws from that same range, so it
+    could take the port in the moment before the child binds it."""
+    low, _ = ephemeral_ports()
+    for _ in range(_FREE_PORT_TRIES if low - _FREE_PORT_LOW >= 1000 else 0):
+        port = _RANDOM.randrange(_FREE_PORT_LOW, low)
+        with socket.socket() as sock:  # no SO_REUSEADDR: a port bound and not yet listening is not free
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the ephemeral range, or it is crowded: any free port
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for port 0 binds and outgoing connections, ``(low, high)`` inclusive: Linux's
+    ``ip_local_port_range``, else IANA's 49152-65535."""
+    try:
+        low, high = Path(_EPHEMERAL_RANGE).read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535

@@ -1,12 +1,13 @@
 """One attempt at a request, up to the point where the answer can be committed to the client.
 
 ``open_answer`` sends the answering stage its body and returns a ``Head`` once the answer is under
-way: the whole body (non-stream), or the events up to the first one carrying output (text, tool calls
-or logprobs, in any choice: ``router.sse``), a finish reason, usage or ``[DONE]`` (stream; ``[DONE]``
-itself is never held: the dispatcher sends it once the request is settled, ``router.relay``). Until then nothing has reached the client, so any failure, including
-an in-band error event that a stream opens with, is a ``StageError`` the dispatcher may retry.
-The opening role chunk is held back, not sent early, for exactly that reason; it leaves with the
-first output, so the client's time to first token is unchanged.
+way: the whole body (non-stream), or the stream's first event that is not an error or a comment
+(``router.sse.Event.commits``; ``[DONE]`` itself is never held: the dispatcher sends it once the
+request is settled, ``router.relay``). A stage sends its opening role chunk with its first token,
+never before (``stages.api.routes``): in PD the decode's first event means the KV has arrived. Until
+then nothing has reached the client, so any failure, including an in-band error event that a stream
+opens with (``peer_failed`` when the prefill died), is a ``StageError`` the dispatcher may retry;
+and the first byte leaves the moment the stage's does.
 
 ``side_call`` sends a side stage (the prefill, an encoder) its body and reads its whole answer.
 """

@@ -48,8 +48,10 @@ class Event:
 
     @property
     def commits(self) -> bool:
-        """Past this event the answer is under way: it reaches the client and cannot be retried."""
-        return self.kind in (Kind.TEXT, Kind.FINISH, Kind.USAGE, Kind.DONE)
+        """Past this event the answer is under way: it reaches the client and cannot be retried. The
+        role chunk commits too: a stage sends it with its first token, never before
+        (``stages.api.routes``), so it opens the answer and waits for nothing."""
+        return self.kind in (Kind.OPEN, Kind.TEXT, Kind.FINISH, Kind.USAGE, Kind.DONE)
 
 
 class SSESplitter:

@@ -89,7 +89,7 @@ def test_splitter_takes_crlf_boundaries():
 
 
 @pytest.mark.parametrize("raw, kind, commits", [
-    (ROLE, Kind.OPEN, False), (TEXT, Kind.TEXT, True), (FINISH, Kind.FINISH, True), (USAGE, Kind.USAGE, True),
+    (ROLE, Kind.OPEN, True), (TEXT, Kind.TEXT, True), (FINISH, Kind.FINISH, True), (USAGE, Kind.USAGE, True),
     (ERROR, Kind.ERROR, False), (DONE, Kind.DONE, True), (b": keep-alive\n\n", Kind.COMMENT, False),
     (b"data: not json\n\n", Kind.OTHER, False),
 ])

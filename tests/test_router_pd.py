@@ -145,14 +145,17 @@ def test_metrics_of_one_request(router, stream):
 
 
 # --- failures --------------------------------------------------------------------------------
-def test_a_prefill_failure_is_retried_on_a_fresh_pair(router, colocated, prefills):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prefill_failure_is_retried_on_a_fresh_pair(router, colocated, prefills, stream):
     """One prefill fails its next room (500 after the forward pass): the request that drew it is retried
-    on the other prefill with a new room, and the client sees only the right answer."""
+    on the other prefill with a new room, and the client sees only the right answer. Streamed too: the
+    decode sends nothing but its in-band error before the KV would have come (its role chunk leaves
+    with the first token), so the router has committed nothing when the prefill fails."""
     retries = metric(router.url, 'epd_router_retries_total{stage="prefill"}')
     arm(prefills[0], "prefill.crash", times=1)
     msgs = messages("retry me", [data_url(png(48, 48, 7))])
     expected = ask(colocated.base_url, msgs, stream=False)
-    assert [ask(router.base_url, msgs, stream=False) for _ in range(2)] == [expected, expected]
+    assert [ask(router.base_url, msgs, stream=stream) for _ in range(2)] == [expected, expected]
     wait_metric(router.url, 'epd_router_retries_total{stage="prefill"}', retries + 1)
     assert "prefill stage http://127.0.0.1:" in router.log() and "failed before the answer started" in router.log()
 

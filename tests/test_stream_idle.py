@@ -218,7 +218,8 @@ def colocated(start_server, model):
 
 def test_a_colocated_stream_says_keep_alive_while_it_has_nothing_to_say(colocated):
     """Straight from the stage (--stream-keepalive-s 1): the first token held 2.5 s gives two
-    ``: keep-alive`` comments after the role chunk, the tokens that follow at once none; the text is the
+    ``: keep-alive`` comments, then the role chunk with the first token (a stage's first event is its
+    first output), the tokens that follow at once none; the text is the
     JSON answer's, and the official client reads the stream as if they were not there."""
     request = {"messages": [{"role": "user", "content": "colocated"}], "max_tokens": 4, "temperature": 0,
                "ignore_eos": True}
@@ -228,7 +229,8 @@ def test_a_colocated_stream_says_keep_alive_while_it_has_nothing_to_say(colocate
         with client.stream("POST", f"{colocated.url}/v1/chat/completions", json={**request, "stream": True}) as response:
             events = [line for line in response.iter_lines() if line]
     text = reference["choices"][0]["message"]["content"]
-    assert events[1:3] == [": keep-alive"] * 2 and events.count(": keep-alive") == 2, events
+    assert events[:2] == [": keep-alive"] * 2 and events.count(": keep-alive") == 2, events
+    assert json.loads(events[2][6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert stream_text(events) == text
     arm(colocated, "stream.slow_token", 1, 2.5)
     client = openai.OpenAI(base_url=colocated.base_url, api_key="x", max_retries=0, timeout=60)

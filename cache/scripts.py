@@ -152,6 +152,27 @@ end
 return out
 """
 
+# CONTAINS and CLAIM_MANY in one call, for callers that know each key's owner before the lookup.
+# KEYS: LRU, SIZES, BYTES, then each key's claim key in turn. ARGV: ENTRY_PREFIX, ttl_ms, lease_ms, then
+# each key's member and owner in turn. Per key: 2 = cached (touched, as CONTAINS does), 1 = claimed for
+# its owner (as CLAIM), 0 = another owner is encoding it. A half entry or a dangling LRU member is dropped.
+LOOKUP_CLAIM = _PRELUDE + """
+local ttl, lease, out = tonumber(ARGV[2]), ARGV[3], {}
+for i = 1, #KEYS - 3 do
+  local member, owner = ARGV[2 * i + 2], ARGV[2 * i + 3]
+  local fields = redis.call('HLEN', ENTRY_PREFIX .. member)
+  if fields == 2 then
+    redis.call('PEXPIRE', ENTRY_PREFIX .. member, ttl)
+    redis.call('ZADD', LRU, now_us(), member)
+    out[i] = 2
+  else
+    if fields > 0 or redis.call('ZSCORE', LRU, member) then forget(member) end
+    if redis.call('SET', KEYS[i + 3], owner, 'NX', 'PX', lease) then out[i] = 1 else out[i] = 0 end
+  end
+end
+return out
+"""
+
 # KEYS: claim. ARGV: owner. 1 if the owner held the claim and it is now released.
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

@@ -1,5 +1,5 @@
 """``EmbeddingCache``: the embedding cache over one Redis, for encoders (put, claims) and prefills
-(get, wait_ready) and the router (contains_many).
+(get, wait_ready) and the router (contains_many and claim_many, or both at once: lookup_claim).
 
 Contract for every async method: it returns or raises within its deadline (``op_timeout_s`` per
 Redis call; ``deadline_s`` for ``wait_ready``). Redis being down, slow or refusing raises
@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
@@ -42,6 +43,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _BOOKKEEPING = [scripts.LRU, scripts.SIZES, scripts.BYTES]
+
+
+class Lookup(IntEnum):
+    """What ``EmbeddingCache.lookup_claim`` found of one key (the values its Lua script answers)."""
+
+    PENDING = 0  # another owner holds the claim: it is being encoded there
+    CLAIMED = 1  # claimed now for the owner given: it must encode it
+    CACHED = 2  # the entry is there (touched)
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class EmbeddingCache:
         self._delete = self._redis.register_script(scripts.DELETE)
         self._claim = self._redis.register_script(scripts.CLAIM)
         self._claim_many = self._redis.register_script(scripts.CLAIM_MANY)
+        self._lookup_claim = self._redis.register_script(scripts.LOOKUP_CLAIM)
         self._release = self._redis.register_script(scripts.RELEASE)
         self._renew = self._redis.register_script(scripts.RENEW)
         self._stats = CacheStats()
@@ -183,6 +193,26 @@ class EmbeddingCache:
             keys=keys, args=[_ms(lease_s), *(owner for _, owner in claims)]))]
         self._stats.claims += sum(won)
         return won
+
+    async def lookup_claim(self, claims: Sequence[tuple[str, str]], lease_s: float) -> list[Lookup]:
+        """``contains_many`` and ``claim_many`` of each (key, owner) in ``claims`` (distinct keys) in one
+        Redis call, for a caller that knows each key's owner before it knows what is cached (the
+        router with a key-hashing encoder policy): ``CACHED`` (touched, as ``contains_many`` does),
+        ``CLAIMED`` for its owner, or ``PENDING`` (another owner is encoding it); in order."""
+        if not claims:
+            return []
+        members = [check_key(key) for key, _ in claims]
+        if len(set(members)) != len(members):
+            raise ValueError("lookup_claim takes distinct keys")
+        found = [Lookup(int(x)) for x in await self._call("look up and claim", lambda: self._lookup_claim(
+            keys=[*_BOOKKEEPING, *(scripts.claim_key(m) for m in members)],
+            args=[scripts.ENTRY_PREFIX, self.config.ttl_ms, _ms(lease_s), *(v for m, (_, owner) in zip(members, claims)
+                                                                             for v in (m, owner))]))]
+        hits = found.count(Lookup.CACHED)
+        self._stats.hits += hits
+        self._stats.misses += len(found) - hits
+        self._stats.claims += found.count(Lookup.CLAIMED)
+        return found
 
     async def renew(self, key: str, owner: str, lease_s: float) -> bool:
         """Restart ``owner``'s lease on ``key``; False if it no longer holds the claim."""

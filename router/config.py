@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from cache.config import DEFAULT_TTL_S
@@ -159,15 +160,16 @@ class RouterConfig:
         if self.redis_url is not None and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("--redis-url must start with redis://, rediss:// or unix://")
 
-    @property
+    @cached_property
     def mode(self) -> str:
+        """colocated, pd or epd (read on every request: computed once, the config being frozen)."""
         if self.given("colocated"):
             return "colocated"
         return "epd" if self.given("encoder") else "pd"
 
-    @property
+    @cached_property
     def dns_sources(self) -> tuple[DnsSource, ...]:
-        """The ``--discover`` sources, parsed."""
+        """The ``--discover`` sources, parsed (once)."""
         return tuple(parse_discover(text, ROLES) for text in self.discover)
 
     def given(self, role: str) -> bool:

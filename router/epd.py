@@ -3,14 +3,15 @@
 ``EPDPlanner.plan`` (awaited by the dispatcher once per attempt):
 1. P and D as in pd mode (``PDPlanner``: one fresh room), their body with every image part replaced
    by its reference (``router.image_refs``). No eligible pair: 503 before any Redis call.
-2. The cache index (``contains_many``) says which of the request's keys are cached.
-3. Each missing key gets an encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same
-   encoder) among the eligible encoders with the router's vision fingerprint, and is claimed on that
-   encoder's behalf (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once
-   the image is queued there); the request's claims go in one Redis call (``claim_many``), so a
-   request makes two Redis round trips however many images it has. A key whose claim is held
-   already is being encoded elsewhere: it is not sent, the prefill waits for it. A missing key with
-   no eligible encoder: 503.
+2. The cache index says which of the request's keys are cached, and each missing key gets an
+   encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same encoder) among the
+   eligible encoders with the router's vision fingerprint, and is claimed on that encoder's behalf
+   (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once the image is queued
+   there). A key whose claim is held already is being encoded elsewhere: it is not sent, the prefill
+   waits for it. A missing key with no eligible encoder: 503.
+3. Redis round trips, however many images: one with ``cache_aware`` (an encoder per key is known
+   before the lookup: ``lookup_claim`` looks up and claims in one call), two with ``round_robin`` and
+   ``least_load``, which pick for the missing keys only (``contains_many``, then ``claim_many``).
 4. One encoder side call per encoder with keys: ``POST /v1/encode {"room", "images"}``, sent at the
    same moment as the prefill's and the decode's calls.
 
@@ -35,7 +36,7 @@ import aiohttp
 import msgspec
 
 from cache.errors import CacheUnavailable
-from cache.store import EmbeddingCache
+from cache.store import EmbeddingCache, Lookup
 from router.config import RouterConfig
 from router.errors import no_worker
 from router.image_refs import encode_body, with_refs
@@ -69,8 +70,11 @@ class EPDPlanner:
             return pd
         room = pd.room
         assert room is not None
-        cached, claims = await self._cached(keys)
-        sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, claims)
+        if self.config.policy_encoder == "cache_aware" and (candidates := self._candidates(call.model, exclude)):
+            cached, sent = await self._look_up_and_claim(keys, candidates)
+        else:
+            cached, claims = await self._cached(keys)
+            sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, claims)
         by_key = {image.key: image for image in call.images}
         targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
                         for worker, mine in sent)
@@ -86,22 +90,40 @@ class EPDPlanner:
             log.warning("epd: sending every image to an encoder unclaimed: %s", exc)
             return set(), False
 
+    def _candidates(self, model: str | None, exclude: Collection[str]) -> list[Worker]:
+        """The eligible encoders with the router's vision fingerprint."""
+        return [w for w in self.encoders.candidates(model, exclude) if w.vision_fingerprint == self.fingerprint]
+
+    async def _look_up_and_claim(self, keys: Sequence[str],
+                                 candidates: Sequence[Worker]) -> tuple[set[str], list[tuple[Worker, list[str]]]]:
+        """cache_aware: each key's encoder is a function of the key, known before the lookup, so the
+        lookup and the claims are one Redis call (``EmbeddingCache.lookup_claim``). The cached keys
+        and the encoders that get images (``_assign``'s answer). Redis down: nothing cached, every
+        image sent unclaimed."""
+        chosen = [(key, self.encoders.pick(candidates, key)) for key in keys]
+        assert all(worker.encoder_id is not None for _, worker in chosen)
+        try:
+            found = await self.cache.lookup_claim([(key, worker.encoder_id or "") for key, worker in chosen],
+                                                  self.config.claim_lease_s)
+        except CacheUnavailable as exc:
+            log.warning("epd: sending every image to an encoder unclaimed: %s", exc)
+            found = [Lookup.CLAIMED] * len(chosen)
+        cached = {key for (key, _), got in zip(chosen, found) if got is Lookup.CACHED}
+        return cached, _by_encoder([pair for pair, got in zip(chosen, found) if got is Lookup.CLAIMED])
+
     async def _assign(self, missing: list[str], model: str | None, exclude: Collection[str],
                       claims: bool) -> list[tuple[Worker, list[str]]]:
-        """The encoders that get images, each with its keys; keys claimed elsewhere are dropped
-        (they are pending there)."""
+        """round_robin, least_load: the encoders that get images, each with its keys, picked for the
+        missing keys only (a cached key takes no turn); keys claimed elsewhere are dropped (they are
+        pending there)."""
         if not missing:
             return []
-        candidates = [w for w in self.encoders.candidates(model, exclude) if w.vision_fingerprint == self.fingerprint]
+        candidates = self._candidates(model, exclude)
         if not candidates:
             raise no_worker("encoder", model)
         chosen = [(key, self.encoders.pick(candidates, key)) for key in missing]
         won = await self._claim(chosen) if claims else [True] * len(chosen)
-        sent: dict[str, tuple[Worker, list[str]]] = {}
-        for (key, worker), mine in zip(chosen, won):
-            if mine:
-                sent.setdefault(worker.url, (worker, []))[1].append(key)
-        return list(sent.values())
+        return _by_encoder([pair for pair, mine in zip(chosen, won) if mine])
 
     async def _claim(self, chosen: Sequence[tuple[str, Worker]]) -> list[bool]:
         """Each key claimed for its encoder, all in one Redis call (``EmbeddingCache.claim_many``)."""
@@ -133,3 +155,11 @@ class EPDPlanner:
                 await self.cache.release(key, worker.encoder_id)
         except CacheUnavailable as exc:
             log.info("epd: could not release the claims of %s (they lapse by themselves): %s", worker.url, exc)
+
+
+def _by_encoder(chosen: Sequence[tuple[str, Worker]]) -> list[tuple[Worker, list[str]]]:
+    """(key, encoder) pairs grouped by encoder, in first-seen order."""
+    sent: dict[str, tuple[Worker, list[str]]] = {}
+    for key, worker in chosen:
+        sent.setdefault(worker.url, (worker, []))[1].append(key)
+    return list(sent.values())

@@ -15,7 +15,7 @@ from cache.entry import decode_entry, encode_entry
 from cache.errors import CacheUnavailable, EntryTooLarge
 from cache.keys import image_key
 from cache.metrics import register_cache_metrics
-from cache.store import CacheStats, EmbeddingCache
+from cache.store import CacheStats, EmbeddingCache, Lookup
 from stages.launch.ports import free_port
 from tests.redis_fixtures import cache, make_config, redis_server, redis_url  # noqa: F401
 
@@ -274,6 +274,16 @@ async def test_metrics_read_the_stats_at_scrape_time(redis_url: str) -> None:
             [True, False, False, True]
         assert not await cache.claim(key(9), "a", 5.0) and await cache.claim_many([], 5.0) == []
         assert value("epd_cache_claims_total") == 3.0
+        # the lookup and the claims in one call: cached -> CACHED (a hit), claimed by another -> PENDING,
+        # free -> CLAIMED for its owner (both misses)
+        assert await cache.lookup_claim([(key(3), "a"), (key(9), "a"), (key(6), "c")], 5.0) == \
+            [Lookup.CACHED, Lookup.PENDING, Lookup.CLAIMED]
+        assert not await cache.claim(key(6), "a", 5.0) and await cache.release(key(6), "c")
+        assert await cache.lookup_claim([], 5.0) == []
+        with pytest.raises(ValueError, match="distinct keys"):
+            await cache.lookup_claim([(key(5), "a"), (key(5), "b")], 5.0)
+        assert (value("epd_cache_hits_total"), value("epd_cache_misses_total")) == (3.0, 4.0)
+        assert value("epd_cache_claims_total") == 4.0
         assert value("epd_cache_unavailable_total") == 0.0
 
 

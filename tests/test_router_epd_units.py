@@ -185,12 +185,14 @@ def encoder(url: str, fingerprint: str = FP) -> Worker:
 
 
 class Planned:
-    """An EPDPlanner over two encoders (cache_aware), one P and one D, on ``redis_url``."""
+    """An EPDPlanner over two encoders (cache_aware, or ``policy``), one P and one D, on ``redis_url``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, policy: str = "cache_aware") -> None:
         self.config = RouterConfig(encoder=("http://e:1", "http://e:2"), prefill=("http://p:1",),
-                                   decode=("http://d:1",), redis_url=url, claim_lease_s=5.0, health_timeout_s=1.0)
-        self.encoders = Pool("encoder", [encoder("http://e:1"), encoder("http://e:2")], CacheAware())
+                                   decode=("http://d:1",), redis_url=url, claim_lease_s=5.0, health_timeout_s=1.0,
+                                   policy_encoder=policy)
+        self.encoders = Pool("encoder", [encoder("http://e:1"), encoder("http://e:2")],
+                             CacheAware() if policy == "cache_aware" else RoundRobin())
         pd = PDPlanner(Pool("prefill", [worker("http://p:1", "prefill")], RoundRobin()),
                        Pool("decode", [worker("http://d:1", "decode")], RoundRobin()))
         self.cache = EmbeddingCache(make_config(url))
@@ -252,6 +254,48 @@ async def test_cached_and_pending_images_are_not_sent(planned):
     assert sent(plan) == {} and [t.stage for t in plan.sides] == ["prefill"]
     assert plan.images == {ka: "", kb: ""}
     assert plan.cached == {ka}  # a hit; kb, pending elsewhere, is a miss
+
+
+def count_redis_calls(cache: EmbeddingCache) -> list[str]:
+    """The store's Redis calls from now on, by what they were for (each is one round trip)."""
+    calls: list[str] = []
+    real = cache._call
+
+    async def counted(what, call):
+        calls.append(what)
+        return await real(what, call)
+
+    cache._call = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_cache_aware_looks_up_and_claims_in_one_redis_round_trip(planned):
+    """A cached image, one being encoded elsewhere and a new one: one Redis call plans all three."""
+    a, b, c = png(48, 32, 1), png(20, 64, 2), png(30, 30, 3)
+    ka, kb, kc = (image_key(x, FP) for x in (a, b, c))
+    await planned.cache.put(ka, {"embeds": _tensor()}, num_tokens=2, image_grid=[1, 2, 4], encoder="enc-x")
+    assert await planned.cache.claim(kb, "enc-elsewhere", 5.0)
+    calls = count_redis_calls(planned.cache)
+    plan = await planned.plan(body_with(a, b, c))
+    assert calls == ["look up and claim"]
+    assert sent(plan) == {planned.owner(c).url: [kc]} and plan.cached == {ka}
+    assert not await planned.cache.claim(kc, "someone-else", 1.0)  # claimed for its encoder
+
+
+async def test_round_robin_takes_turns_over_the_missing_images_only(redis_url):  # noqa: F811
+    """Its pick is not a function of the key, so it looks up first (two round trips) and a cached
+    image takes no turn: requests of one cached and one new image alternate their new images."""
+    planned = Planned(redis_url, policy="round_robin")
+    try:
+        cached = png(48, 32, 1)
+        await planned.cache.put(image_key(cached, FP), {"embeds": _tensor()}, num_tokens=2, image_grid=[1, 2, 4],
+                                encoder="enc-x")
+        calls = count_redis_calls(planned.cache)
+        plans = [await planned.plan(body_with(cached, png(20, 64, 10 + n))) for n in range(4)]
+        assert calls == ["check keys", "claim"] * 4
+        assert [list(sent(plan)) for plan in plans] == [["http://e:1"], ["http://e:2"], ["http://e:1"], ["http://e:2"]]
+    finally:
+        await planned.close()
 
 
 async def test_an_encoder_excluded_or_of_another_fingerprint_gets_nothing(planned):

@@ -27,8 +27,8 @@ from stages.api.bounded_json import Scalar, check_map, decode_shape, more_items,
 from stages.api.parse import STOP_LIST_BOUND
 from stages.api.common_schemas import StrictModel
 from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P,
-                                ROOM_MAX, SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel, StopString,
-                                TokenCount)
+                                ROOM_MAX, SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel,
+                                StopAndStreamFields, StopString, StreamOptions, TokenCount)
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
 
@@ -79,11 +79,7 @@ class _Request(Struct, gc=False):
     bootstrap_room: Scalar | UnsetType = UNSET
 
 
-class CompletionStreamOptions(RequestModel):
-    include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
-
-
-class CompletionRequest(RequestModel):
+class CompletionRequest(StopAndStreamFields, RequestModel):
     """An OpenAI (legacy) completion request, text only. Unknown fields are ignored; ``suffix`` and a
     ``best_of`` above ``n`` would change the answer and are refused (400 naming them)."""
 
@@ -114,7 +110,7 @@ class CompletionRequest(RequestModel):
     best_of: TokenCount | None = Field(None, description="Only null or a value <= n (best_of > n: 400).")
     stream: bool | None = Field(False, description="Answer as server-sent events: text_completion chunks, then "
                                 "`data: [DONE]`.")
-    stream_options: CompletionStreamOptions | None = None
+    stream_options: StreamOptions | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), AsInteger] | None = Field(
         None, description=f"0 to {MAX_LOGPROBS}: each token's logprob and (top_logprobs) the k most likely with the "
         "chosen one; values are the model's raw log_softmax (before penalties, bias and temperature).")
@@ -163,14 +159,6 @@ class CompletionRequest(RequestModel):
         if prompt and isinstance(prompt[0], int):
             return [prompt]  # one token-id prompt
         return prompt  # type: ignore[return-value]  # a list of strings or of token-id lists
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 # a body a server's ``generate`` may get (``stages.api.routes.Generate``): both carry the bootstrap fields

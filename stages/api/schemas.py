@@ -9,7 +9,7 @@ are ignored. Every limit and clamp is stated in its field's description, so it s
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationInfo,
                       field_validator, model_validator)
@@ -179,6 +179,24 @@ class StreamOptions(RequestModel):
     include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
 
 
+class StopAndStreamFields:
+    """What chat and completion requests read the same way of their ``stop`` and ``stream_options``
+    fields (a mixin of both request models; its annotations are for the type checker only, so that
+    pydantic takes the fields, their order and their schema from the models themselves)."""
+
+    if TYPE_CHECKING:
+        stop: str | list[str] | None
+        stream_options: StreamOptions | None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
 class FunctionDefinition(RequestModel):
     name: str = Field(pattern=FUNCTION_NAME, description="a-z, A-Z, 0-9, _ and -, at most 64 characters.")
     description: str | None = Field(None, description="What the function does, shown to the model.")
@@ -244,7 +262,7 @@ def _forces_tool(choice: str | NamedToolChoice | None) -> bool:
     return choice == "required" or isinstance(choice, NamedToolChoice)
 
 
-class ChatCompletionRequest(RequestModel):
+class ChatCompletionRequest(StopAndStreamFields, RequestModel):
     """An OpenAI chat completion request. Unknown fields are ignored. Fields OpenAI defines that change
     nothing here (user, safety_identifier, prompt_cache_key, metadata, store, service_tier,
     parallel_tool_calls) are accepted and ignored. Those that would change the answer and are not
@@ -406,11 +424,3 @@ class ChatCompletionRequest(RequestModel):
         if not self.tools or self.tool_choice == "none":
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)

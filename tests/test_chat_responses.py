@@ -10,7 +10,6 @@ import json
 
 import jsonschema
 
-import openai
 import openai.types.chat as openai_chat
 import pytest
 import torch
@@ -30,8 +29,10 @@ from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 from stages.metrics import Metrics
+from tests.colocated_openai import MODEL, TOLERANCE, client, model_dir, server  # noqa: F401
 from tests.hf_reference import hf_greedy, hf_inputs, load_reference
 from tests.test_api_units import FakeAsyncEngine, sse_events
+
 
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 PROMPT_TOKENS = 5
@@ -270,25 +271,7 @@ def test_a_request_whose_outputs_end_before_every_choice_finished_is_an_engine_e
 
 
 # --- a real colocated server, the official client -----------------------------------------------------
-MODEL = "tiny-vl"
-TOLERANCE = 1e-4
 HI = [{"role": "user", "content": "Tell me about logprobs"}]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model("qwen2_vl")
-
-
-@pytest.fixture(scope="module")
-def server(start_server, model_dir):
-    return start_server("colocated", "--model", str(model_dir), "--served-model-name", MODEL,
-                        "--max-model-len", "512", "--kv-cache-mib", "16", "--threads", "1")
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

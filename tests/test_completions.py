@@ -8,32 +8,13 @@ from __future__ import annotations
 import time
 
 import httpx
-import openai
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from stages.engine.multimodal import Prompt
+from tests.colocated_openai import MODEL, TOLERANCE, client, model_dir, server  # noqa: F401
 from tests.hf_reference import hf_inputs, load_reference
-
-MODEL = "tiny-vl"
-TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_model):
-    return tiny_model("qwen2_vl")
-
-
-@pytest.fixture(scope="module")
-def server(start_server, model_dir):
-    return start_server("colocated", "--model", str(model_dir), "--served-model-name", MODEL,
-                        "--max-model-len", "512", "--kv-cache-mib", "16", "--threads", "1")
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -20,23 +20,22 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from aiohttp import web
 
 from router.admin_auth import refusal
 from router.admin_ratio import report
 from router.admin_rooms import room_view
 from router.errors import RouterError, bad_request
+from router.http import Request, Response, Routes, json_response
 from router.membership import worker_json
 from router.pairing import PairingRules
 from router.runtime import Router
 
 log = logging.getLogger(__name__)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ROUTER = web.AppKey("admin_router", Router)
+AdminHandler = Callable[[Router, Request], Awaitable[Response]]
 
 
-def add_admin_routes(app: web.Application, router: Router) -> None:
-    app[ROUTER] = router
+def add_admin_routes(table: Routes, router: Router) -> None:
+    """The admin routes over ``router``, each behind the token check."""
     routes = [("GET", "/admin/workers", _workers), ("POST", "/admin/workers", _add),
               ("POST", "/admin/workers/{id}/drain", _drain), ("POST", "/admin/workers/{id}/resume", _resume),
               ("DELETE", "/admin/workers/{id}", _remove), ("GET", "/admin/pairing", _pairing),
@@ -44,22 +43,21 @@ def add_admin_routes(app: web.Application, router: Router) -> None:
               ("POST", "/admin/ratio", _apply_ratio), ("GET", "/admin/rooms", _rooms),
               ("GET", "/admin/rooms/{room}", _room)]
     for method, path, handler in routes:
-        app.router.add_route(method, path, _guarded(handler))
+        table.add(method, path, _guarded(router, handler))
 
 
-def _guarded(handler: Handler) -> Handler:
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        refused = refusal(request.app[ROUTER].config.admin_token, request.headers.get("Authorization"))
+def _guarded(router: Router, handler: AdminHandler) -> Callable[[Request], Awaitable[Response]]:
+    async def guarded(request: Request) -> Response:
+        refused = refusal(router.config.admin_token, request.headers.get("Authorization"))
         if refused is not None:
             raise refused
-        return await handler(request)
+        return await handler(router, request)
 
     return guarded
 
 
 # --- workers -----------------------------------------------------------------------------------
-async def _workers(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _workers(router: Router, request: Request) -> Response:
     samples = await router.sample()
     listing = []
     for worker in router.registry:
@@ -68,10 +66,10 @@ async def _workers(request: web.Request) -> web.Response:
                         "queue_depth": sample.queue_depth if sample else None,
                         "running": sample.running if sample else None,
                         "kv_blocks_used": sample.kv_blocks_used if sample else None})
-    return web.json_response({"mode": router.config.mode, "workers": listing})
+    return json_response({"mode": router.config.mode, "workers": listing})
 
 
-async def _add(request: web.Request) -> web.Response:
+async def _add(router: Router, request: Request) -> Response:
     body = await _json(request)
     url, role, group = body.get("url"), body.get("role"), body.get("group")
     if not isinstance(url, str) or not isinstance(role, str):
@@ -79,49 +77,45 @@ async def _add(request: web.Request) -> web.Response:
                           param=None, code="invalid_value")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         raise bad_request("group must be a non-empty string", "group", "invalid_value")
-    return web.json_response(await request.app[ROUTER].membership.add(url, role, group))
+    return json_response(await router.membership.add(url, role, group))
 
 
-async def _drain(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _drain(router: Router, request: Request) -> Response:
     worker = router.registry.find(request.match_info["id"])
     wait_s = _number(request, "wait_s", router.config.drain_timeout_s)
     idle = await router.membership.drain(worker, wait_s)
-    return web.json_response({"worker": worker_json(worker, router.registry.source(worker)), "idle": idle},
+    return json_response({"worker": worker_json(worker, router.registry.source(worker)), "idle": idle},
                              status=200 if idle else 202)
 
 
-async def _resume(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _resume(router: Router, request: Request) -> Response:
     worker = router.registry.find(request.match_info["id"])
     router.registry.resume(worker)
-    return web.json_response({"worker": worker_json(worker, router.registry.source(worker))})
+    return json_response({"worker": worker_json(worker, router.registry.source(worker))})
 
 
-async def _remove(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _remove(router: Router, request: Request) -> Response:
     worker = router.registry.find(request.match_info["id"])
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
     source = router.registry.source(worker)
     router.registry.remove(worker, force)
     log.info("admin: removed %s %s (%s), %d request(s) in flight", worker.role, worker.url, worker.id,
              worker.outstanding)
-    return web.json_response({"removed": worker_json(worker, source)})
+    return json_response({"removed": worker_json(worker, source)})
 
 
 # --- pairing -----------------------------------------------------------------------------------
-async def _pairing(request: web.Request) -> web.Response:
-    return web.json_response(_pairing_view(request.app[ROUTER]))
+async def _pairing(router: Router, request: Request) -> Response:
+    return json_response(_pairing_view(router))
 
 
-async def _set_pairing(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _set_pairing(router: Router, request: Request) -> Response:
     try:
         rules = PairingRules.from_json(await _json(request))
     except ValueError as exc:
         raise bad_request(str(exc), param=None, code="invalid_pairing") from None
     router.pairing.rules = rules
-    return web.json_response(_pairing_view(router))
+    return json_response(_pairing_view(router))
 
 
 def _pairing_view(router: Router) -> dict:
@@ -137,15 +131,13 @@ def _pairing_view(router: Router) -> dict:
 
 
 # --- ratio -------------------------------------------------------------------------------------
-async def _ratio(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _ratio(router: Router, request: Request) -> Response:
     window = min(_number(request, "window_s", router.config.ratio_window_s), router.config.ratio_window_s)
     await router.sample()
-    return web.json_response(report(router.registry, router.history, window))
+    return json_response(report(router.registry, router.history, window))
 
 
-async def _apply_ratio(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _apply_ratio(router: Router, request: Request) -> Response:
     if router.config.mode == "colocated":
         raise RouterError(400, "colocated mode has no prefill:decode split", code="invalid_split")
     body = await _json(request)
@@ -153,29 +145,27 @@ async def _apply_ratio(request: web.Request) -> web.Response:
         raise bad_request('a split is {"prefill": n, "decode": m}', param=None, code="invalid_split")
     switched = await router.membership.apply_split(body["prefill"], body["decode"])
     current = {role: len(router.registry.pools[role].workers) for role in ("prefill", "decode")}
-    return web.json_response({**current, "switched": switched})
+    return json_response({**current, "switched": switched})
 
 
 # --- rooms -------------------------------------------------------------------------------------
-async def _rooms(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _rooms(router: Router, request: Request) -> Response:
     slowest = int(_number(request, "slowest", 10))
-    return web.json_response({"kept": len(router.rooms), "capacity": router.rooms.capacity,
+    return json_response({"kept": len(router.rooms), "capacity": router.rooms.capacity,
                               "rooms": [r.to_json() for r in router.rooms.slowest(slowest)]})
 
 
-async def _room(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+async def _room(router: Router, request: Request) -> Response:
     text = request.match_info["room"]
     record = router.rooms.get(int(text)) if text.isdigit() else None
     if record is None:
         raise RouterError(404, f"room {text} is not among the last {router.rooms.capacity} rooms "
                           "(--room-history)", code="room_not_found")
-    return web.json_response(await room_view(router.upstream.session, record, router.config.health_timeout_s))
+    return json_response(await room_view(router.upstream.session, record, router.config.health_timeout_s))
 
 
 # --- helpers -----------------------------------------------------------------------------------
-async def _json(request: web.Request) -> dict:
+async def _json(request: Request) -> dict:
     try:
         body = msgspec.json.decode(await request.read())
     except msgspec.DecodeError as exc:
@@ -185,7 +175,7 @@ async def _json(request: web.Request) -> dict:
     return body
 
 
-def _number(request: web.Request, name: str, default: float) -> float:
+def _number(request: Request, name: str, default: float) -> float:
     text = request.query.get(name)
     if text is None:
         return default

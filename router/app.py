@@ -1,4 +1,4 @@
-"""The router's OpenAI-compatible HTTP layer (aiohttp): ``POST /v1/chat/completions`` and
+"""The router's OpenAI-compatible routes (served by ``router.http``): ``POST /v1/chat/completions`` and
 ``POST /v1/completions`` (the legacy API, text only: routed as chat is, to the same route of each stage),
 ``GET /v1/models``, ``/health``, ``/metrics``, ``/server_info`` (``router.server_info``) and
 ``/openapi.json`` (``router.openapi``); the admin API (``/admin/*``, token required) is added from
@@ -16,18 +16,16 @@ request was wrong) is forwarded as the stage wrote it. The client leaving cancel
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 import msgspec
-from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.admin_app import add_admin_routes
-from router.errors import (RouterError, bad_request, error_body, model_not_found, overloaded,
-                           stage_failed)
+from router.errors import RouterError, bad_request, model_not_found, overloaded, stage_failed
+from router.http import Request, Response, Routes, StreamResponse, json_response
 from router.limits import prompt_too_long
 from router.memory import collect_after_large_bodies
 from router.modes import Call
@@ -36,8 +34,6 @@ from router.runtime import Router
 from router.server_info import server_info
 from router.upstream import CHAT_PATH, COMPLETIONS_PATH, StageError
 
-log = logging.getLogger(__name__)
-ROUTER_KEY = web.AppKey("router", Router)
 _decode = msgspec.json.Decoder()
 # the router's 5xx refusals for capacity (its limits, no worker now): outcome "rejected"; any 4xx
 # the router answers is the client's ("client_error")
@@ -46,63 +42,19 @@ MAX_JSON_DEPTH = 64  # arrays and objects nested deeper are refused (400 invalid
 INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: URLs) are read on the event loop
 
 
-def create_app(router: Router) -> web.Application:
-    """The app over ``router``; its startup hook starts the router (discovery; a ``StartupError``
-    stops the server before it listens) and its cleanup hook closes it."""
-    app = web.Application(middlewares=[collect_after_large_bodies, _errors],
-                          client_max_size=router.config.max_body_bytes)
-    app[ROUTER_KEY] = router
-    app.router.add_post(CHAT_PATH, _chat)
-    app.router.add_post(COMPLETIONS_PATH, _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/server_info", _server_info)
-    app.router.add_get("/openapi.json", _openapi)
-    add_admin_routes(app, router)
-
-    async def start(app: web.Application) -> None:
-        await router.start()
-
-    async def stop(app: web.Application) -> None:
-        await router.close()
-
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
-    return app
+def create_routes(router: Router) -> Routes:
+    """Every route of the router over ``router`` (the admin API's too)."""
+    routes = Routes()
+    routes.add("POST", CHAT_PATH, collect_after_large_bodies(partial(_serve, router, CHAT_PATH)))
+    routes.add("POST", COMPLETIONS_PATH, collect_after_large_bodies(partial(_serve, router, COMPLETIONS_PATH)))
+    for path, handler in (("/v1/models", _models), ("/health", _health), ("/metrics", _metrics),
+                          ("/server_info", _server_info), ("/openapi.json", _openapi)):
+        routes.add("GET", path, partial(handler, router))
+    add_admin_routes(routes, router)
+    return routes
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RouterError as exc:
-        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-            exc.status, "invalid_request" if exc.status < 500 else "server_error")
-        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return web.json_response(error_body(exc.status, exc.reason, code), status=exc.status, headers=allow)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return web.json_response(error_body(500, f"Internal router error: {type(exc).__name__}", "internal_error"),
-                                 status=500)
-
-
-async def _chat(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, CHAT_PATH)
-
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, COMPLETIONS_PATH)
-
-
-async def _serve(request: web.Request, path: str) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+async def _serve(router: Router, path: str, request: Request) -> Response | StreamResponse:
     if router.in_flight >= router.config.max_in_flight:
         router.metrics.outcome("rejected").inc()
         raise overloaded(router.config.max_in_flight)
@@ -122,7 +74,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         failure = exc.failure
         if failure.client_fault:
             outcome = "client_error"
-            return web.Response(body=failure.raw, status=failure.status, content_type="application/json")
+            return Response(failure.raw or b"", failure.status, "application/json")
         outcome = "rejected" if failure.busy else "upstream_error"
         raise stage_failed(failure.stage, failure.status, failure.message, failure.code,
                            failure.retry_after, room=failure.room, image_key=failure.image_key) from None
@@ -136,7 +88,7 @@ async def _serve(request: web.Request, path: str) -> web.StreamResponse:
         router.metrics.outcome(outcome).inc()
 
 
-async def _read_call(request: web.Request, router: Router, started: float, path: str = CHAT_PATH) -> Call:
+async def _read_call(request: Request, router: Router, started: float, path: str = CHAT_PATH) -> Call:
     """The request's body and what the router reads of it; a completions body (``path``) has no
     messages: no image is resolved and no chat-text bound applies (its stage checks its prompt)."""
     limits = router.stage_limits()  # the tightest over the workers, once per request
@@ -162,19 +114,12 @@ async def _read_call(request: web.Request, router: Router, started: float, path:
     return Call(body, body.get("stream") is True, model, started, images, raw=raw if same else None)
 
 
-async def _read_body(request: web.Request, max_bytes: int,
-                     refuse: Callable[[int | str, int], RouterError]) -> bytes:
+async def _read_body(request: Request, max_bytes: int, refuse: Callable[[int | str, int], RouterError]) -> bytes:
     """The whole body, or ``refuse``'s 413 as soon as it is known to exceed ``max_bytes``."""
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise refuse(declared, max_bytes)
-    chunks, size = [], 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > max_bytes:
-            raise refuse(f"more than {max_bytes}", max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await request.read(max_bytes, refuse)
 
 
 def _parse(raw: bytes) -> dict:
@@ -210,12 +155,11 @@ def _too_deep() -> RouterError:
                        param=None, code="invalid_json")
 
 
-async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": request.app[ROUTER_KEY].models()})
+async def _models(router: Router, request: Request) -> Response:
+    return json_response({"object": "list", "data": router.models()})
 
 
-async def _health(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
+async def _health(router: Router, request: Request) -> Response:
     failures = router.failures()
     if failures:
         names = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
@@ -223,17 +167,16 @@ async def _health(request: web.Request) -> web.Response:
     reason = router.unservable()
     if reason is not None:
         raise RouterError(503, f"The router cannot serve now: {reason}.", code="no_healthy_worker")
-    return web.json_response({"status": "ok", "mode": router.config.mode})
+    return json_response({"status": "ok", "mode": router.config.mode})
 
 
-async def _server_info(request: web.Request) -> web.Response:
-    return web.json_response(server_info(request.app[ROUTER_KEY]))
+async def _server_info(router: Router, request: Request) -> Response:
+    return json_response(server_info(router))
 
 
-async def _openapi(request: web.Request) -> web.Response:
-    return web.json_response(document(request.app[ROUTER_KEY].chat_schema))
+async def _openapi(router: Router, request: Request) -> Response:
+    return json_response(document(router.chat_schema))
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[ROUTER_KEY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+async def _metrics(router: Router, request: Request) -> Response:
+    return Response(router.metrics.render(), content_type=CONTENT_TYPE_LATEST)

@@ -45,12 +45,11 @@ import time
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from router.attempt import Head, open_answer, side_call
 from router.client_params import as_client_sees
 from router.config import RouterConfig
 from router.errors import RouterError
+from router.http import Request, Response, StreamResponse
 from router.image_refs import RefImage
 from router.metrics import Metrics
 from router.modes import Call, Plan, Planner
@@ -67,7 +66,7 @@ PEER_GRACE_S = 1.0  # a decode reports its prefill's failure: the prefill's own 
 
 @dataclass
 class Answered:
-    response: web.StreamResponse
+    response: Response | StreamResponse
     failure: Failure | None  # the stage failed after the answer started (the client got an error event)
 
 
@@ -81,7 +80,7 @@ class Dispatcher:
         self.rooms = rooms  # each attempt's room, for GET /admin/rooms
         self._background: set[asyncio.Task] = set()  # aborts still being sent
 
-    async def handle(self, request: web.Request, call: Call) -> Answered:
+    async def handle(self, request: Request, call: Call) -> Answered:
         """The client's answer, sent. Raises RouterError (no worker) or StageError (every attempt
         failed, or a stage refused the request) while nothing has been sent.
 
@@ -123,7 +122,7 @@ class Dispatcher:
         assert last is not None
         raise last
 
-    async def _attempt(self, request: web.Request, call: Call, plan: Plan, leases: list[Lease]) -> Answered:
+    async def _attempt(self, request: Request, call: Call, plan: Plan, leases: list[Lease]) -> Answered:
         """One attempt on ``plan``'s leased workers. Settled (``_settle``: every verdict and stage
         time recorded) before the client's last byte: a JSON answer after every side call has
         ended, before its body is sent; a stream once the stage's stream has ended, before the
@@ -138,6 +137,7 @@ class Dispatcher:
         try:
             head = await self._head(plan, answer, sides)
             answer_s = time.perf_counter() - head.sent_at
+            response: Response | StreamResponse
             if call.stream:
                 record.first_byte = time.time()
                 response, failure = await relay_stream(request, self.upstream, head, _headers(plan, sides, None, cache))

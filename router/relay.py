@@ -3,7 +3,8 @@ event as the stage produces it.
 
 Pacing: each read from the stage's socket is written to the client at once (its complete events;
 a partial event waits for its end, so the client never sees half an event). Nothing is buffered
-beyond that, and TCP_NODELAY is on at both ends (aiohttp sets it on every connection), so chunks
+beyond that, and TCP_NODELAY is on at both ends (``router.http`` and ``router.upstream`` set it on
+every connection), so chunks
 leave in the order and at the pace the stage produced them.
 
 The stage's ``[DONE]`` is not relayed: the caller settles the request (every stage's time, TTFT and
@@ -21,10 +22,9 @@ from __future__ import annotations
 
 import time
 
-from aiohttp import web
-
 from router.attempt import Head
 from router.errors import stage_failed
+from router.http import Request, Response, StreamResponse
 from router.sse import DONE_EVENT, Kind, classify, error_event, text_choice
 from router.upstream import StageError, Upstream
 from router.verdict import Failure, from_event, unreachable
@@ -33,22 +33,22 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
                "X-Accel-Buffering": "no"}
 
 
-async def send_json(request: web.Request, head: Head, headers: dict[str, str] | None = None) -> web.Response:
-    response = web.Response(body=head.held, content_type="application/json", headers=headers)
+async def send_json(request: Request, head: Head, headers: dict[str, str] | None = None) -> Response:
+    """Send the stage's JSON answer (``head.held``) now; returns it, sent."""
+    response = Response(head.held, 200, "application/json", headers)
     await response.prepare(request)
-    await response.write_eof()
     return response
 
 
-async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
-                       headers: dict[str, str] | None = None) -> tuple[web.StreamResponse, Failure | None]:
+async def relay_stream(request: Request, upstream: Upstream, head: Head,
+                       headers: dict[str, str] | None = None) -> tuple[StreamResponse, Failure | None]:
     """Send the held events, then every event the stage sends but ``[DONE]``, until its stream ends.
     Returns the client response, not yet ended (the caller settles the request, then calls
     ``finish_stream``), and the stage's failure after the stream started, if any (an in-band error
     counts as one)."""
     assert head.response is not None and head.splitter is not None and head.tally is not None
     stage, worker = head.target.stage, head.target.worker
-    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+    response = StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
     await response.prepare(request)
     await response.write(head.held)
     failure: Failure | None = None
@@ -86,7 +86,7 @@ async def relay_stream(request: web.Request, upstream: Upstream, head: Head,
     return response, failure
 
 
-async def finish_stream(response: web.StreamResponse) -> None:
+async def finish_stream(response: StreamResponse) -> None:
     """End a relayed stream once its request is settled: ``[DONE]``, then the final chunk."""
     await response.write(DONE_EVENT)
     await response.write_eof()

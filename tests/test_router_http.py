@@ -275,31 +275,30 @@ def test_too_many_images_before_any_fetch(router, images):
 
 # --- streaming -------------------------------------------------------------------------------
 async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
-    """In-process: the router's own app and upstream client, inspected on live loopback connections."""
-    from aiohttp import web
-
-    from router.app import create_app
+    """In-process: the router's own routes, server and upstream client, inspected on live loopback connections."""
+    from router.app import create_routes
+    from router.http import HttpServer, Request, Response, json_response
+    from stages.launch.ports import bind
 
     config = RouterConfig(colocated=(colocated.url,))
-    app = create_app(Router(config))
+    routes = create_routes(Router(config))
 
-    async def nodelay(request: web.Request) -> web.Response:
+    async def nodelay(request: Request) -> Response:
+        assert request.transport is not None
         sock = request.transport.get_extra_info("socket")
-        return web.json_response(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        return json_response(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
-    app.router.add_get("/accepted-socket-nodelay", nodelay)  # a probe route on the real app, this test only
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
+    routes.add("GET", "/accepted-socket-nodelay", nodelay)  # a probe route on the real table, this test only
     port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
+    listening = bind("127.0.0.1", port)
+    server = HttpServer(routes, config.max_body_bytes)
+    await server.listen(listening)
     upstream = Upstream(config)
     await upstream.start()
     try:
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{port}/accepted-socket-nodelay")).json() == 1
-        # long enough that the stream is still open when the headers arrive: aiohttp releases the
-        # connection (response.connection None) once the whole body is in, which 8 tokens could be
+        # long enough that the stream is still open when the headers arrive
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256, "ignore_eos": True, "stream": True}
         worker = Worker(colocated.url, "colocated", CircuitBreaker(3, 10.0))
         response = await upstream.post("colocated", worker, json.dumps(body).encode())
@@ -308,7 +307,8 @@ async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
         await upstream.read("colocated", worker, response)
     finally:
         await upstream.close()
-        await runner.cleanup()
+        await server.shutdown(1.0)
+        listening.close()
 
 
 def first_text_seconds(client: httpx.Client, url: str) -> float:

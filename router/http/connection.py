@@ -1,0 +1,341 @@
+"""One client's connection: an asyncio ``Protocol`` that feeds every byte to httptools'
+``HttpRequestParser`` and answers its requests in order, one handler task at a time.
+
+Who does what: the server's listening socket makes one ``Connection`` per accepted socket; the
+connection makes each ``Request``, resolves its route, runs its handler in a task, sends the answer
+the handler returns (or the one it sent itself: ``router.http.response``), and closes the socket:
+when the client asked (``Connection: close``, HTTP/1.0), after an answer to a body the client was
+told not to send (``Expect: 100-continue`` unanswered), after a request it cannot read (400, 431),
+after ``KEEPALIVE_S`` idle, on ``shut`` (shutdown) once the current answer is out, or at once when
+the client leaves, which cancels the running handler (how an abandoned request is aborted in the
+stages). A handler never closes the connection.
+
+Keep-alive: HTTP/1.1's default. Pipelining: requests that arrive while one is answered wait their
+turn (reading pauses while ``PIPELINE_MAX`` wait or a waiting one's body passes ``PIPELINE_HIGH_BYTES``).
+A body the answer did not need (a 413, a 404 with a body) is read and dropped for up to
+``LINGER_S``, so the connection stays usable. Limits: the request line and headers ``MAX_HEAD_BYTES``
+(about: counted as received; 431); a body ``HttpServer.max_body`` (kept no further; 413 on read, and
+at once for ``Expect: 100-continue`` with a larger Content-Length). Errors: a handler's
+``RouterError`` is its own answer; any other exception a logged 500 ``internal_error`` (or the
+connection closed, if the answer had started). TCP_NODELAY is set on every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import httptools  # llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
+
+from router.errors import RouterError, bad_request, body_too_large
+from router.http.request import Headers, Request
+from router.http.response import Response, StreamResponse, error_response, head
+from router.http.routes import Handler
+
+if TYPE_CHECKING:
+    from router.http.server import HttpServer
+
+log = logging.getLogger(__name__)
+KEEPALIVE_S = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default)
+LINGER_S = 10.0  # after an answer, the rest of its request's body is read and dropped for at most this long
+MAX_HEAD_BYTES = 64 << 10
+PIPELINE_MAX = 8
+PIPELINE_HIGH_BYTES = 1 << 20
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.names: list[tuple[bytes, bytes]] = []
+        self.in_head = False  # between a message's first byte and the end of its headers
+        self.head_bytes = 0
+        self.parsing: Request | None = None  # the request httptools is reading the body of
+        self.waiting: deque[Request | Response] = deque()  # a Response: a refusal to send, then close
+        self.current: Request | None = None  # the request being answered (or its body dropped)
+        self.task: asyncio.Task | None = None  # its handler
+        self.head_sent = False  # of the current request's answer
+        self.answered = False  # the current request's answer is all written
+        self.keep = True  # the connection outlives the current answer
+        self.chunked = True  # the current stream's framing (HTTP/1.0: none, closed at its end)
+        self.lost = False
+        self.closing = False  # no request after the current one
+        self.broken = False  # unreadable input: nothing more is parsed
+        self.read_paused = False
+        self.write_paused = False
+        self.drained: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the idle or linger deadline
+
+    # --- asyncio's callbacks ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.connections.add(self)
+        self._arm(KEEPALIVE_S)
+
+    def data_received(self, data: bytes) -> None:
+        if self.broken:
+            return
+        if self.in_head or self.parsing is None:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(bad_request("Invalid HTTP request: protocol upgrades are not supported", None,
+                                     "invalid_request"))
+        except httptools.HttpParserError as exc:
+            self._refuse(bad_request(f"Invalid HTTP request: {exc}", None, "invalid_request"))
+        else:
+            if self.in_head and self.head_bytes > MAX_HEAD_BYTES:
+                self._refuse(RouterError(431, f"The request line and headers exceed {MAX_HEAD_BYTES} bytes.",
+                                         code="request_header_fields_too_large"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.server.connections.discard(self)
+        self._disarm()
+        if self.task is not None:
+            self.task.cancel()  # the client left: its handler is cancelled, which aborts the request upstream
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    # --- httptools' callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.in_head = True
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.names.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        headers = Headers()
+        for raw_name, raw_value in self.names:
+            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        url = httptools.parse_url(self.url)
+        parser = self.parser
+        request = Request(self, parser.get_method().decode("ascii"), unquote((url.path or b"/").decode("latin-1")),
+                          (url.query or b"").decode("latin-1"), headers, parser.get_http_version(),
+                          parser.should_keep_alive(), self.server.max_body)
+        self.url, self.names, self.in_head, self.head_bytes = b"", [], False, 0
+        self.parsing = request
+        if request.expect_continue and (request.content_length or 0) > request.max_body:
+            request.discard()  # never told to go on: refused at once, and the connection closed
+            self._queue(error_response(body_too_large(request.content_length or 0, request.max_body)))
+        else:
+            self._queue(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self.parsing
+        if request is not None:
+            request.feed(body)
+            if request is not self.current and request.received > PIPELINE_HIGH_BYTES:
+                self._pause_reading()
+
+    def on_message_complete(self) -> None:
+        request, self.parsing = self.parsing, None
+        if request is not None:
+            request.end()
+            if request is self.current:
+                self._advance()
+
+    # --- answering, in order ---------------------------------------------------------------------
+    def _queue(self, item: Request | Response) -> None:
+        self.waiting.append(item)
+        if self.current is None:
+            self._next()
+        elif len(self.waiting) >= PIPELINE_MAX:
+            self._pause_reading()
+
+    def _next(self) -> None:
+        """Start the next waiting request, if the connection is free; else wait idle."""
+        while self.current is None and self.waiting and not self.closing and not self.lost:
+            item = self.waiting.popleft()
+            if isinstance(item, Response):
+                self.closing = True
+                self._write(item.encode(keep_alive=False, with_body=True))
+                self.close()
+                return
+            self._start(item)
+        if self.current is None:
+            if self.closing:
+                self.close()
+                return
+            if self.read_paused and not self.broken:
+                self.read_paused = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
+            self._arm(KEEPALIVE_S)
+
+    def _start(self, request: Request) -> None:
+        self._disarm()
+        self.current, self.head_sent, self.answered, self.keep = request, False, False, True
+        try:
+            handler, request.match_info = self.server.routes.resolve(request.method, request.path)
+        except RouterError as exc:
+            self._send(request, error_response(exc))
+            self._advance()
+            return
+        self.task = self.loop.create_task(self._run(handler, request))
+
+    async def _run(self, handler: Handler, request: Request) -> None:
+        try:
+            response = await handler(request)
+        except RouterError as exc:
+            response = error_response(exc)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.task = None
+            self.close()  # the client left, or shutdown's grace ran out
+            return
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = error_response(RouterError(500, f"Internal router error: {type(exc).__name__}",
+                                                  code="internal_error"))
+        self.task = None
+        if self.lost:
+            return
+        if not response.sent and self.head_sent:  # an error after the answer started: only closing tells
+            self.close()
+            return
+        if isinstance(response, Response):
+            if not response.sent:
+                self._send(request, response)
+        else:
+            if not response.sent:
+                self._stream_head(request, response)
+            if not response.ended:
+                response.ended = True
+                self._stream_end()
+        self._advance()
+
+    def _advance(self) -> None:
+        """Once the handler has ended and its answer is out: close, drop the rest of the body (up to
+        ``LINGER_S``), or go on to the next request."""
+        request = self.current
+        if self.task is not None or not self.answered or request is None:
+            return
+        if not self.keep:
+            self.close()
+        elif not request.complete:
+            request.discard()
+            if self.timer is None:
+                self._arm(LINGER_S)
+        else:
+            self.current = None
+            self._next()
+
+    # --- writing (called by the responses) -------------------------------------------------------
+    async def respond(self, request: Request, response: Response) -> None:
+        self._send(request, response)
+        await self._drain()
+
+    async def start_stream(self, request: Request, response: StreamResponse) -> None:
+        self._stream_head(request, response)
+        await self._drain()
+
+    async def send_chunk(self, request: Request, data: bytes) -> None:
+        if self.lost:
+            raise ConnectionResetError("the client closed the connection")
+        self._write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        await self._drain()
+
+    async def end_stream(self, request: Request) -> None:
+        self._stream_end()
+        await self._drain()
+
+    def write(self, data: bytes) -> None:
+        """Raw bytes to the client (``100 Continue``)."""
+        self._write(data)
+
+    def _send(self, request: Request, response: Response) -> None:
+        self.keep = self._keeps(request)
+        self.head_sent = response.sent = True
+        self._write(response.encode(self.keep, request.method != "HEAD"))
+        self.answered = True
+
+    def _stream_head(self, request: Request, response: StreamResponse) -> None:
+        self.chunked = request.version != "1.0"
+        self.keep = self._keeps(request) and self.chunked
+        headers = {**response.headers, "Transfer-Encoding": "chunked"} if self.chunked else response.headers
+        self.head_sent = True
+        response.request = request
+        self._write(head(response.status, headers, self.keep).encode("latin-1"))
+
+    def _stream_end(self) -> None:
+        if self.chunked:
+            self._write(_LAST_CHUNK)
+        self.answered = True
+
+    def _keeps(self, request: Request) -> bool:
+        return request.keep_alive and not self.closing and (request.complete or request.continued)
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.lost and not transport.is_closing():
+            transport.write(data)
+
+    async def _drain(self) -> None:
+        if self.write_paused and not self.lost:
+            self.drained = self.loop.create_future()
+            await self.drained
+        if self.lost:
+            raise ConnectionResetError("the client closed the connection")
+
+    # --- closing ---------------------------------------------------------------------------------
+    def shut(self) -> None:
+        """Shutdown: no request after the current one; an idle connection is closed now."""
+        self.closing = True
+        if self.task is None and (self.current is None or self.answered):
+            self.close()
+
+    def _refuse(self, error: RouterError) -> None:
+        """Unreadable input: answer ``error`` after the requests before it, then close."""
+        self.broken = True
+        self._pause_reading()
+        request, self.parsing = self.parsing, None
+        if request is not None and request is self.current:
+            self.close()  # its body is broken under its handler: the handler is cancelled
+            return
+        if request is not None and request in self.waiting:
+            self.waiting.remove(request)  # waiting for its turn with a body that will never end
+        self._queue(error_response(error))
+
+    def close(self) -> None:
+        """Close the socket now (what was written is sent first); a running handler is cancelled."""
+        self._disarm()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # what was written is sent first
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and not self.lost and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _arm(self, delay: float) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(delay, self.close)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

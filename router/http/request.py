@@ -1,0 +1,121 @@
+"""One HTTP request as the router's handlers see it.
+
+The connection (``router.http.connection``) makes a ``Request`` when httptools has parsed the request
+line and headers, feeds it the body as it arrives (``feed``; chunked bodies come decoded) and marks
+it ``complete`` at the message's end; the handler reads the body (``read``) while it arrives. The
+connection keeps at most ``max_body`` bytes of a body (the server's cap, ``--max-body-mb``); the rest
+is counted and dropped, and ``read`` refuses it with the 413 of ``router.errors``. Once the handler's
+answer is out, the connection drops whatever of the body is still to come (``discard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
+
+from router.errors import RouterError, body_too_large
+
+if TYPE_CHECKING:
+    from router.http.connection import Connection
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Headers(dict):
+    """Request headers by lower-case name (repeated ones joined with ", "); ``get`` takes any case."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+
+class Request:
+    """Made by the connection, read by one handler; the handler never closes anything (the connection
+    does, once the answer is out or the client left)."""
+
+    __slots__ = ("connection", "method", "path", "raw_query", "headers", "version", "keep_alive", "content_length",
+                 "match_info", "max_body", "complete", "expect_continue", "_query", "_pieces", "received",
+                 "_waiter", "_discard")
+
+    def __init__(self, connection: Connection, method: str, path: str, raw_query: str, headers: Headers,
+                 version: str, keep_alive: bool, max_body: int) -> None:
+        self.connection = connection
+        self.method = method
+        self.path = path  # percent-decoded
+        self.raw_query = raw_query
+        self.headers = headers
+        self.version = version  # "1.1" or "1.0"
+        self.keep_alive = keep_alive  # what the client asked for (HTTP/1.1 default, Connection: close, 1.0)
+        length = headers.get("content-length")
+        self.content_length = int(length) if length is not None else None  # llhttp checked its digits
+        self.match_info: dict[str, str] = {}  # the route's path params, set before the handler runs
+        self.max_body = max_body
+        self.complete = False  # the whole body is in
+        self.expect_continue = (headers.get("expect") or "").lower() == "100-continue"  # answered on first read
+        self._query: dict[str, str] | None = None
+        self._pieces: list[bytes] = []
+        self.received = 0
+        self._waiter: asyncio.Future | None = None
+        self._discard = False
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The query string's parameters, the first value of each (parsed on first use)."""
+        if self._query is None:
+            self._query = {}
+            for name, value in parse_qsl(self.raw_query, keep_blank_values=True):
+                self._query.setdefault(name, value)
+        return self._query
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.connection.transport
+
+    async def read(self, max_bytes: int | None = None,
+                   refuse: Callable[[int | str, int], RouterError] = body_too_large) -> bytes:
+        """The whole body, or ``refuse``'s 413 as soon as more than ``max_bytes`` (default and at most:
+        ``max_body``) have arrived. The first read answers ``Expect: 100-continue``."""
+        cap = self.max_body if max_bytes is None else min(max_bytes, self.max_body)
+        if self.expect_continue:
+            self.expect_continue = False
+            self.connection.write(CONTINUE)
+        while True:
+            if self.received > cap:
+                raise refuse(f"more than {cap}", cap)
+            if self.complete:
+                break
+            self._waiter = self.connection.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        pieces = self._pieces
+        self._pieces = []
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    @property
+    def continued(self) -> bool:
+        """Whether the client may be sending its body (it sent no ``Expect``, or was told to go on)."""
+        return not self.expect_continue
+
+    # --- the connection's side -------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.received <= self.max_body and not self._discard:
+            self._pieces.append(data)
+        self._wake()
+
+    def end(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def discard(self) -> None:
+        """Drop the body read so far and any still to come (its answer is out)."""
+        self._discard = True
+        self._pieces = []
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -168,7 +168,7 @@ def test_server_info_says_what_the_router_is(router, proxy, colocated):
 # --- 405 ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("GET", CHAT, {"POST"}), ("POST", "/health", {"GET", "HEAD"}), ("POST", "/server_info", {"GET", "HEAD"}),
-    ("DELETE", "/admin/pairing", {"GET", "PUT"})])
+    ("DELETE", "/admin/pairing", {"GET", "HEAD", "PUT"})])
 def test_405_names_the_allowed_methods(router, method, path, allow):
     response = httpx.request(method, f"{router.url}{path}", timeout=10)
     assert response.status_code == 405

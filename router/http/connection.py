@@ -14,7 +14,7 @@ Keep-alive: HTTP/1.1's default. Pipelining: requests that arrive while one is an
 turn (reading pauses while ``PIPELINE_MAX`` wait or a waiting one's body passes ``PIPELINE_HIGH_BYTES``).
 A body the answer did not need (a 413, a 404 with a body) is read and dropped for up to
 ``LINGER_S``, so the connection stays usable. Limits: the request line and headers ``MAX_HEAD_BYTES``
-(about: counted as received; 431); a body ``HttpServer.max_body`` (kept no further; 413 on read, and
+(about: counted as received; 431); a body ``max_body`` (kept no further; 413 on read, and
 at once for ``Expect: 100-continue`` with a larger Content-Length). Errors: a handler's
 ``RouterError`` is its own answer; any other exception a logged 500 ``internal_error`` (or the
 connection closed, if the answer had started). TCP_NODELAY is set on every connection.
@@ -26,7 +26,6 @@ import asyncio
 import logging
 import socket
 from collections import deque
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httptools  # llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
@@ -34,10 +33,7 @@ import httptools  # llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
 from router.errors import RouterError, bad_request, body_too_large
 from router.http.request import Headers, Request
 from router.http.response import Response, StreamResponse, error_response, head
-from router.http.routes import Handler
-
-if TYPE_CHECKING:
-    from router.http.server import HttpServer
+from router.http.routes import Handler, Routes
 
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default)
@@ -49,8 +45,13 @@ _LAST_CHUNK = b"0\r\n\r\n"
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: HttpServer) -> None:
-        self.server = server
+    """Made by the listening server for each accepted socket: ``routes`` answer its requests, bodies
+    are kept up to ``max_body`` bytes, and it is in ``connections`` (the server's) while open."""
+
+    def __init__(self, routes: Routes, max_body: int, connections: set[Connection]) -> None:
+        self.routes = routes
+        self.max_body = max_body
+        self.connections = connections
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -80,7 +81,7 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.connections.add(self)
+        self.connections.add(self)
         self._arm(KEEPALIVE_S)
 
     def data_received(self, data: bytes) -> None:
@@ -102,7 +103,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self.server.connections.discard(self)
+        self.connections.discard(self)
         self._disarm()
         if self.task is not None:
             self.task.cancel()  # the client left: its handler is cancelled, which aborts the request upstream
@@ -136,7 +137,7 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         request = Request(self, parser.get_method().decode("ascii"), unquote((url.path or b"/").decode("latin-1")),
                           (url.query or b"").decode("latin-1"), headers, parser.get_http_version(),
-                          parser.should_keep_alive(), self.server.max_body)
+                          parser.should_keep_alive(), self.max_body)
         self.url, self.names, self.in_head, self.head_bytes = b"", [], False, 0
         self.parsing = request
         if request.expect_continue and (request.content_length or 0) > request.max_body:
@@ -191,7 +192,7 @@ class Connection(asyncio.Protocol):
         self._disarm()
         self.current, self.head_sent, self.answered, self.keep = request, False, False, True
         try:
-            handler, request.match_info = self.server.routes.resolve(request.method, request.path)
+            handler, request.match_info = self.routes.resolve(request.method, request.path)
         except RouterError as exc:
             self._send(request, error_response(exc))
             self._advance()

@@ -12,15 +12,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from router.errors import RouterError, body_too_large
 
-if TYPE_CHECKING:
-    from router.http.connection import Connection
-
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Wire(Protocol):
+    """What a request and its responses use of their connection (``router.http.connection.Connection``;
+    the responses' types are ``router.http.response``'s)."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport | None
+
+    def write(self, data: bytes) -> None: ...
+
+    async def respond(self, request: Request, response: Any) -> None: ...
+
+    async def start_stream(self, request: Request, response: Any) -> None: ...
+
+    async def send_chunk(self, request: Request, data: bytes) -> None: ...
+
+    async def end_stream(self, request: Request) -> None: ...
 
 
 class Headers(dict):
@@ -38,7 +53,7 @@ class Request:
                  "match_info", "max_body", "complete", "expect_continue", "_query", "_pieces", "received",
                  "_waiter", "_discard")
 
-    def __init__(self, connection: Connection, method: str, path: str, raw_query: str, headers: Headers,
+    def __init__(self, connection: Wire, method: str, path: str, raw_query: str, headers: Headers,
                  version: str, keep_alive: bool, max_body: int) -> None:
         self.connection = connection
         self.method = method

@@ -26,7 +26,7 @@ class HttpServer:
     async def listen(self, sock: socket.socket) -> None:
         """Listen on ``sock`` (bound, not yet listening) and accept connections from now on."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), sock=sock, backlog=BACKLOG)
+        self._server = await loop.create_server(lambda: Connection(self.routes, self.max_body, self.connections), sock=sock, backlog=BACKLOG)
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop listening and end every connection; returns once all are closed or cancelled."""

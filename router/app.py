@@ -10,7 +10,8 @@ Content-Length before reading and while reading), JSON, the model check, images 
 ``--max-images-per-request`` or the stages' tighter limit and resolved (epd: with their cache keys
 and sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
 request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler
-(``handler_cancellation``), which aborts the request in every stage.
+(``router.http.connection``), which aborts the request in every stage. A ``RouterError`` raised under
+a route is its answer; 404, 405, and a 500 for any other exception, are the server's (``router.http``).
 """
 
 from __future__ import annotations

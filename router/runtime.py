@@ -92,7 +92,7 @@ class Router:
 
     async def start(self) -> None:
         """Open the clients, discover, check, start the loops; if any of it raises, whatever was
-        opened is closed again before the error goes on (aiohttp runs no cleanup hook for a failed start)."""
+        opened is closed again before the error goes on (``router.server`` closes only a started router)."""
         try:
             await self._start()
         except BaseException:

@@ -73,7 +73,9 @@ class Connection(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drained: asyncio.Future | None = None
-        self.timer: asyncio.TimerHandle | None = None  # the idle or linger deadline
+        self.deadline: float | None = None  # the idle or linger deadline (loop time)
+        self.timer: asyncio.TimerHandle | None = None  # fires at timer_at, at or before the deadline
+        self.timer_at = 0.0
 
     # --- asyncio's callbacks ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,10 +135,9 @@ class Connection(asyncio.Protocol):
         for raw_name, raw_value in self.names:
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        url = httptools.parse_url(self.url)
+        path, query = _target(self.url)
         parser = self.parser
-        request = Request(self, parser.get_method().decode("ascii"), unquote((url.path or b"/").decode("latin-1")),
-                          (url.query or b"").decode("latin-1"), headers, parser.get_http_version(),
+        request = Request(self, parser.get_method().decode("ascii"), path, query, headers, parser.get_http_version(),
                           parser.should_keep_alive(), self.max_body)
         self.url, self.names, self.in_head, self.head_bytes = b"", [], False, 0
         self.parsing = request
@@ -239,7 +240,7 @@ class Connection(asyncio.Protocol):
             self.close()
         elif not request.complete:
             request.discard()
-            if self.timer is None:
+            if self.deadline is None:
                 self._arm(LINGER_S)
         else:
             self.current = None
@@ -277,10 +278,10 @@ class Connection(asyncio.Protocol):
     def _stream_head(self, request: Request, response: StreamResponse) -> None:
         self.chunked = request.version != "1.0"
         self.keep = self._keeps(request) and self.chunked
-        headers = {**response.headers, "Transfer-Encoding": "chunked"} if self.chunked else response.headers
         self.head_sent = True
         response.request = request
-        self._write(head(response.status, headers, self.keep).encode("latin-1"))
+        self._write(head(response.status, response.headers, self.keep,
+                         "Transfer-Encoding: chunked\r\n" if self.chunked else ""))
 
     def _stream_end(self) -> None:
         if self.chunked:
@@ -324,6 +325,9 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         """Close the socket now (what was written is sent first); a running handler is cancelled."""
         self._disarm()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # what was written is sent first
 
@@ -333,10 +337,33 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _arm(self, delay: float) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(delay, self.close)
+        """Close the connection ``delay`` s from now unless disarmed first. One timer serves many arms
+        (a request each): it is moved only to an earlier deadline, and re-set when it fires early."""
+        deadline = self.deadline = self.loop.time() + delay
+        if self.timer is None or self.timer_at > deadline:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer, self.timer_at = self.loop.call_at(deadline, self._expire), deadline
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None  # the timer, if set, fires for nothing
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.deadline is None:
+            return
+        if self.loop.time() < self.deadline:
+            self.timer, self.timer_at = self.loop.call_at(self.deadline, self._expire), self.deadline
+            return
+        self.close()
+
+
+def _target(url: bytes) -> tuple[str, str]:
+    """The request target's path (percent-decoded) and query string; an absolute URL's through
+    httptools' URL parser."""
+    if url[:1] != b"/":
+        parts = httptools.parse_url(url)
+        url = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
+    raw_path, _, query = url.partition(b"?")
+    path = raw_path.decode("latin-1")
+    return (unquote(path) if "%" in path else path), query.decode("latin-1")

@@ -36,11 +36,13 @@ def _date_line() -> str:
     return _date[1]  # type: ignore[return-value]
 
 
-def head(status: int, headers: dict[str, str], keep_alive: bool) -> str:
-    """The status line and header block, up to and with the blank line."""
-    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+def head(status: int, headers: dict[str, str], keep_alive: bool, framing: str) -> bytes:
+    """The status line and header block, up to and with the blank line; ``framing``: the
+    Content-Length or Transfer-Encoding line (or nothing)."""
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     close = "" if keep_alive else "Connection: close\r\n"
-    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n{lines}{_date_line()}{close}\r\n"
+    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n{lines}{framing}{_date_line()}{close}\r\n"
+            .encode("latin-1"))
 
 
 class Response:
@@ -57,8 +59,7 @@ class Response:
 
     def encode(self, keep_alive: bool, with_body: bool) -> bytes:
         """The whole answer as bytes (``with_body`` False: a HEAD's, with the body's Content-Length)."""
-        headers = {**self.headers, "Content-Length": str(len(self.body))}
-        data = head(self.status, headers, keep_alive).encode("latin-1")
+        data = head(self.status, self.headers, keep_alive, f"Content-Length: {len(self.body)}\r\n")
         return data + self.body if with_body else data
 
     async def prepare(self, request: Request) -> None:

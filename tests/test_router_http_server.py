@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from router.http import HttpServer, Request, Response, Routes, StreamResponse, json_response
-from router.http.connection import MAX_HEAD_BYTES
+from router.http.connection import MAX_HEAD_BYTES, PIPELINE_MAX
 from stages.launch.ports import bind, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -159,6 +159,18 @@ async def test_keep_alive_across_requests(served):
         assert len(ports) == 1
 
 
+async def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_time(served, monkeypatch):
+    _, port, _ = served
+    monkeypatch.setattr("router.http.connection.KEEPALIVE_S", 0.3)
+    reader, writer, answers = await connect(port)
+    writer.write(get("/hello"))
+    [(status, _, _)] = await answers.read()
+    assert status == 200
+    started = asyncio.get_running_loop().time()
+    assert await closed(reader)
+    assert asyncio.get_running_loop().time() - started >= 0.25
+
+
 async def test_http10_closes_after_the_answer(served):
     _, port, _ = served
     reader, writer, answers = await connect(port)
@@ -175,6 +187,15 @@ async def test_pipelined_requests_are_answered_in_order(served):
     got = await answers.read(3)
     assert [json.loads(body) for _, _, body in got] == [{"id": "1", "q": "a b"}, {"id": "2", "q": None},
                                                         {"hello": "world"}]
+
+
+async def test_many_pipelined_requests_pause_reading_and_are_all_answered(served):
+    _, port, _ = served
+    _, writer, answers = await connect(port)
+    count = PIPELINE_MAX * 3
+    writer.write(b"".join(get(f"/items/{i}") for i in range(2, 2 + count)))
+    got = await answers.read(count)
+    assert [json.loads(body)["id"] for _, _, body in got] == [str(i) for i in range(2, 2 + count)]
 
 
 async def test_expect_100_continue(served):

@@ -241,6 +241,15 @@ async def test_a_malformed_request_line_is_400_then_closed(served):
     assert await closed(reader)
 
 
+async def test_an_upgrade_is_answered_over_http11_then_closed(served):
+    _, port, _ = served
+    reader, writer, answers = await connect(port)
+    writer.write(get("/hello", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"))
+    [(status, headers, body)] = await answers.read()
+    assert (status, body) == (200, b'{"hello":"world"}') and headers["connection"] == "close"
+    assert await closed(reader)
+
+
 async def test_headers_over_the_cap_are_431_then_closed(served):
     _, port, _ = served
     reader, writer, answers = await connect(port)

@@ -60,6 +60,7 @@ class Connection(asyncio.Protocol):
         self.in_head = False  # between a message's first byte and the end of its headers
         self.head_bytes = 0
         self.parsing: Request | None = None  # the request httptools is reading the body of
+        self.newest: Request | None = None  # the last request whose headers were read
         self.waiting: deque[Request | Response] = deque()  # a Response: a refusal to send, then close
         self.current: Request | None = None  # the request being answered (or its body dropped)
         self.task: asyncio.Task | None = None  # its handler
@@ -94,8 +95,7 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(bad_request("Invalid HTTP request: protocol upgrades are not supported", None,
-                                     "invalid_request"))
+            self._last()
         except httptools.HttpParserError as exc:
             self._refuse(bad_request(f"Invalid HTTP request: {exc}", None, "invalid_request"))
         else:
@@ -106,7 +106,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.connections.discard(self)
-        self._disarm()
+        self._stop_timer()
         if self.task is not None:
             self.task.cancel()  # the client left: its handler is cancelled, which aborts the request upstream
         if self.drained is not None and not self.drained.done():
@@ -140,7 +140,7 @@ class Connection(asyncio.Protocol):
         request = Request(self, parser.get_method().decode("ascii"), path, query, headers, parser.get_http_version(),
                           parser.should_keep_alive(), self.max_body)
         self.url, self.names, self.in_head, self.head_bytes = b"", [], False, 0
-        self.parsing = request
+        self.parsing = self.newest = request
         if request.expect_continue and (request.content_length or 0) > request.max_body:
             request.discard()  # never told to go on: refused at once, and the connection closed
             self._queue(error_response(body_too_large(request.content_length or 0, request.max_body)))
@@ -310,6 +310,16 @@ class Connection(asyncio.Protocol):
         if self.task is None and (self.current is None or self.answered):
             self.close()
 
+    def _last(self) -> None:
+        """The newest request asked for another protocol (``Upgrade``, e.g. h2c): it is answered over
+        HTTP/1.1, and the connection closed after it; what follows it is not read."""
+        self.broken = True
+        self._pause_reading()
+        if self.newest is not None:
+            self.newest.keep_alive = False
+        if self.current is None and not self.waiting:
+            self.close()
+
     def _refuse(self, error: RouterError) -> None:
         """Unreadable input: answer ``error`` after the requests before it, then close."""
         self.broken = True
@@ -324,10 +334,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close the socket now (what was written is sent first); a running handler is cancelled."""
-        self._disarm()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # what was written is sent first
 
@@ -347,6 +354,12 @@ class Connection(asyncio.Protocol):
 
     def _disarm(self) -> None:
         self.deadline = None  # the timer, if set, fires for nothing
+
+    def _stop_timer(self) -> None:
+        self.deadline = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _expire(self) -> None:
         self.timer = None

@@ -198,6 +198,20 @@ async def test_many_pipelined_requests_pause_reading_and_are_all_answered(served
     assert [json.loads(body)["id"] for _, _, body in got] == [str(i) for i in range(2, 2 + count)]
 
 
+async def test_a_pipelined_body_over_the_pipeline_bound_is_read_once_its_turn_comes(served, monkeypatch):
+    _, port, _ = served
+    monkeypatch.setattr("router.http.connection.PIPELINE_HIGH_BYTES", 1024)
+    _, writer, answers = await connect(port)
+    body = b"z" * 3000
+    post = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
+    writer.write(get("/items/1") + post + body[:2000])  # /items/1 takes 50 ms: the POST waits, over the bound
+    await asyncio.sleep(0.02)
+    writer.write(body[2000:] + get("/hello"))  # read only once the POST is answered (reading resumed)
+    got = await answers.read(3)
+    assert [(status, body_) for status, _, body_ in got] == [
+        (200, b'{"id":"1","q":null}'), (200, body), (200, b'{"hello":"world"}')]
+
+
 async def test_expect_100_continue(served):
     _, port, _ = served
     reader, writer, answers = await connect(port)

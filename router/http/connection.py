@@ -179,14 +179,14 @@ class Connection(asyncio.Protocol):
                 self.close()
                 return
             self._start(item)
+        if self.current is None and self.closing:
+            self.close()
+            return
+        if self.read_paused and not self.broken and len(self.waiting) < PIPELINE_MAX:
+            self.read_paused = False  # a waiting body over PIPELINE_HIGH_BYTES pauses it again (on_body)
+            if self.transport is not None:
+                self.transport.resume_reading()
         if self.current is None:
-            if self.closing:
-                self.close()
-                return
-            if self.read_paused and not self.broken:
-                self.read_paused = False
-                if self.transport is not None:
-                    self.transport.resume_reading()
             self._arm(KEEPALIVE_S)
 
     def _start(self, request: Request) -> None:

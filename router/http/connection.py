@@ -6,7 +6,8 @@ connection makes each ``Request``, resolves its route, runs its handler in a tas
 the handler returns (or the one it sent itself: ``router.http.response``), and closes the socket:
 when the client asked (``Connection: close``, HTTP/1.0), after an answer to a body the client was
 told not to send (``Expect: 100-continue`` unanswered), after a request it cannot read (400, 431),
-after ``KEEPALIVE_S`` idle, on ``shut`` (shutdown) once the current answer is out, or at once when
+after a request asking for another protocol (``Upgrade``: answered over HTTP/1.1 first), after
+``KEEPALIVE_S`` idle, on ``shut`` (shutdown) once the current answer is out, or at once when
 the client leaves, which cancels the running handler (how an abandoned request is aborted in the
 stages). A handler never closes the connection.
 

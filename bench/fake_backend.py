@@ -10,11 +10,13 @@ fingerprint and, on the prefill, the bootstrap address; ``/get_server_info``, ``
 ``POST /v1/chat/completions``:
 - prefill: a ``chat.completion`` with one token and ``finish_reason: length`` (what ours answers),
   echoing any ``kv_transfer_params`` (vLLM's two-step PD flow reads them back for the decode);
-- decode: ``--tokens`` tokens; a stream sends the role chunk at once and each token ``--itl-ms`` after
-  the previous one (the first too, so a router that buffers shows in the time to the first token),
-  then the finish and usage chunks and ``[DONE]``; a JSON answer at once.
+- decode: ``--tokens`` tokens (each ``--token-bytes`` of text); a stream sends the role chunk at once
+  and each token ``--itl-ms`` after the previous one (the first too, so a router that buffers shows in
+  the time to the first token), then the finish and usage chunks and ``[DONE]``; a JSON answer at once.
 ``GET /bench/stats`` counts requests per role and how many carried ``bootstrap_room`` and
-``kv_transfer_params`` (the bench checks every router reached both stages once per request).
+``kv_transfer_params`` (the bench checks every router reached both stages once per request), and
+the decode's streamed token chunks its socket took (``decode_chunks_written``: a reader that stalls
+stalls it).
 Loopback only; the process ends on SIGTERM or SIGINT.
 """
 
@@ -52,7 +54,7 @@ def make_app(role: str, args: argparse.Namespace, stats: Counter) -> web.Applica
     info = {"role": role, "model": MODEL, "fingerprint": {"model": MODEL, "block_size": 16}, "kv_blocks": {"used": 0}}
     if role == "prefill":
         info["bootstrap"] = {"host": "127.0.0.1", "port": args.bootstrap_port}
-    itl_s, tokens = args.itl_ms / 1000, args.tokens
+    itl_s, tokens, text = args.itl_ms / 1000, args.tokens, "a" * args.token_bytes
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -65,7 +67,7 @@ def make_app(role: str, args: argparse.Namespace, stats: Counter) -> web.Applica
                 return web.json_response(completion("a", 1, extra=extra))
             return await stream(request, 1, 0.0)
         if not body.get("stream"):
-            return web.json_response(completion("a" * tokens, tokens))
+            return web.json_response(completion(text * tokens, tokens))
         return await stream(request, tokens, itl_s)
 
     async def stream(request: web.Request, n: int, gap_s: float) -> web.StreamResponse:
@@ -75,7 +77,8 @@ def make_app(role: str, args: argparse.Namespace, stats: Counter) -> web.Applica
         for _ in range(n):
             if gap_s:
                 await asyncio.sleep(gap_s)
-            await response.write(chunk({"content": "a"}))
+            await response.write(chunk({"content": text}))
+            stats[f"{role}_chunks_written"] += 1
         await response.write(chunk({}, "length"))
         await response.write(chunk({}, usage={"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}))
         await response.write(b"data: [DONE]\n\n")
@@ -155,4 +158,5 @@ if __name__ == "__main__":
     parser.add_argument("--encoder-port", type=int, default=0, help="also a fake encoder on this port (0: none)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per decode answer")
     parser.add_argument("--itl-ms", type=float, default=2.0, help="gap before each streamed token (decode)")
+    parser.add_argument("--token-bytes", type=int, default=1, help="characters of each token's text")
     asyncio.run(main(parser.parse_args()))

@@ -52,24 +52,17 @@ async def relay_stream(request: Request, upstream: Upstream, head: Head,
     await response.prepare(request)
     await response.write(head.held)
     failure: Failure | None = None
+    pump = _Pump(head, response)
     try:
-        async for data in upstream.chunks(stage, worker, head.response):
-            events = head.splitter.feed(data)
-            if not events:
-                continue
-            now = time.perf_counter()
-            relayed = []
-            for raw in events:
-                if (index := text_choice(raw)) is not None:  # most events: no decode (``router.sse``)
-                    head.tally.text(index, now)
-                    relayed.append(raw)
-                    continue
-                event = classify(raw)
-                head.tally.see(event, now)
-                if event.kind is not Kind.DONE:
-                    relayed.append(raw)
-            if relayed:
-                await response.write(b"".join(relayed))
+        while True:
+            await upstream.follow(stage, worker, head.response, pump.feed)
+            if pump.error is not None:
+                raise pump.error  # the client left (or a bug): the caller closes the stage's response
+            if not pump.blocked:
+                break
+            await response.drain()  # the client's socket is full: the stage's waits, unread, meanwhile
+            pump.blocked = False
+            head.response.connection.resume()
         if not head.tally.done:
             failure = unreachable(stage, worker.url, "the stream ended without [DONE]")
     except StageError as exc:
@@ -84,6 +77,45 @@ async def relay_stream(request: Request, upstream: Upstream, head: Head,
     elif head.tally.error is not None:
         failure = from_event(stage, worker.url, head.tally.error)
     return response, failure
+
+
+class _Pump:
+    """The sink of ``Upstream.follow`` for one relayed stream: each piece the stage's socket gives is
+    split into events, tallied, and its complete events but ``[DONE]`` written to the client at once,
+    in the connection's own callback (no task wakes per event). When the client's socket is full it
+    pauses the stage's connection and detaches (``blocked``; ``relay_stream`` waits for the drain and
+    follows on); when writing fails (the client left) it detaches with ``error`` set."""
+
+    def __init__(self, head: Head, response: StreamResponse) -> None:
+        assert head.response is not None and head.splitter is not None and head.tally is not None
+        self.upstream, self.splitter, self.tally = head.response, head.splitter, head.tally
+        self.client = response
+        self.blocked = False
+        self.error: BaseException | None = None
+
+    def feed(self, data: bytes) -> None:
+        try:
+            events = self.splitter.feed(data)
+            if not events:
+                return
+            now = time.perf_counter()
+            relayed = []
+            for raw in events:
+                if (index := text_choice(raw)) is not None:  # most events: no decode (``router.sse``)
+                    self.tally.text(index, now)
+                    relayed.append(raw)
+                    continue
+                event = classify(raw)
+                self.tally.see(event, now)
+                if event.kind is not Kind.DONE:
+                    relayed.append(raw)
+            if relayed and not self.client.push(b"".join(relayed)):
+                self.blocked = True
+                self.upstream.connection.pause()
+                self.upstream.detach()
+        except Exception as exc:  # raised again by relay_stream, not in the socket's callback
+            self.error = exc
+            self.upstream.detach()
 
 
 async def finish_stream(response: StreamResponse) -> None:

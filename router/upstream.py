@@ -1,6 +1,6 @@
 """The router's HTTP client to its stages.
 
-The hot path (``post``, ``read``, ``chunks``: every request's calls to its stages) is an asyncio
+The hot path (``post``, ``read``, ``chunks``, ``follow``: every request's calls to its stages) is an asyncio
 ``Protocol`` over plain sockets with httptools' C parser (llhttp) reading the answers, and a keep-alive
 pool per worker without a cap (the router's admission gate bounds the requests). The router frames its
 own requests (one ``POST`` with ``Content-Length``: writing bytes, no parsing); every byte it reads is
@@ -215,6 +215,36 @@ class Upstream:
                     raise StageError(idle(stage, worker.url, idle_s))
                 raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
 
+    async def follow(self, stage: str, worker: Worker, response: Response, sink: Callable[[bytes], None]) -> None:
+        """Hand ``sink`` the body of ``response`` as it arrives: what is buffered now, then each piece
+        the socket gives, called from the connection's ``data_received`` (no task wakes per piece; the
+        streams' hot path). Returns at the body's end, or early once ``sink`` called
+        ``response.detach()`` (the caller then calls ``follow`` again or closes the response). Raises
+        StageError as ``chunks`` does (the idle deadline is checked lazily: one timer per
+        ``--stream-idle-timeout-s``, not per piece). ``sink`` must not raise."""
+        idle_s = self.config.stream_idle_timeout_s
+        loop = response.loop
+        response.last = loop.time()
+        response.sink = sink
+        try:
+            if response.pieces:
+                sink(response.take())
+            while response.sink is sink and not response.done:
+                if response.cut is not None:
+                    raise StageError(unreachable(stage, worker.url, response.cut))
+                now = loop.time()
+                left, quiet = response.deadline - now, response.last + idle_s - now
+                if quiet <= 0 and quiet < left:
+                    raise StageError(idle(stage, worker.url, idle_s))
+                if left <= 0:
+                    raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s,
+                                               "--upstream-timeout-s"))
+                await response.wait(min(quiet, left))
+        finally:
+            response.sink = None
+        if response.done:
+            response.release()
+
     def error(self, stage: str, worker: Worker, exc: BaseException) -> StageError:
         """An aiohttp failure on a cold path as a StageError."""
         if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
@@ -254,7 +284,7 @@ class Response:
     """One answer: its status and headers, and its body as the connection receives it."""
 
     __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
-                 "deadline", "pool", "all", "finished", "to_eof")
+                 "deadline", "pool", "all", "finished", "to_eof", "sink", "last")
 
     def __init__(self, connection: _Connection, status: int, headers: _Headers) -> None:
         self.connection = connection
@@ -271,8 +301,15 @@ class Response:
         self.all = False  # read whole (never pause the socket)
         self.finished = False  # released or closed
         self.to_eof = False  # the body runs to the connection's end
+        self.sink: Callable[[bytes], None] | None = None  # ``Upstream.follow``: takes each piece as it arrives
+        self.last = 0.0  # loop time of the last piece handed to ``sink``
 
     def feed(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            self.last = self.loop.time()
+            sink(data)
+            return
         self.pieces.append(data)
         self.buffered += len(data)
         if not self.all:
@@ -293,6 +330,12 @@ class Response:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def detach(self) -> None:
+        """Called by a ``follow`` sink: take no more pieces (they are buffered again), and let ``follow``
+        return."""
+        self.sink = None
+        self.wake()
 
     def whole(self) -> None:
         self.all = True

@@ -257,9 +257,17 @@ class Connection(asyncio.Protocol):
         await self._drain()
 
     async def send_chunk(self, request: Request, data: bytes) -> None:
+        self.push_chunk(data)
+        await self._drain()
+
+    def push_chunk(self, data: bytes) -> bool:
+        """One chunk of the stream now; False while the client's socket is full (``drain`` first)."""
         if self.lost:
             raise ConnectionResetError("the client closed the connection")
         self._write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        return not self.write_paused
+
+    async def drain(self) -> None:
         await self._drain()
 
     async def end_stream(self, request: Request) -> None:

@@ -5,8 +5,9 @@ chunked``). Only responses are formatted here; requests are parsed by httptools.
 A handler returns either; the connection sends a ``Response`` it returns that was not sent yet, and
 ends a ``StreamResponse`` it returns that was not ended. A handler may send a ``Response`` itself
 (``prepare``: at once, to time what follows), and sends a ``StreamResponse``'s head with ``prepare``,
-its chunks with ``write`` (each one chunk on the wire; it waits while the client's socket is full) and
-its end with ``write_eof``. Writing to a client that left raises ``ConnectionResetError``.
+its chunks with ``write`` (each one chunk on the wire; it waits while the client's socket is full), or
+from a callback with ``push`` (then ``drain`` when it says the socket is full), and its end with
+``write_eof``. Writing to a client that left raises ``ConnectionResetError``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class StreamResponse:
         if data:
             assert self.request is not None, "StreamResponse.write before prepare"
             await self.request.connection.send_chunk(self.request, data)
+
+    def push(self, data: bytes) -> bool:
+        """Send ``data`` as one chunk now, from a callback (``router.relay``): False once the client's
+        socket is full (then ``drain`` before more). Raises ConnectionResetError if the client left."""
+        assert self.request is not None, "StreamResponse.push before prepare"
+        return self.request.connection.push_chunk(data)
+
+    async def drain(self) -> None:
+        """Until the client's socket has room again. Raises ConnectionResetError if the client left."""
+        assert self.request is not None, "StreamResponse.drain before prepare"
+        await self.request.connection.drain()
 
     async def write_eof(self) -> None:
         """End the body (the terminating chunk); the connection then reads the next request."""

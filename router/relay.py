@@ -49,8 +49,7 @@ async def relay_stream(request: Request, upstream: Upstream, head: Head,
     assert head.response is not None and head.splitter is not None and head.tally is not None
     stage, worker = head.target.stage, head.target.worker
     response = StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
-    await response.prepare(request)
-    await response.write(head.held)
+    await response.prepare(request, head.held)
     failure: Failure | None = None
     pump = _Pump(head, response)
     try:
@@ -119,6 +118,5 @@ class _Pump:
 
 
 async def finish_stream(response: StreamResponse) -> None:
-    """End a relayed stream once its request is settled: ``[DONE]``, then the final chunk."""
-    await response.write(DONE_EVENT)
-    await response.write_eof()
+    """End a relayed stream once its request is settled: ``[DONE]`` and the final chunk, in one write."""
+    await response.write_eof(DONE_EVENT)

@@ -252,8 +252,8 @@ class Connection(asyncio.Protocol):
         self._send(request, response)
         await self._drain()
 
-    async def start_stream(self, request: Request, response: StreamResponse) -> None:
-        self._stream_head(request, response)
+    async def start_stream(self, request: Request, response: StreamResponse, first: bytes = b"") -> None:
+        self._stream_head(request, response, first)
         await self._drain()
 
     async def send_chunk(self, request: Request, data: bytes) -> None:
@@ -264,14 +264,14 @@ class Connection(asyncio.Protocol):
         """One chunk of the stream now; False while the client's socket is full (``drain`` first)."""
         if self.lost:
             raise ConnectionResetError("the client closed the connection")
-        self._write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        self._write(self._chunk(data))
         return not self.write_paused
 
     async def drain(self) -> None:
         await self._drain()
 
-    async def end_stream(self, request: Request) -> None:
-        self._stream_end()
+    async def end_stream(self, request: Request, last: bytes = b"") -> None:
+        self._stream_end(last)
         await self._drain()
 
     def write(self, data: bytes) -> None:
@@ -284,18 +284,25 @@ class Connection(asyncio.Protocol):
         self._write(response.encode(self.keep, request.method != "HEAD"))
         self.answered = True
 
-    def _stream_head(self, request: Request, response: StreamResponse) -> None:
+    def _stream_head(self, request: Request, response: StreamResponse, first: bytes = b"") -> None:
+        """The head, and ``first`` as the first chunk in the same write."""
         self.chunked = request.version != "1.0"
         self.keep = self._keeps(request) and self.chunked
         self.head_sent = True
         response.request = request
         self._write(head(response.status, response.headers, self.keep,
-                         "Transfer-Encoding: chunked\r\n" if self.chunked else ""))
+                         "Transfer-Encoding: chunked\r\n" if self.chunked else "") + self._chunk(first))
 
-    def _stream_end(self) -> None:
-        if self.chunked:
-            self._write(_LAST_CHUNK)
+    def _stream_end(self, last: bytes = b"") -> None:
+        """``last`` as the last chunk and the terminating one, in one write."""
+        end = self._chunk(last) + (_LAST_CHUNK if self.chunked else b"")
+        if end:
+            self._write(end)
         self.answered = True
+
+    def _chunk(self, data: bytes) -> bytes:
+        """``data`` framed as one chunk (unframed for an HTTP/1.0 client; nothing for no data)."""
+        return b"%x\r\n%b\r\n" % (len(data), data) if self.chunked and data else data
 
     def _keeps(self, request: Request) -> bool:
         return request.keep_alive and not self.closing and (request.complete or request.continued)

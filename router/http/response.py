@@ -83,11 +83,12 @@ class StreamResponse:
     def sent(self) -> bool:
         return self.request is not None
 
-    async def prepare(self, request: Request) -> None:
+    async def prepare(self, request: Request, first: bytes = b"") -> None:
         """Send the status line and headers (``Transfer-Encoding: chunked``; an HTTP/1.0 client gets the
-        body unframed and the connection closed at its end)."""
+        body unframed and the connection closed at its end), and ``first`` as the first chunk, in one
+        write."""
         self.request = request
-        await request.connection.start_stream(request, self)
+        await request.connection.start_stream(request, self, first)
 
     async def write(self, data: bytes) -> None:
         """Send ``data`` as one chunk; returns once the socket took it or has room for more."""
@@ -106,12 +107,13 @@ class StreamResponse:
         assert self.request is not None, "StreamResponse.drain before prepare"
         await self.request.connection.drain()
 
-    async def write_eof(self) -> None:
-        """End the body (the terminating chunk); the connection then reads the next request."""
+    async def write_eof(self, last: bytes = b"") -> None:
+        """End the body: ``last`` as the last chunk, and the terminating one, in one write; the connection
+        then reads the next request."""
         if not self.ended:
             self.ended = True
             assert self.request is not None, "StreamResponse.write_eof before prepare"
-            await self.request.connection.end_stream(self.request)
+            await self.request.connection.end_stream(self.request, last)
 
 
 def json_response(data: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterable
 
 import aiohttp
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
 from router.load import History, Sample, parse_sample
-from router.metrics import Metrics
+from router.metrics import LoopHistogram, Metrics
 from router.workers import Worker
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def router_counters(metrics: Metrics) -> dict[str, float]:
     return counters
 
 
-def _read(metric: Counter | Histogram, suffix: str) -> float:
+def _read(metric: Counter | LoopHistogram, suffix: str) -> float:
     """The sum over its labels (``epd_router_images_total``'s cache hit and miss) of a metric's
     samples named with ``suffix``."""
     return sum(s.value for family in metric.collect() for s in family.samples if s.name.endswith(suffix))

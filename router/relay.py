@@ -108,7 +108,7 @@ class _Pump:
                 self.tally.see(event, now)
                 if event.kind is not Kind.DONE:
                     relayed.append(raw)
-            if relayed and not self.client.push(b"".join(relayed)):
+            if relayed and not self.client.push(relayed[0] if len(relayed) == 1 else b"".join(relayed)):
                 self.blocked = True
                 self.upstream.connection.pause()
                 self.upstream.detach()

@@ -61,6 +61,8 @@ class SSESplitter:
         self._pending = b""
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._pending and data.find(b"\n\n") == len(data) - 2 and b"\r" not in data:
+            return [data]  # the common piece: one whole event (its only boundary is its end)
         buffer = self._pending + data
         events: list[bytes] = []
         start = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
 
 import pytest
 
@@ -86,6 +88,26 @@ def test_splitter_returns_complete_events_and_keeps_the_rest():
 
 def test_splitter_takes_crlf_boundaries():
     assert SSESplitter().feed(b"data: 1\r\n\r\ndata: 2\n\n") == [b"data: 1\r\n\r\n", b"data: 2\n\n"]
+
+
+def test_splitter_cut_anywhere_gives_the_events_of_the_whole():
+    """Whole events fed one by one (its fast path), and the same bytes cut at random points (some
+    with CRLF, blank runs, a boundary split in two), give the events a split of the whole gives."""
+    rng = random.Random(7)
+    pieces = [b"data: %d\n\n" % i for i in range(40)] + [b"data: x\r\n\r\n", b": keep-alive\n\n", b"\n\n",
+                                                          b"data: a\n\n\n", b"data: b\r\n\n"]
+    rng.shuffle(pieces)
+    whole = b"".join(pieces)
+    expected, start = [], 0
+    for match in re.finditer(rb"\r?\n\r?\n", whole):
+        expected.append(whole[start:match.end()])
+        start = match.end()
+    for cuts in ([sum(map(len, pieces[:i])) for i in range(len(pieces) + 1)],
+                 sorted({0, len(whole), *rng.sample(range(len(whole)), 60)})):
+        splitter, out = SSESplitter(), []
+        for a, b in zip(cuts, cuts[1:]):
+            out += splitter.feed(whole[a:b])
+        assert out == expected and splitter.pending == whole[start:]
 
 
 @pytest.mark.parametrize("raw, kind, commits", [

@@ -126,7 +126,8 @@ async def _read_body(request: Request, max_bytes: int, refuse: Callable[[int | s
 def _parse(raw: bytes) -> dict:
     """The body as a JSON object, nested at most ``MAX_JSON_DEPTH`` deep (400 ``invalid_json``).
     msgspec stops at the interpreter's recursion limit (RecursionError, about 1000 levels); the
-    walk that follows bounds the rest, at a cost in proportion to the values decoded."""
+    walk that follows bounds the rest, at a cost in proportion to the values decoded (skipped when
+    the body has too few brackets to nest that deep)."""
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:
@@ -135,7 +136,8 @@ def _parse(raw: bytes) -> dict:
         raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", param=None, code="invalid_json")
-    if not _within_depth(body, MAX_JSON_DEPTH):
+    # fewer opening brackets than the bound (in strings too: a count that errs high) cannot nest deeper
+    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and not _within_depth(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return body
 

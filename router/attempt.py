@@ -10,11 +10,15 @@ opens with (``peer_failed`` when the prefill died), is a ``StageError`` the disp
 and the first byte leaves the moment the stage's does.
 
 ``side_call`` sends a side stage (the prefill, an encoder) its body and reads its whole answer.
+Both return futures the dispatcher waits on together; a JSON answer and a side call on a kept-alive
+connection run without a task of their own (``Upstream.fetch``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from router.modes import Target
@@ -34,16 +38,26 @@ class Head:
     tally: Tally | None = None
 
 
-async def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) -> Head:
+def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) -> asyncio.Future[Head]:
+    """The answering stage's ``Head``, as a future (cancelling it aborts the call): a JSON answer read
+    whole by the connection's callbacks (``Upstream.fetch``), a stream by a task."""
     sent_at = time.perf_counter()
+    if stream:
+        return asyncio.ensure_future(_open(upstream, target, sent_at, tally))
+
+    def head(status: int, headers: Mapping[str, str], raw: bytes) -> Head:
+        _check(target, status, headers, raw)
+        return Head(target, sent_at, raw)
+
+    return upstream.fetch(target.stage, target.worker, target.body, head, target.path)
+
+
+async def _open(upstream: Upstream, target: Target, sent_at: float, tally: Tally) -> Head:
     response = await upstream.post(target.stage, target.worker, target.body, target.path)
     try:
-        if response.status != 200 or not stream:
+        if response.status != 200:
             raw = await upstream.read(target.stage, target.worker, response)
-            if response.status != 200:
-                raise StageError(from_answer(target.stage, target.worker.url, response.status, raw,
-                                              response.headers.get("Retry-After")))
-            return Head(target, sent_at, raw)
+            _check(target, response.status, response.headers, raw)
         return await _open_stream(upstream, target, response, sent_at, tally)
     except BaseException:
         response.close()  # closing the connection aborts the request at the stage
@@ -71,12 +85,19 @@ async def _open_stream(upstream: Upstream, target: Target, response: Response, s
     raise StageError(unreachable(target.stage, target.worker.url, "the stream ended before any text"))
 
 
-async def side_call(upstream: Upstream, target: Target) -> float:
-    """Send ``target`` its body and read its answer; the seconds it took. StageError if it failed."""
+def side_call(upstream: Upstream, target: Target) -> asyncio.Future[float]:
+    """Send ``target`` its body and read its answer: a future of the seconds it took (StageError if it
+    failed; cancelling it aborts the call)."""
     sent_at = time.perf_counter()
-    response = await upstream.post(target.stage, target.worker, target.body, target.path)
-    raw = await upstream.read(target.stage, target.worker, response)
-    if response.status != 200:
-        raise StageError(from_answer(target.stage, target.worker.url, response.status, raw,
-                                              response.headers.get("Retry-After")))
-    return time.perf_counter() - sent_at
+
+    def seconds(status: int, headers: Mapping[str, str], raw: bytes) -> float:
+        _check(target, status, headers, raw)
+        return time.perf_counter() - sent_at
+
+    return upstream.fetch(target.stage, target.worker, target.body, seconds, target.path)
+
+
+def _check(target: Target, status: int, headers: Mapping[str, str], raw: bytes) -> None:
+    """StageError unless the stage answered 200."""
+    if status != 200:
+        raise StageError(from_answer(target.stage, target.worker.url, status, raw, headers.get("Retry-After")))

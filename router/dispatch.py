@@ -129,8 +129,8 @@ class Dispatcher:
         final chunk."""
         record = self._record(call, plan)
         tally = Tally(call.started)
-        answer = asyncio.ensure_future(open_answer(self.upstream, plan.answer, call.stream, tally))
-        sides = [asyncio.ensure_future(side_call(self.upstream, side)) for side in plan.sides]
+        answer = open_answer(self.upstream, plan.answer, call.stream, tally)
+        sides = [side_call(self.upstream, side) for side in plan.sides]
         head: Head | None = None
         cache = cache_counts(call.images, plan.cached) if self.config.mode == "epd" else None
         outcome, untouched = "aborted", frozenset[str]()
@@ -163,7 +163,7 @@ class Dispatcher:
             record.done, record.outcome = time.time(), outcome
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
-            tasks = (answer, *sides)
+            tasks: tuple[asyncio.Future, ...] = (answer, *sides)
             for task in tasks:
                 task.cancel()  # closes what is still open: the stage aborts the room
             if all(task.done() for task in tasks):  # the common case: no extra turn of the event loop

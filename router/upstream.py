@@ -1,6 +1,6 @@
 """The router's HTTP client to its stages.
 
-The hot path (``post``, ``read``, ``chunks``, ``follow``: every request's calls to its stages) is an asyncio
+The hot path (``fetch``, ``post``, ``read``, ``chunks``, ``follow``: every request's calls to its stages) is an asyncio
 ``Protocol`` over plain sockets with httptools' C parser (llhttp) reading the answers, and a keep-alive
 pool per worker without a cap (the router's admission gate bounds the requests). The router frames its
 own requests (one ``POST`` with ``Content-Length``: writing bytes, no parsing); every byte it reads is
@@ -31,6 +31,7 @@ import asyncio
 import math
 import socket
 from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -52,6 +53,7 @@ READ_HIGH_BYTES = 1 << 18  # unread answer bytes above which a connection pauses
 _DISCONNECTED = "ServerDisconnectedError: Server disconnected"
 _CUT = "the connection closed before the answer was complete"
 _TIMER = object()  # a waiter's result when its deadline fired
+T = TypeVar("T")
 
 
 class StageError(Exception):
@@ -99,13 +101,39 @@ class Upstream:
         closes or releases it). Raises StageError if the stage cannot be reached in time."""
         return await self.request(stage, worker, b"POST", path, body)
 
+    def fetch(self, stage: str, worker: Worker, body: bytes, then: Callable[[int, _Headers, bytes], T],
+              path: str = CHAT_PATH) -> asyncio.Future[T]:
+        """``post`` and ``read`` as one future, resolved with ``then(status, headers, body)`` (or what it
+        raises): on a kept-alive connection it is driven by the connection's callbacks alone, with no
+        task (the hot path of every JSON answer and side call); otherwise (no idle connection, or a
+        body sent in slices) by a task that connects first. StageError as ``post`` and ``read`` raise
+        it, within ``--upstream-timeout-s`` of now. Cancelling the future closes the connection, which
+        aborts the request at the stage."""
+        loop = asyncio.get_running_loop()
+        key, head_bytes = self._target(worker.url, path, b"POST")
+        connection = self._reused(key, loop.time()) if len(body) <= SLICE_BYTES else None
+        if connection is None:
+            return asyncio.ensure_future(self._fetch_connecting(stage, worker, body, then, path))
+        call = _WholeCall(self, stage, worker, connection, then, loop.time() + self.config.upstream_timeout_s)
+        call.send(head_bytes + b"%d\r\n\r\n" % len(body), body, self._idle[key])
+        return call.future
+
+    async def _fetch_connecting(self, stage: str, worker: Worker, body: bytes,
+                                then: Callable[[int, _Headers, bytes], T], path: str) -> T:
+        response = await self.post(stage, worker, body, path)
+        raw = await self.read(stage, worker, response)
+        return then(response.status, response.headers, raw)
+
+    def _target(self, url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]:
+        target = self._targets.get((url, path, method))
+        if target is None:
+            target = self._targets[(url, path, method)] = _target(url, path, method)
+        return target
+
     async def request(self, stage: str, worker: Worker, method: bytes, path: str, body: bytes = b"") -> Response:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.upstream_timeout_s
-        target = self._targets.get((worker.url, path, method))
-        if target is None:
-            target = self._targets[(worker.url, path, method)] = _target(worker.url, path, method)
-        key, head_bytes = target
+        key, head_bytes = self._target(worker.url, path, method)
         connection = self._reused(key, loop.time())
         if connection is None:
             connection = await self._connect(stage, worker, key, deadline)
@@ -271,6 +299,91 @@ def _target(url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]
 def _fire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(_TIMER)
+
+
+class _WholeCall:
+    """One call on a kept-alive connection, read whole: ``Upstream.fetch``'s future, resolved from the
+    connection's callbacks (the head, then the body's end or a lost connection) or the deadline's
+    timer; whoever ends first wins, and the future's own end cancels the timer and, unless the
+    answer was read whole, closes the connection."""
+
+    __slots__ = ("upstream", "stage", "worker", "connection", "then", "deadline", "future", "timer", "response",
+                 "pool")
+
+    def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: _Connection,
+                 then: Callable[[int, _Headers, bytes], Any], deadline: float) -> None:
+        self.upstream, self.stage, self.worker, self.connection, self.then = upstream, stage, worker, connection, then
+        self.deadline = deadline
+        loop = connection.loop
+        self.future: asyncio.Future = loop.create_future()
+        self.timer = loop.call_at(deadline, self._expire)
+        self.response: Response | None = None
+        self.pool: list[_Connection] | None = None
+
+    def send(self, head: bytes, body: bytes, pool: list[_Connection]) -> None:
+        self.pool = pool
+        self.connection.send(head, body).add_done_callback(self._headed)
+        self.future.add_done_callback(self._ended)
+
+    def _headed(self, head: asyncio.Future) -> None:
+        if self.future.done():
+            return
+        answer = head.result()
+        if isinstance(answer, str):
+            self._fail(unreachable(self.stage, self.worker.url, answer))
+            return
+        answer.deadline, answer.pool = self.deadline, self.pool
+        answer.whole()
+        self.response = answer
+        if answer.done or answer.cut is not None:
+            self._finish()
+        else:
+            waiter = answer.waiter = answer.loop.create_future()
+            waiter.add_done_callback(self._woken)
+
+    def _woken(self, _: asyncio.Future) -> None:
+        response = self.response
+        assert response is not None
+        response.waiter = None
+        if self.future.done():
+            return
+        if response.done or response.cut is not None:
+            self._finish()
+        else:  # woken for bytes read whole: wait on for the end
+            waiter = response.waiter = response.loop.create_future()
+            waiter.add_done_callback(self._woken)
+
+    def _finish(self) -> None:
+        response = self.response
+        assert response is not None
+        if not response.done:
+            assert response.cut is not None
+            self._fail(unreachable(self.stage, self.worker.url, response.cut))
+            return
+        data = response.take()
+        response.release()
+        try:
+            result = self.then(response.status, response.headers, data)
+        except Exception as exc:  # noqa: BLE001 - the caller's verdict on the answer (a StageError)
+            self.future.set_exception(exc)
+            return
+        self.future.set_result(result)
+
+    def _expire(self) -> None:
+        if not self.future.done():
+            config = self.upstream.config
+            self._fail(timed_out(self.stage, self.worker.url, config.upstream_timeout_s, "--upstream-timeout-s"))
+
+    def _fail(self, failure: Failure) -> None:
+        self.future.set_exception(StageError(failure))
+
+    def _ended(self, future: asyncio.Future) -> None:
+        self.timer.cancel()
+        if future.cancelled() or future.exception() is not None:
+            if self.response is not None:
+                self.response.close()  # a no-op once read whole and released
+            else:
+                self.connection.close()
 
 
 class _Headers(dict):

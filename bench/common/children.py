@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.common.proc import thread_cpu, tree_cpu_seconds
+from bench.common.proc import thread_cpu, tree_cpu_seconds, tree_run_seconds
 from stages.launch.health import wait_healthy
 from stages.launch.ports import free_port
 from stages.launch.processes import stop_process
@@ -41,9 +41,10 @@ class Child:
             tail = self.log_path.read_text(errors="replace")[-LOG_TAIL:]
             raise RuntimeError(f"{self.name}: {str(exc) or 'not healthy'} (within {timeout_s:g} s); log:\n{tail}") from None
 
-    def cpu(self) -> float:
-        """CPU seconds of the child and its live descendants so far."""
-        return tree_cpu_seconds(self.proc.pid)
+    def cpu(self, precise: bool = False) -> float:
+        """CPU seconds of the child and its live descendants so far; ``precise``: of their live threads,
+        in the scheduler's nanoseconds (``tree_run_seconds``), not 10 ms ticks."""
+        return (tree_run_seconds if precise else tree_cpu_seconds)(self.proc.pid)
 
     def threads(self, top: int = 8) -> list[list]:
         """Its busiest threads: [name, CPU seconds]."""

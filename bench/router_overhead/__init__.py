@@ -13,7 +13,8 @@ as a PD router does):
 - c=1, non-stream: latency p50/p99; added = router - direct;
 - c=1, stream: time to the first body byte and to the first token (first non-empty ``delta.content``);
 - c=32, non-stream: throughput (requests/s) and latency p50/p99;
-- CPU per request of the router process (and its children): utime+stime from ``/proc`` over each phase.
+- CPU per request of the router process (and its children): their threads' CPU time over each phase, in the
+  scheduler's nanoseconds (``/proc/PID/task/TID/schedstat``; 10 ms ticks would round a phase's few hundred ms).
 Phases run one target at a time; the sequence of targets runs ``--rounds`` times (order reversed
 every other round) and samples are pooled, so drifting outside load hits every target.
 

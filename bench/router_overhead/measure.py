@@ -52,10 +52,10 @@ async def measure(client: Client, router: Child | None, backend_url: str, args: 
     for phase, concurrency, n, stream in (("c1", 1, args.requests_c1, False), ("stream", 1, args.requests_stream, True),
                                           ("c32", args.concurrency, args.requests_c32, False)):
         before = await stats_of(client.session, backend_url)
-        cpu0 = router.cpu() if router else None
+        cpu0 = router.cpu(precise=True) if router else None
         errors0 = len(client.errors)
         samples, wall = await run_level(client, concurrency, n, stream)
-        cpu = router.cpu() - cpu0 if router and cpu0 is not None else None
+        cpu = router.cpu(precise=True) - cpu0 if router and cpu0 is not None else None
         after = await stats_of(client.session, backend_url)
         reached = {k: after.get(k, 0) - before.get(k, 0) for k in STAGE_CALLS}
         out[phase] = {"samples": samples, "wall_s": wall, "router_cpu_s": cpu, "errors": client.errors[errors0:],

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from router.modes import Target
 from router.sse import Kind, SSESplitter, classify
 from router.tally import Tally
-from router.upstream import Response, StageError, Upstream
+from router.upstream import AnswerHeaders, Response, StageError, Upstream
 from router.verdict import from_answer, from_event, unreachable
 
 
@@ -45,7 +44,7 @@ def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) 
     if stream:
         return asyncio.ensure_future(_open(upstream, target, sent_at, tally))
 
-    def head(status: int, headers: Mapping[str, str], raw: bytes) -> Head:
+    def head(status: int, headers: AnswerHeaders, raw: bytes) -> Head:
         _check(target, status, headers, raw)
         return Head(target, sent_at, raw)
 
@@ -90,14 +89,14 @@ def side_call(upstream: Upstream, target: Target) -> asyncio.Future[float]:
     failed; cancelling it aborts the call)."""
     sent_at = time.perf_counter()
 
-    def seconds(status: int, headers: Mapping[str, str], raw: bytes) -> float:
+    def seconds(status: int, headers: AnswerHeaders, raw: bytes) -> float:
         _check(target, status, headers, raw)
         return time.perf_counter() - sent_at
 
     return upstream.fetch(target.stage, target.worker, target.body, seconds, target.path)
 
 
-def _check(target: Target, status: int, headers: Mapping[str, str], raw: bytes) -> None:
+def _check(target: Target, status: int, headers: AnswerHeaders, raw: bytes) -> None:
     """StageError unless the stage answered 200."""
     if status != 200:
         raise StageError(from_answer(target.stage, target.worker.url, status, raw, headers.get("Retry-After")))

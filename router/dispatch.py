@@ -185,10 +185,12 @@ class Dispatcher:
         pending: set[asyncio.Future[Head] | asyncio.Future[float]] = {answer, *sides}
         while True:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: t is not answer and plan.sides[sides.index(t)].stage != "encoder"):
-                side_error = task.exception() if task is not answer else None
-                if side_error is not None:  # a side call failed: it is to blame (an encoder's own answer first)
-                    raise await _encoder_behind(plan, sides, await _decode_behind(plan, answer, side_error))
+            failed = [task for task in done if task is not answer and task.exception() is not None]
+            if failed:  # a side call failed: it is to blame (an encoder's own answer first)
+                failed.sort(key=lambda t: plan.sides[sides.index(t)].stage != "encoder")
+                side_error = failed[0].exception()
+                assert side_error is not None
+                raise await _encoder_behind(plan, sides, await _decode_behind(plan, answer, side_error))
             if answer in done:
                 error = answer.exception()
                 if error is None:

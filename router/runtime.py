@@ -225,8 +225,9 @@ class Router:
                 f"({self.pairing.rules.describe()}; {len(ps)} prefill, {len(ds)} decode healthy)")
 
     def serves(self, model: str) -> bool:
-        """Whether ``model`` is among ``models()``' ids (without building the list)."""
-        return any(card["id"] == model for worker in self.answering.workers for card in worker.cards)
+        """Whether ``model`` is among ``models()``' ids (without building the list: an answering worker's
+        ``models`` are its cards' ids)."""
+        return any(model in worker.models for worker in self.answering.workers)
 
     def models(self) -> list[dict]:
         """The model cards of the answering workers, each id once."""

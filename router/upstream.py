@@ -101,7 +101,7 @@ class Upstream:
         closes or releases it). Raises StageError if the stage cannot be reached in time."""
         return await self.request(stage, worker, b"POST", path, body)
 
-    def fetch(self, stage: str, worker: Worker, body: bytes, then: Callable[[int, _Headers, bytes], T],
+    def fetch(self, stage: str, worker: Worker, body: bytes, then: Callable[[int, AnswerHeaders, bytes], T],
               path: str = CHAT_PATH) -> asyncio.Future[T]:
         """``post`` and ``read`` as one future, resolved with ``then(status, headers, body)`` (or what it
         raises): on a kept-alive connection it is driven by the connection's callbacks alone, with no
@@ -119,7 +119,7 @@ class Upstream:
         return call.future
 
     async def _fetch_connecting(self, stage: str, worker: Worker, body: bytes,
-                                then: Callable[[int, _Headers, bytes], T], path: str) -> T:
+                                then: Callable[[int, AnswerHeaders, bytes], T], path: str) -> T:
         response = await self.post(stage, worker, body, path)
         raw = await self.read(stage, worker, response)
         return then(response.status, response.headers, raw)
@@ -311,7 +311,7 @@ class _WholeCall:
                  "pool")
 
     def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: _Connection,
-                 then: Callable[[int, _Headers, bytes], Any], deadline: float) -> None:
+                 then: Callable[[int, AnswerHeaders, bytes], Any], deadline: float) -> None:
         self.upstream, self.stage, self.worker, self.connection, self.then = upstream, stage, worker, connection, then
         self.deadline = deadline
         loop = connection.loop
@@ -386,11 +386,28 @@ class _WholeCall:
                 self.connection.close()
 
 
-class _Headers(dict):
-    """Response headers by lower-case name; ``get`` takes any case."""
+class AnswerHeaders:
+    """A stage's answer headers, kept as the (name, value) bytes httptools gave; ``get`` (any case)
+    decodes them on first use: a request's hot path never reads one."""
 
-    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
+    __slots__ = ("raw", "_by_name")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+        self._by_name: dict[str, str] | None = None
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        if self._by_name is None:
+            self._by_name = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self.raw}
+        return self._by_name.get(name.lower(), default)
+
+    def framed(self) -> bool:
+        """Whether the body's end is framed (``Content-Length`` or chunked), not the connection's close."""
+        for name, value in self.raw:
+            lower = name.lower()
+            if lower == b"content-length" or lower == b"transfer-encoding" and b"chunked" in value.lower():
+                return True
+        return False
 
 
 class Response:
@@ -399,7 +416,7 @@ class Response:
     __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
                  "deadline", "pool", "all", "finished", "to_eof", "sink", "last")
 
-    def __init__(self, connection: _Connection, status: int, headers: _Headers) -> None:
+    def __init__(self, connection: _Connection, status: int, headers: AnswerHeaders) -> None:
         self.connection = connection
         self.loop = connection.loop
         self.status = status
@@ -595,14 +612,12 @@ class _Connection(asyncio.Protocol):
         self.names.append((name, value))
 
     def on_headers_complete(self) -> None:
-        headers = _Headers()
-        for name, value in self.names:
-            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        headers = AnswerHeaders(self.names)
         self.names = []
-        response = self.response = Response(self, self.parser.get_status_code(), headers)
+        status = self.parser.get_status_code()
+        response = self.response = Response(self, status, headers)
         # neither Content-Length nor chunked: the body ends when the stage closes (llhttp sees no end)
-        response.to_eof = ("content-length" not in headers and "chunked" not in (headers.get("transfer-encoding") or "")
-                           and response.status not in (204, 304) and response.status >= 200)
+        response.to_eof = status >= 200 and status not in (204, 304) and not headers.framed()
         if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
             self.close()
             return

@@ -1,14 +1,15 @@
 """The router's HTTP client to its stages.
 
-The hot path (``fetch``, ``post``, ``read``, ``chunks``, ``follow``: every request's calls to its stages) is an asyncio
-``Protocol`` over plain sockets with httptools' C parser (llhttp) reading the answers, and a keep-alive
-pool per worker without a cap (the router's admission gate bounds the requests). The router frames its
-own requests (one ``POST`` with ``Content-Length``: writing bytes, no parsing); every byte it reads is
-parsed by httptools. docs/router.md "The upstream client" says why not aiohttp's client there. The
-cold paths (discovery, health checks, the admin API, room aborts) keep an aiohttp session (``session``).
+The hot path (``fetch``, ``post``, ``read``, ``chunks``, ``follow``: every request's calls to its
+stages) runs over ``router.upstream_wire``'s connections (an asyncio ``Protocol`` over a plain socket,
+httptools' C parser, llhttp, reading the answers), kept alive in a pool per worker without a cap (the
+router's admission gate bounds the requests). The router frames its own requests (one ``POST`` with
+``Content-Length``: writing bytes, no parsing); every byte it reads is parsed by httptools.
+docs/router.md "The upstream client" says why not aiohttp's client there. The cold paths
+(discovery, health checks, the admin API, room aborts) keep an aiohttp session (``session``).
 
-TCP_NODELAY is set on every connection (asyncio sets it too), so a small request body or chunk is
-never held back by Nagle's algorithm; ``tests/test_router_http.py`` checks it on a live connection.
+TCP_NODELAY is set on every connection, so a small request body or chunk is never held back by
+Nagle's algorithm; ``tests/test_router_http.py`` checks it on a live connection.
 
 Every failure to reach a stage, or a connection lost or a deadline passed while reading its
 answer, becomes a ``StageError`` carrying a ``Failure`` that names the stage.
@@ -20,39 +21,32 @@ or vanished stage trips it); ``--upstream-host-timeout-s``: TCP keepalive probes
 ``TCP_USER_TIMEOUT`` on every connection, so a host that vanished (no RST: its link is down) fails
 any call on it, JSON or stream, after about that long.
 
-Reads are bounded: a connection stops reading its socket while more than ``READ_HIGH_BYTES`` of an
-answer wait unread, and a cancelled or abandoned call closes its connection (which aborts the request
-at the stage); only a connection whose answer was read whole goes back to the pool.
+Reads are bounded (``upstream_wire.READ_HIGH_BYTES``), a cancelled or abandoned call closes its
+connection (which aborts the request at the stage), and only a connection whose answer was read whole
+goes back to the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
-import httptools  # hot path: llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
 
 from router.config import RouterConfig
+from router.upstream_wire import CUT, SLICE_BYTES, TIMER, AnswerHeaders, Response, StageConnection, fire, probing_sockets
 from router.verdict import Failure, idle, timed_out, unreachable
 from router.workers import Worker
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"  # OpenAI's legacy completions: text prompts, routed as chat is
 JSON_HEADERS = {"Content-Type": "application/json"}
-# a body over this is written in slices of it, each once the socket took the last (no copy of a 64 MiB body)
-SLICE_BYTES = 1 << 20
 # idle connections are dropped before the stages' own keep-alive ends (uvicorn: 5 s), so a request is
 # never sent on a connection the stage is closing at that moment
 KEEPALIVE_S = 4.0
-READ_HIGH_BYTES = 1 << 18  # unread answer bytes above which a connection pauses reading its socket
-_DISCONNECTED = "ServerDisconnectedError: Server disconnected"
-_CUT = "the connection closed before the answer was complete"
-_TIMER = object()  # a waiter's result when its deadline fired
 T = TypeVar("T")
 
 
@@ -74,7 +68,7 @@ class Upstream:
         # (worker URL, path) -> (host, port) and the request line with its fixed headers, made once (a
         # worker's URL never changes; a removed one's entry is a few bytes)
         self._targets: dict[tuple[str, str, bytes], tuple[tuple[str, int], bytes]] = {}
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}  # per worker: kept-alive connections, newest last
+        self._idle: dict[tuple[str, int], list[StageConnection]] = {}  # per worker: kept-alive connections, newest last
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, socket_factory=self._sockets)
@@ -138,7 +132,7 @@ class Upstream:
         if connection is None:
             connection = await self._connect(stage, worker, key, deadline)
         head = connection.send(head_bytes + b"%d\r\n\r\n" % len(body), body)
-        handle = loop.call_at(deadline, _fire, head)
+        handle = loop.call_at(deadline, fire, head)
         try:
             if len(body) > SLICE_BYTES:
                 await connection.write_sliced(body)
@@ -148,7 +142,7 @@ class Upstream:
             raise
         finally:
             handle.cancel()
-        if answer is _TIMER:
+        if answer is TIMER:
             connection.close()
             raise StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
         if isinstance(answer, str):
@@ -158,7 +152,7 @@ class Upstream:
         answer.pool = self._idle.setdefault(key, [])
         return answer
 
-    def _reused(self, key: tuple[str, int], now: float) -> _Connection | None:
+    def _reused(self, key: tuple[str, int], now: float) -> StageConnection | None:
         pool = self._idle.get(key)
         while pool:
             connection = pool.pop()
@@ -167,7 +161,7 @@ class Upstream:
             connection.close()
         return None
 
-    async def _connect(self, stage: str, worker: Worker, key: tuple[str, int], deadline: float) -> _Connection:
+    async def _connect(self, stage: str, worker: Worker, key: tuple[str, int], deadline: float) -> StageConnection:
         loop = asyncio.get_running_loop()
         connect_s = self.config.connect_timeout_s
         left = deadline - loop.time()
@@ -186,7 +180,7 @@ class Upstream:
                         sock, last = None, exc
                 if sock is None:
                     raise last or OSError(f"no address for {key[0]}")
-                _, connection = await loop.create_connection(_Connection, sock=sock)
+                _, connection = await loop.create_connection(StageConnection, sock=sock)
                 return connection
         except TimeoutError:
             if sock is not None:
@@ -280,7 +274,7 @@ class Upstream:
                 return StageError(timed_out(stage, worker.url, self.config.connect_timeout_s, "--connect-timeout-s"))
             return StageError(timed_out(stage, worker.url, self.config.upstream_timeout_s, "--upstream-timeout-s"))
         if isinstance(exc, aiohttp.ClientPayloadError):
-            return StageError(unreachable(stage, worker.url, _CUT))
+            return StageError(unreachable(stage, worker.url, CUT))
         return StageError(unreachable(stage, worker.url, f"{type(exc).__name__}: {exc}".rstrip(": ")))
 
 
@@ -296,11 +290,6 @@ def _target(url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]
     return (parts.hostname, port), head
 
 
-def _fire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(_TIMER)
-
-
 class _WholeCall:
     """One call on a kept-alive connection, read whole: ``Upstream.fetch``'s future, resolved from the
     connection's callbacks (the head, then the body's end or a lost connection) or the deadline's
@@ -310,7 +299,7 @@ class _WholeCall:
     __slots__ = ("upstream", "stage", "worker", "connection", "then", "deadline", "future", "timer", "response",
                  "pool")
 
-    def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: _Connection,
+    def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: StageConnection,
                  then: Callable[[int, AnswerHeaders, bytes], Any], deadline: float) -> None:
         self.upstream, self.stage, self.worker, self.connection, self.then = upstream, stage, worker, connection, then
         self.deadline = deadline
@@ -318,9 +307,9 @@ class _WholeCall:
         self.future: asyncio.Future = loop.create_future()
         self.timer = loop.call_at(deadline, self._expire)
         self.response: Response | None = None
-        self.pool: list[_Connection] | None = None
+        self.pool: list[StageConnection] | None = None
 
-    def send(self, head: bytes, body: bytes, pool: list[_Connection]) -> None:
+    def send(self, head: bytes, body: bytes, pool: list[StageConnection]) -> None:
         self.pool = pool
         self.connection.send(head, body).add_done_callback(self._headed)
         self.future.add_done_callback(self._ended)
@@ -384,274 +373,3 @@ class _WholeCall:
                 self.response.close()  # a no-op once read whole and released
             else:
                 self.connection.close()
-
-
-class AnswerHeaders:
-    """A stage's answer headers, kept as the (name, value) bytes httptools gave; ``get`` (any case)
-    decodes them on first use: a request's hot path never reads one."""
-
-    __slots__ = ("raw", "_by_name")
-
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        self.raw = raw
-        self._by_name: dict[str, str] | None = None
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        if self._by_name is None:
-            self._by_name = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self.raw}
-        return self._by_name.get(name.lower(), default)
-
-    def framed(self) -> bool:
-        """Whether the body's end is framed (``Content-Length`` or chunked), not the connection's close."""
-        for name, value in self.raw:
-            lower = name.lower()
-            if lower == b"content-length" or lower == b"transfer-encoding" and b"chunked" in value.lower():
-                return True
-        return False
-
-
-class Response:
-    """One answer: its status and headers, and its body as the connection receives it."""
-
-    __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
-                 "deadline", "pool", "all", "finished", "to_eof", "sink", "last")
-
-    def __init__(self, connection: _Connection, status: int, headers: AnswerHeaders) -> None:
-        self.connection = connection
-        self.loop = connection.loop
-        self.status = status
-        self.headers = headers
-        self.pieces: list[bytes] = []
-        self.buffered = 0
-        self.done = False  # the whole body is in
-        self.cut: str | None = None  # the connection went away before that: why
-        self.waiter: asyncio.Future | None = None
-        self.deadline = math.inf
-        self.pool: list[_Connection] | None = None
-        self.all = False  # read whole (never pause the socket)
-        self.finished = False  # released or closed
-        self.to_eof = False  # the body runs to the connection's end
-        self.sink: Callable[[bytes], None] | None = None  # ``Upstream.follow``: takes each piece as it arrives
-        self.last = 0.0  # loop time of the last piece handed to ``sink``
-
-    def feed(self, data: bytes) -> None:
-        sink = self.sink
-        if sink is not None:
-            self.last = self.loop.time()
-            sink(data)
-            return
-        self.pieces.append(data)
-        self.buffered += len(data)
-        if not self.all:
-            if self.buffered > READ_HIGH_BYTES:
-                self.connection.pause()
-            self.wake()
-
-    def end(self) -> None:
-        self.done = True
-        self.wake()
-
-    def lose(self, detail: str) -> None:
-        if not self.done:
-            self.cut = detail
-            self.wake()
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def detach(self) -> None:
-        """Called by a ``follow`` sink: take no more pieces (they are buffered again), and let ``follow``
-        return."""
-        self.sink = None
-        self.wake()
-
-    def whole(self) -> None:
-        self.all = True
-        self.connection.resume()
-
-    async def wait(self, delay: float) -> bool:
-        """Until more bytes, the end or a cut; False if ``delay`` passed first."""
-        waiter = self.waiter = self.loop.create_future()
-        handle = self.loop.call_later(delay, _fire, waiter)
-        try:
-            return await waiter is not _TIMER
-        finally:
-            handle.cancel()
-            self.waiter = None
-
-    def take(self) -> bytes:
-        pieces = self.pieces
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        self.pieces = []
-        self.buffered = 0
-        self.connection.resume()
-        return data
-
-    def release(self) -> None:
-        """Back to the pool if the answer was read whole and the stage keeps the connection; else closed."""
-        if self.finished:
-            return
-        self.finished = True
-        connection = self.connection
-        if self.done and not self.pieces and connection.keep and not connection.lost and self.pool is not None:
-            connection.idle_since = self.loop.time()
-            connection.response = None
-            pool = self.pool
-            if pool and pool[0].lost:  # the oldest were closed by their stage while idle: drop them
-                pool[:] = [kept for kept in pool if not kept.lost]
-            pool.append(connection)
-        else:
-            connection.close()
-
-    def close(self) -> None:
-        """Close the connection (the stage aborts the request); a no-op once released."""
-        if not self.finished:
-            self.finished = True
-            self.connection.close()
-
-
-class _Connection(asyncio.Protocol):
-    """One kept-alive connection to a stage, one request at a time; httptools parses what it reads."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.head: asyncio.Future | None = None  # the sent request's: its Response, a detail (str) or _TIMER
-        self.response: Response | None = None
-        self.names: list[tuple[bytes, bytes]] = []
-        self.lost = False
-        self.keep = False
-        self.paused = False
-        self.idle_since = 0.0
-        self.drained: asyncio.Future | None = None
-        self.write_paused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def send(self, head: bytes, body: bytes) -> asyncio.Future:
-        self.head = self.loop.create_future()
-        self.response = None
-        self.keep = False
-        assert self.transport is not None
-        if len(body) <= SLICE_BYTES:
-            self.transport.write(head + body)
-        else:
-            self.transport.write(head)
-        return self.head
-
-    async def write_sliced(self, body: bytes) -> None:
-        view = memoryview(body)
-        for start in range(0, len(view), SLICE_BYTES):
-            if self.lost:
-                return
-            if self.write_paused:
-                self.drained = self.loop.create_future()
-                await self.drained
-            assert self.transport is not None
-            self.transport.write(view[start:start + SLICE_BYTES])
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def pause(self) -> None:
-        if not self.paused and not self.lost and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-
-    def resume(self) -> None:
-        if self.paused and not self.lost and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.gone(f"{type(exc).__name__}: {exc}")
-            self.close()
-
-    def eof_received(self) -> bool:
-        response = self.response
-        if response is not None and response.to_eof and not response.done:  # framed by the close itself
-            self.keep = False
-            response.end()
-        self.gone(_DISCONNECTED)
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.gone(_DISCONNECTED if exc is None else f"{type(exc).__name__}: {exc}")
-
-    def gone(self, detail: str) -> None:
-        self.lost = True
-        if self.head is not None and not self.head.done():
-            self.head.set_result(detail)
-        if self.response is not None:
-            self.response.lose(_CUT)
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def close(self) -> None:
-        self.lost = True
-        if self.transport is not None:
-            self.transport.close()
-
-    # httptools' callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.names.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        headers = AnswerHeaders(self.names)
-        self.names = []
-        status = self.parser.get_status_code()
-        response = self.response = Response(self, status, headers)
-        # neither Content-Length nor chunked: the body ends when the stage closes (llhttp sees no end)
-        response.to_eof = status >= 200 and status not in (204, 304) and not headers.framed()
-        if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
-            self.close()
-            return
-        self.head.set_result(response)
-
-    def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response.feed(body)
-
-    def on_message_complete(self) -> None:
-        self.keep = self.parser.should_keep_alive()
-        self.head = None
-        if self.response is not None:
-            self.response.end()
-
-
-def probing_sockets(host_timeout_s: float) -> Callable[[tuple], socket.socket]:
-    """aiohttp's ``socket_factory``: TCP sockets that give up on a peer silent at the TCP level for about
-    ``host_timeout_s``: keepalive probes from 1 s of idleness, one a second, and the connection dropped
-    (ETIMEDOUT) after ``host_timeout_s - 1`` unanswered ones; ``TCP_USER_TIMEOUT`` does the same for
-    data sent and never acknowledged. A live peer answers probes from its kernel, so a busy or slow
-    stage is never cut by this (a stalled process is: ``--stream-idle-timeout-s``)."""
-    probes = max(1, math.ceil(host_timeout_s) - 1)
-
-    def make(addr_info: tuple) -> socket.socket:
-        family, kind, proto, _, _ = addr_info
-        sock = socket.socket(family=family, type=kind, proto=proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere only the OS's own keepalive timing applies
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
-        if hasattr(socket, "TCP_USER_TIMEOUT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(host_timeout_s * 1000))
-        return sock
-
-    return make

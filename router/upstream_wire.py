@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import httptools  # hot path: llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
 
+from router.write_flow import WriteFlow
+
 # a body over this is written in slices of it, each once the socket took the last (no copy of a 64 MiB body)
 SLICE_BYTES = 1 << 20
 READ_HIGH_BYTES = 1 << 18  # unread answer bytes above which a connection pauses reading its socket
@@ -157,10 +159,11 @@ class Response:
             self.connection.close()
 
 
-class StageConnection(asyncio.Protocol):
+class StageConnection(WriteFlow, asyncio.Protocol):
     """One kept-alive connection to a stage, one request at a time; httptools parses what it reads."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -171,8 +174,6 @@ class StageConnection(asyncio.Protocol):
         self.keep = False
         self.paused = False
         self.idle_since = 0.0
-        self.drained: asyncio.Future | None = None
-        self.write_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -196,19 +197,9 @@ class StageConnection(asyncio.Protocol):
         for start in range(0, len(view), SLICE_BYTES):
             if self.lost:
                 return
-            if self.write_paused:
-                self.drained = self.loop.create_future()
-                await self.drained
+            await self.writable()
             assert self.transport is not None
             self.transport.write(view[start:start + SLICE_BYTES])
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
 
     def pause(self) -> None:
         if not self.paused and not self.lost and self.transport is not None:
@@ -244,8 +235,7 @@ class StageConnection(asyncio.Protocol):
             self.head.set_result(detail)
         if self.response is not None:
             self.response.lose(CUT)
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
+        self.release_writer()
 
     def close(self) -> None:
         self.lost = True

@@ -35,6 +35,7 @@ from router.errors import RouterError, bad_request, body_too_large
 from router.http.request import Headers, Request
 from router.http.response import Response, StreamResponse, error_response, head
 from router.http.routes import Handler, Routes
+from router.write_flow import WriteFlow
 
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default)
@@ -45,11 +46,12 @@ PIPELINE_HIGH_BYTES = 1 << 20
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
-class Connection(asyncio.Protocol):
+class Connection(WriteFlow, asyncio.Protocol):
     """Made by the listening server for each accepted socket: ``routes`` answer its requests, bodies
     are kept up to ``max_body`` bytes, and it is in ``connections`` (the server's) while open."""
 
     def __init__(self, routes: Routes, max_body: int, connections: set[Connection]) -> None:
+        super().__init__()
         self.routes = routes
         self.max_body = max_body
         self.connections = connections
@@ -73,8 +75,6 @@ class Connection(asyncio.Protocol):
         self.closing = False  # no request after the current one
         self.broken = False  # unreadable input: nothing more is parsed
         self.read_paused = False
-        self.write_paused = False
-        self.drained: asyncio.Future | None = None
         self.deadline: float | None = None  # the idle or linger deadline (loop time)
         self.timer: asyncio.TimerHandle | None = None  # fires at timer_at, at or before the deadline
         self.timer_at = 0.0
@@ -110,16 +110,7 @@ class Connection(asyncio.Protocol):
         self._stop_timer()
         if self.task is not None:
             self.task.cancel()  # the client left: its handler is cancelled, which aborts the request upstream
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
+        self.release_writer()
 
     # --- httptools' callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -313,9 +304,8 @@ class Connection(asyncio.Protocol):
             transport.write(data)
 
     async def _drain(self) -> None:
-        if self.write_paused and not self.lost:
-            self.drained = self.loop.create_future()
-            await self.drained
+        if not self.lost:
+            await self.writable()
         if self.lost:
             raise ConnectionResetError("the client closed the connection")
 

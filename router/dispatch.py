@@ -305,15 +305,26 @@ async def _decode_behind(plan: Plan, answer: asyncio.Future, error: BaseExceptio
     or vanished decode host), which is then the one charged and left out of the retry. A prefill
     whose KV write into the decode failed (``kv_transfer_failed``) may be at fault itself: a live
     decode answers (its prefill failed) within ``PEER_GRACE_S``, and then the prefill's word stands;
-    a decode still silent after that is the one charged."""
+    a decode still silent after that, or whose call the router saw go idle, time out or drop
+    (``_silent``), is the one charged."""
     if not (isinstance(error, StageError) and error.failure.stage == "prefill"
             and error.failure.code in DECODE_SIDE_CODES and plan.answer.stage == "decode"):
         return error
     if error.failure.code not in PEER_CODES and not answer.done():
         await asyncio.wait([answer], timeout=PEER_GRACE_S)
-    if answer.done():
+    if answer.done() and not _silent(answer):
         return error
     return StageError(blame(error.failure, (plan.answer.stage, plan.answer.worker.url)))
+
+
+def _silent(answer: asyncio.Future) -> bool:
+    """Whether the decode's call ended without a word from the decode: the router saw its connection
+    lost, its stream go idle or its deadline pass. That is no answer: a decode frozen after sending
+    its stream's head ends so (``--stream-idle-timeout-s``), and is charged as one that never answered."""
+    if answer.cancelled():
+        return False
+    failed = answer.exception()
+    return isinstance(failed, StageError) and (failed.failure.unreachable or failed.failure.code == "upstream_timeout")
 
 
 async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: BaseException) -> BaseException:

@@ -25,7 +25,7 @@ from router.modes import Call, PDPlanner, Plan, Target
 from router.policy import CacheAware, RoundRobin
 from router.runtime import Router, StartupError
 from router.upstream import StageError, Upstream
-from router.verdict import Failure, blame_encoder, from_answer, from_event
+from router.verdict import Failure, blame_encoder, from_answer, from_event, idle
 from router.workers import Pool, Worker
 from tests.redis_fixtures import make_config, redis_server, redis_url  # noqa: F401
 from tests.router_helpers import data_url, messages, png
@@ -450,4 +450,9 @@ async def test_a_prefill_whose_decode_never_came_charges_the_decode_while_it_has
     late = asyncio.get_running_loop().create_future()
     asyncio.get_running_loop().call_later(0.05, late.set_result, None)
     assert await _decode_behind(plan, late, write) is write  # ... also when it answers within the grace
+    went_idle = _failed(idle("decode", "http://decode:1", 6.0))  # a frozen decode's stream, cut by the router
+    blamed = await _decode_behind(plan, went_idle, write)
+    assert isinstance(blamed, StageError) and (blamed.failure.stage, blamed.failure.code) == ("decode",
+                                                                                             "kv_transfer_failed")
+    assert await _decode_behind(plan, went_idle, never) is not never  # nor does it speak for a partner never come
     pending.cancel()

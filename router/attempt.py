@@ -10,8 +10,9 @@ opens with (``peer_failed`` when the prefill died), is a ``StageError`` the disp
 and the first byte leaves the moment the stage's does.
 
 ``side_call`` sends a side stage (the prefill, an encoder) its body and reads its whole answer.
-Both return futures the dispatcher waits on together; a JSON answer and a side call on a kept-alive
-connection run without a task of their own (``Upstream.fetch``).
+Both return futures the dispatcher waits on together (``Wakeup``); a JSON answer and a side call on a
+kept-alive connection run without a task of their own (``Upstream.fetch``), and wake the dispatcher
+from the connection's callback that read their last byte.
 """
 
 from __future__ import annotations
@@ -27,6 +28,34 @@ from router.upstream import AnswerHeaders, Response, StageError, Upstream
 from router.verdict import from_answer, from_event, unreachable
 
 
+class Wakeup:
+    """Wakes the one task that waits on an attempt's calls (the dispatcher's) when any of them ends:
+    each call pokes it as it resolves (``Upstream.fetch``'s ``ended``; a task's done callback), so the
+    task runs in the next turn of the event loop, not two or three turns later as a future's done
+    callbacks chained through ``asyncio.wait`` would have it."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self) -> None:
+        self.waiter: asyncio.Future | None = None
+
+    def poke(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def any_done(self, futures: list[asyncio.Future]) -> None:
+        """Until one of ``futures`` is done (at once if one is); each must poke this one as it ends."""
+        for future in futures:
+            if future.done():
+                return
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+
+
 @dataclass
 class Head:
     target: Target
@@ -37,18 +66,22 @@ class Head:
     tally: Tally | None = None
 
 
-def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally) -> asyncio.Future[Head]:
-    """The answering stage's ``Head``, as a future (cancelling it aborts the call): a JSON answer read
-    whole by the connection's callbacks (``Upstream.fetch``), a stream by a task."""
+def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally,
+                wakeup: Wakeup) -> asyncio.Future[Head]:
+    """The answering stage's ``Head``, as a future that pokes ``wakeup`` as it ends (cancelling it aborts
+    the call): a JSON answer read whole by the connection's callbacks (``Upstream.fetch``), a stream
+    by a task."""
     sent_at = time.perf_counter()
     if stream:
-        return asyncio.ensure_future(_open(upstream, target, sent_at, tally))
+        task = asyncio.ensure_future(_open(upstream, target, sent_at, tally))
+        task.add_done_callback(lambda _: wakeup.poke())
+        return task
 
     def head(status: int, headers: AnswerHeaders, raw: bytes) -> Head:
         _check(target, status, headers, raw)
         return Head(target, sent_at, raw)
 
-    return upstream.fetch(target.stage, target.worker, target.body, head, target.path)
+    return upstream.fetch(target.stage, target.worker, target.body, head, target.path, wakeup.poke)
 
 
 async def _open(upstream: Upstream, target: Target, sent_at: float, tally: Tally) -> Head:
@@ -84,16 +117,16 @@ async def _open_stream(upstream: Upstream, target: Target, response: Response, s
     raise StageError(unreachable(target.stage, target.worker.url, "the stream ended before any text"))
 
 
-def side_call(upstream: Upstream, target: Target) -> asyncio.Future[float]:
+def side_call(upstream: Upstream, target: Target, wakeup: Wakeup) -> asyncio.Future[float]:
     """Send ``target`` its body and read its answer: a future of the seconds it took (StageError if it
-    failed; cancelling it aborts the call)."""
+    failed; cancelling it aborts the call) that pokes ``wakeup`` as it ends."""
     sent_at = time.perf_counter()
 
     def seconds(status: int, headers: AnswerHeaders, raw: bytes) -> float:
         _check(target, status, headers, raw)
         return time.perf_counter() - sent_at
 
-    return upstream.fetch(target.stage, target.worker, target.body, seconds, target.path)
+    return upstream.fetch(target.stage, target.worker, target.body, seconds, target.path, wakeup.poke)
 
 
 def _check(target: Target, status: int, headers: AnswerHeaders, raw: bytes) -> None:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 
-from router.attempt import Head, open_answer, side_call
+from router.attempt import Head, Wakeup, open_answer, side_call
 from router.client_params import as_client_sees
 from router.config import RouterConfig
 from router.errors import RouterError
@@ -129,24 +129,25 @@ class Dispatcher:
         final chunk."""
         record = self._record(call, plan)
         tally = Tally(call.started)
-        answer = open_answer(self.upstream, plan.answer, call.stream, tally)
-        sides = [side_call(self.upstream, side) for side in plan.sides]
+        wakeup = Wakeup()
+        answer = open_answer(self.upstream, plan.answer, call.stream, tally, wakeup)
+        sides = [side_call(self.upstream, side, wakeup) for side in plan.sides]
         head: Head | None = None
         cache = cache_counts(call.images, plan.cached) if self.config.mode == "epd" else None
         outcome, untouched = "aborted", frozenset[str]()
         try:
-            head = await self._head(plan, answer, sides)
+            head = await self._head(plan, answer, sides, wakeup)
             answer_s = time.perf_counter() - head.sent_at
             response: Response | StreamResponse
             if call.stream:
                 record.first_byte = time.time()
                 response, failure = await relay_stream(request, self.upstream, head, _headers(plan, sides, None, cache))
-                await self._settle(plan, sides, leases, time.perf_counter() - head.sent_at, failure)
+                await self._settle(plan, sides, wakeup, leases, time.perf_counter() - head.sent_at, failure)
                 self._observe_stream(tally)
                 await finish_stream(response)
             else:
                 failure = None
-                await self._settle(plan, sides, leases, answer_s, failure)
+                await self._settle(plan, sides, wakeup, leases, answer_s, failure)
                 record.first_byte = time.time()
                 response = await send_json(request, head, _headers(plan, sides, answer_s, cache))
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
@@ -181,10 +182,13 @@ class Dispatcher:
                             now, call.stream, tuple((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
         return self.rooms.open(record) if plan.room is not None else record
 
-    async def _head(self, plan: Plan, answer: asyncio.Future[Head], sides: Sequence[asyncio.Future[float]]) -> Head:
-        pending: set[asyncio.Future[Head] | asyncio.Future[float]] = {answer, *sides}
+    async def _head(self, plan: Plan, answer: asyncio.Future[Head], sides: Sequence[asyncio.Future[float]],
+                    wakeup: Wakeup) -> Head:
+        pending: list[asyncio.Future] = [answer, *sides]
         while True:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            await wakeup.any_done(pending)
+            done = [task for task in pending if task.done()]
+            pending = [task for task in pending if not task.done()]
             failed = [task for task in done if task is not answer and task.exception() is not None]
             if failed:  # a side call failed: it is to blame (an encoder's own answer first)
                 failed.sort(key=lambda t: plan.sides[sides.index(t)].stage != "encoder")
@@ -209,13 +213,13 @@ class Dispatcher:
                 blamed = blame(error.failure, (partner.stage, partner.worker.url) if not feed.done() else None)
                 raise await _encoder_behind(plan, sides, StageError(blamed))
 
-    async def _settle(self, plan: Plan, sides: Sequence[asyncio.Future[float]], leases: list[Lease], answer_s: float,
-                      failure: Failure | None) -> None:
+    async def _settle(self, plan: Plan, sides: Sequence[asyncio.Future[float]], wakeup: Wakeup, leases: list[Lease],
+                      answer_s: float, failure: Failure | None) -> None:
         """The answer is complete (``failure``: the answering stage's, after it started): every
         lease's verdict and every stage's time. Waits for the side calls still open (normally none:
         the prefill answers once its KV is written; each is bounded by ``--upstream-timeout-s``)."""
-        if sides:
-            await asyncio.wait(sides)
+        while open_ := [task for task in sides if not task.done()]:
+            await wakeup.any_done(open_)
         for side, task, lease in zip(plan.sides, sides, leases[1:]):
             error = task.exception()
             if error is None:

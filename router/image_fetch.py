@@ -46,6 +46,8 @@ class ImageFetcher:
             if url_scheme(part.url) != "data":  # 400 unless http(s) on an allowed host
                 check_remote(part.url, self.config.allowed_image_hosts, part.param)
                 remote.append(part)
+        if not remote:
+            return parts
         tasks = [asyncio.ensure_future(self._fetch(part)) for part in remote]
         try:
             urls = await asyncio.gather(*tasks)

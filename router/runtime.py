@@ -84,6 +84,8 @@ class Router:
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self._loops: dict[str, asyncio.Task] = {}  # supervised: /health answers 503 if one dies
         self.chat_schema: dict | None = None  # router.openapi.chat_part of a stage, and its "source" URL
+        self._published: tuple[dict[str, int], ...] | None = None  # stage_limits' memo: its input and result
+        self._limits = StageLimits()
 
     @property
     def answering(self) -> Pool:
@@ -185,8 +187,12 @@ class Router:
                 log.warning("no chat schema from %s/openapi.json: %s: %s", worker.url, type(exc).__name__, exc)
 
     def stage_limits(self) -> StageLimits:
-        """The tightest of the limits the known workers published (``router.limits``)."""
-        return tightest(w.limits for w in self.registry if w.known and w.limits is not None)
+        """The tightest of the limits the known workers published (``router.limits``): made again only
+        when that set of published limits changed (discovery writes a new dict per reading)."""
+        published = tuple(w.limits for w in self.registry if w.known and w.limits is not None)
+        if published != self._published:  # dicts compare by identity first: equal once unchanged
+            self._published, self._limits = published, tightest(published)
+        return self._limits
 
     def body_cap(self, limits: StageLimits) -> tuple[int, Callable[[int | str, int], RouterError]]:
         """The largest chat body taken (``--max-body-mb``, or the stages' tighter limit in ``limits``, from

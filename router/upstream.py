@@ -96,19 +96,24 @@ class Upstream:
         return await self.request(stage, worker, b"POST", path, body)
 
     def fetch(self, stage: str, worker: Worker, body: bytes, then: Callable[[int, AnswerHeaders, bytes], T],
-              path: str = CHAT_PATH) -> asyncio.Future[T]:
+              path: str = CHAT_PATH, ended: Callable[[], None] | None = None) -> asyncio.Future[T]:
         """``post`` and ``read`` as one future, resolved with ``then(status, headers, body)`` (or what it
         raises): on a kept-alive connection it is driven by the connection's callbacks alone, with no
         task (the hot path of every JSON answer and side call); otherwise (no idle connection, or a
         body sent in slices) by a task that connects first. StageError as ``post`` and ``read`` raise
         it, within ``--upstream-timeout-s`` of now. Cancelling the future closes the connection, which
-        aborts the request at the stage."""
+        aborts the request at the stage. ``ended`` is called once the future is resolved (not when it is
+        cancelled): on a kept-alive connection at once, in the callback that resolved it, so whoever waits
+        on it can be woken without the turn of the event loop a done callback takes."""
         loop = asyncio.get_running_loop()
         key, head_bytes = self._target(worker.url, path, b"POST")
         connection = self._reused(key, loop.time()) if len(body) <= SLICE_BYTES else None
         if connection is None:
-            return asyncio.ensure_future(self._fetch_connecting(stage, worker, body, then, path))
-        call = _WholeCall(self, stage, worker, connection, then, loop.time() + self.config.upstream_timeout_s)
+            task = asyncio.ensure_future(self._fetch_connecting(stage, worker, body, then, path))
+            if ended is not None:
+                task.add_done_callback(lambda done: done.cancelled() or ended())
+            return task
+        call = _WholeCall(self, stage, worker, connection, then, loop.time() + self.config.upstream_timeout_s, ended)
         call.send(head_bytes + b"%d\r\n\r\n" % len(body), body, self._idle[key])
         return call.future
 
@@ -292,17 +297,19 @@ def _target(url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]
 
 class _WholeCall:
     """One call on a kept-alive connection, read whole: ``Upstream.fetch``'s future, resolved from the
-    connection's callbacks (the head, then the body's end or a lost connection) or the deadline's
-    timer; whoever ends first wins, and the future's own end cancels the timer and, unless the
-    answer was read whole, closes the connection."""
+    connection's callbacks (the head, then the body's end or a lost connection: each calls this call
+    at once, ``StageConnection.send_to`` and ``Response.notify``) or the deadline's timer; whoever
+    ends first wins, and the future's own end cancels the timer and, unless the answer was read
+    whole, closes the connection."""
 
     __slots__ = ("upstream", "stage", "worker", "connection", "then", "deadline", "future", "timer", "response",
-                 "pool")
+                 "pool", "ended")
 
     def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: StageConnection,
-                 then: Callable[[int, AnswerHeaders, bytes], Any], deadline: float) -> None:
+                 then: Callable[[int, AnswerHeaders, bytes], Any], deadline: float,
+                 ended: Callable[[], None] | None = None) -> None:
         self.upstream, self.stage, self.worker, self.connection, self.then = upstream, stage, worker, connection, then
-        self.deadline = deadline
+        self.deadline, self.ended = deadline, ended
         loop = connection.loop
         self.future: asyncio.Future = loop.create_future()
         self.timer = loop.call_at(deadline, self._expire)
@@ -311,36 +318,31 @@ class _WholeCall:
 
     def send(self, head: bytes, body: bytes, pool: list[StageConnection]) -> None:
         self.pool = pool
-        self.connection.send(head, body).add_done_callback(self._headed)
         self.future.add_done_callback(self._ended)
+        self.connection.send_to(head, body, self._headed)
 
-    def _headed(self, head: asyncio.Future) -> None:
+    def _headed(self, answer: Response | str) -> bool:
         if self.future.done():
-            return
-        answer = head.result()
+            return False  # expired or cancelled: the connection closes
         if isinstance(answer, str):
             self._fail(unreachable(self.stage, self.worker.url, answer))
-            return
+            return True
         answer.deadline, answer.pool = self.deadline, self.pool
         answer.whole()
         self.response = answer
         if answer.done or answer.cut is not None:
             self._finish()
         else:
-            waiter = answer.waiter = answer.loop.create_future()
-            waiter.add_done_callback(self._woken)
+            answer.notify = self._woken
+        return True
 
-    def _woken(self, _: asyncio.Future) -> None:
+    def _woken(self) -> None:
         response = self.response
         assert response is not None
-        response.waiter = None
-        if self.future.done():
+        if self.future.done() or not (response.done or response.cut is not None):
             return
-        if response.done or response.cut is not None:
-            self._finish()
-        else:  # woken for bytes read whole: wait on for the end
-            waiter = response.waiter = response.loop.create_future()
-            waiter.add_done_callback(self._woken)
+        response.notify = None
+        self._finish()
 
     def _finish(self) -> None:
         response = self.response
@@ -355,8 +357,10 @@ class _WholeCall:
             result = self.then(response.status, response.headers, data)
         except Exception as exc:  # noqa: BLE001 - the caller's verdict on the answer (a StageError)
             self.future.set_exception(exc)
-            return
-        self.future.set_result(result)
+        else:
+            self.future.set_result(result)
+        if self.ended is not None:
+            self.ended()
 
     def _expire(self) -> None:
         if not self.future.done():
@@ -365,6 +369,8 @@ class _WholeCall:
 
     def _fail(self, failure: Failure) -> None:
         self.future.set_exception(StageError(failure))
+        if self.ended is not None:
+            self.ended()
 
     def _ended(self, future: asyncio.Future) -> None:
         self.timer.cancel()

@@ -61,7 +61,7 @@ class Response:
     """One answer: its status and headers, and its body as the connection receives it."""
 
     __slots__ = ("connection", "loop", "status", "headers", "pieces", "buffered", "done", "cut", "waiter",
-                 "deadline", "pool", "all", "finished", "to_eof", "sink", "last")
+                 "deadline", "pool", "all", "finished", "to_eof", "sink", "last", "notify")
 
     def __init__(self, connection: StageConnection, status: int, headers: AnswerHeaders) -> None:
         self.connection = connection
@@ -80,6 +80,9 @@ class Response:
         self.to_eof = False  # the body runs to the connection's end
         self.sink: Callable[[bytes], None] | None = None  # ``Upstream.follow``: takes each piece as it arrives
         self.last = 0.0  # loop time of the last piece handed to ``sink``
+        # called (instead of waking ``waiter``) from the connection's callback at the end or a cut: a call
+        # read whole by callbacks (``router.upstream``'s ``_WholeCall``), which then needs no turn of the loop
+        self.notify: Callable[[], None] | None = None
 
     def feed(self, data: bytes) -> None:
         sink = self.sink
@@ -104,6 +107,9 @@ class Response:
             self.wake()
 
     def wake(self) -> None:
+        if self.notify is not None:
+            self.notify()
+            return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -167,7 +173,9 @@ class StageConnection(WriteFlow, asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.head: asyncio.Future | None = None  # the sent request's: its Response, a detail (str) or TIMER
+        # who takes the sent request's answer head (``send_to``): called with the Response, or with why the
+        # connection went away (str); False: it no longer wants it (the connection is closed)
+        self.on_head: Callable[[Response | str], bool] | None = None
         self.response: Response | None = None
         self.names: list[tuple[bytes, bytes]] = []
         self.lost = False
@@ -182,7 +190,24 @@ class StageConnection(WriteFlow, asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def send(self, head: bytes, body: bytes) -> asyncio.Future:
-        self.head = self.loop.create_future()
+        """Send a request (``head``, then ``body`` unless it is over ``SLICE_BYTES``: ``write_sliced``); a
+        future of its answer's Response, or of why the connection went away (str). Whoever sets it
+        first wins (a deadline's timer: ``fire``); an answer coming after that closes the connection."""
+        future = self.loop.create_future()
+
+        def deliver(answer: Response | str) -> bool:
+            if future.done():
+                return False
+            future.set_result(answer)
+            return True
+
+        self.send_to(head, body, deliver)
+        return future
+
+    def send_to(self, head: bytes, body: bytes, on_head: Callable[[Response | str], bool]) -> None:
+        """``send``, with the answer's head handed to ``on_head`` from the connection's own callback (no
+        future, no turn of the event loop in between)."""
+        self.on_head = on_head
         self.response = None
         self.keep = False
         assert self.transport is not None
@@ -190,7 +215,6 @@ class StageConnection(WriteFlow, asyncio.Protocol):
             self.transport.write(head + body)
         else:
             self.transport.write(head)
-        return self.head
 
     async def write_sliced(self, body: bytes) -> None:
         view = memoryview(body)
@@ -231,8 +255,9 @@ class StageConnection(WriteFlow, asyncio.Protocol):
 
     def gone(self, detail: str) -> None:
         self.lost = True
-        if self.head is not None and not self.head.done():
-            self.head.set_result(detail)
+        on_head, self.on_head = self.on_head, None
+        if on_head is not None:
+            on_head(detail)
         if self.response is not None:
             self.response.lose(CUT)
         self.release_writer()
@@ -253,10 +278,9 @@ class StageConnection(WriteFlow, asyncio.Protocol):
         response = self.response = Response(self, status, headers)
         # neither Content-Length nor chunked: the body ends when the stage closes (llhttp sees no end)
         response.to_eof = status >= 200 and status not in (204, 304) and not headers.framed()
-        if self.head is None or self.head.done():  # an answer nobody asked for, or after the deadline
+        on_head, self.on_head = self.on_head, None
+        if on_head is None or not on_head(response):  # an answer nobody asked for, or after the deadline
             self.close()
-            return
-        self.head.set_result(response)
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:
@@ -264,7 +288,6 @@ class StageConnection(WriteFlow, asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.keep = self.parser.should_keep_alive()
-        self.head = None
         if self.response is not None:
             self.response.end()
 

@@ -34,9 +34,10 @@ class Wakeup:
     task runs in the next turn of the event loop, not two or three turns later as a future's done
     callbacks chained through ``asyncio.wait`` would have it."""
 
-    __slots__ = ("waiter",)
+    __slots__ = ("loop", "waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.waiter: asyncio.Future | None = None
 
     def poke(self) -> None:
@@ -49,7 +50,7 @@ class Wakeup:
         for future in futures:
             if future.done():
                 return
-        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        waiter = self.waiter = self.loop.create_future()
         try:
             await waiter
         finally:
@@ -73,7 +74,7 @@ def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally,
     by a task."""
     sent_at = time.perf_counter()
     if stream:
-        task = asyncio.ensure_future(_open(upstream, target, sent_at, tally))
+        task = wakeup.loop.create_task(_open(upstream, target, sent_at, tally))
         task.add_done_callback(lambda _: wakeup.poke())
         return task
 

@@ -129,7 +129,7 @@ class Dispatcher:
         final chunk."""
         record = self._record(call, plan)
         tally = Tally(call.started)
-        wakeup = Wakeup()
+        wakeup = Wakeup(request.connection.loop)
         answer = open_answer(self.upstream, plan.answer, call.stream, tally, wakeup)
         sides = [side_call(self.upstream, side, wakeup) for side in plan.sides]
         head: Head | None = None

@@ -69,8 +69,11 @@ class Upstream:
         # worker's URL never changes; a removed one's entry is a few bytes)
         self._targets: dict[tuple[str, str, bytes], tuple[tuple[str, int], bytes]] = {}
         self._idle: dict[tuple[str, int], list[StageConnection]] = {}  # per worker: kept-alive connections, newest last
+        # the event loop, known from ``start`` (asyncio.get_running_loop() costs a getpid() syscall on 3.11)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, socket_factory=self._sockets)
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
@@ -105,11 +108,11 @@ class Upstream:
         aborts the request at the stage. ``ended`` is called once the future is resolved (not when it is
         cancelled): on a kept-alive connection at once, in the callback that resolved it, so whoever waits
         on it can be woken without the turn of the event loop a done callback takes."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         key, head_bytes = self._target(worker.url, path, b"POST")
         connection = self._reused(key, loop.time()) if len(body) <= SLICE_BYTES else None
         if connection is None:
-            task = asyncio.ensure_future(self._fetch_connecting(stage, worker, body, then, path))
+            task = loop.create_task(self._fetch_connecting(stage, worker, body, then, path))
             if ended is not None:
                 task.add_done_callback(lambda done: done.cancelled() or ended())
             return task

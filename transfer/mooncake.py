@@ -8,9 +8,10 @@ Library facts this file relies on (0.3.13):
   least 5, default 30, plus 1 ns per byte). Before the first write to a target it opens the
   target's segment with a socket handshake that a stalled (not dead) peer holds for about 60 s.
   Neither can be cancelled, so each batch runs on one of WORKERS pooled worker threads and write()
-  stops waiting at its deadline (TransferError with ``in_flight=True``); the call keeps its worker
-  until it ends on its own (at once when the peer dies). When every worker is held by such calls,
-  writes fail at once instead of piling up. A process that exits while such a call still runs
+  stops waiting at its deadline (TransferError with ``in_flight=True``); the call keeps its thread
+  until it ends on its own (at once when the peer dies), and another thread takes its place, so a
+  stalled peer does not stop the writes to the others. When MAX_ABANDONED threads are held by such
+  calls, writes fail at once instead of piling up. A process that exits while such a call still runs
   aborts ("terminate called without an active exception"); release() waits up to ``timeout_s``.
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BATCH = 512  # ops per batch_transfer_sync_write; the TCP transport's per-peer queue holds ~1024
 WORKERS = 4  # library calls running at once per process; a write waits for a free one until its deadline
+MAX_ABANDONED = 4 * WORKERS  # threads left to abandoned calls (stalled peers) beyond which writes fail at once
 # The PyPI distributions of Mooncake built with CUDA (they all install the ``mooncake`` package).
 CUDA_BUILDS = ("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13", "mooncake-transfer-engine-efa",
                "mooncake-transfer-engine-efa-cuda13")
@@ -173,22 +175,26 @@ class _Job(Generic[T]):
 
 
 class _WorkerPool:
-    """At most ``size`` daemon threads (started on demand, then reused) that run blocking library
-    calls, so that a caller never waits past its deadline. Contract of ``call`` (any thread):
+    """Daemon threads (started on demand, then reused) that run blocking library calls, at most
+    ``size`` at once for callers still waiting, so that a caller never waits past its deadline.
+    Contract of ``call`` (any thread):
 
-    - it hands its call to a free worker, waiting for one until ``deadline``; nothing is queued
-      without a worker to run it;
+    - it hands its call to a free worker, waiting until ``deadline`` while ``size`` calls run for
+      waiting callers; nothing is queued without a worker to run it;
     - a call that outlives ``deadline`` is abandoned: the caller gets TransferError with
-      ``in_flight=True`` at once, and the call keeps its worker until the library returns;
-    - when every worker is held by an abandoned call (the library is stuck on stalled peers), it
-      fails at once with a TransferError saying so, until one of them returns.
+      ``in_flight=True`` at once, and the call keeps its thread until the library returns; it no
+      longer counts against ``size`` (a peer that stalls holds threads, not the writes to others);
+    - when ``max_abandoned`` threads are held by abandoned calls (the library is stuck on stalled
+      peers), it fails at once with a TransferError saying so, until one of them returns.
     ``wait_idle`` and ``stop`` are for release; ``alive`` for health checks.
     """
 
-    def __init__(self, size: int = WORKERS) -> None:
-        if size < 1:
-            raise ValueError(f"a worker pool needs at least one worker, got {size}")
+    def __init__(self, size: int = WORKERS, max_abandoned: int = MAX_ABANDONED) -> None:
+        if size < 1 or max_abandoned < 1:
+            raise ValueError(f"a worker pool needs at least one worker and one abandoned slot, got {size}, "
+                             f"{max_abandoned}")
         self.size = size
+        self.max_abandoned = max_abandoned
         self._changed = threading.Condition()  # guards the fields below; notified when a call ends
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -226,11 +232,13 @@ class _WorkerPool:
 
     def _hand_over(self, job: _Job, deadline: float, what: str) -> None:
         with self._changed:
-            while self._busy >= self.size:
-                if self._abandoned >= self.size:
-                    raise TransferError(f"{what}: all {self.size} mooncake workers are held by abandoned calls "
-                                        f"(stalled peers); writes fail at once until one returns "
+            while True:
+                if self._abandoned >= self.max_abandoned:
+                    raise TransferError(f"{what}: {self._abandoned} mooncake worker threads are held by abandoned "
+                                        f"calls (stalled peers); writes fail at once until one returns "
                                         f"(MC_TRANSFER_TIMEOUT)")
+                if self._busy - self._abandoned < self.size:
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransferError(f"{what}: no mooncake worker became free in time (TransferConfig."

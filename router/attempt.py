@@ -74,9 +74,7 @@ def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally,
     by a task."""
     sent_at = time.perf_counter()
     if stream:
-        task = wakeup.loop.create_task(_open(upstream, target, sent_at, tally))
-        task.add_done_callback(lambda _: wakeup.poke())
-        return task
+        return wakeup.loop.create_task(_open(upstream, target, sent_at, tally, wakeup))
 
     def head(status: int, headers: AnswerHeaders, raw: bytes) -> Head:
         _check(target, status, headers, raw)
@@ -85,16 +83,21 @@ def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally,
     return upstream.fetch(target.stage, target.worker, target.body, head, target.path, wakeup.poke)
 
 
-async def _open(upstream: Upstream, target: Target, sent_at: float, tally: Tally) -> Head:
-    response = await upstream.post(target.stage, target.worker, target.body, target.path)
+async def _open(upstream: Upstream, target: Target, sent_at: float, tally: Tally, wakeup: Wakeup) -> Head:
+    """The stream's task. It pokes ``wakeup`` as it ends, in its last step: the task is done (its result or
+    exception set) before the woken dispatcher runs, one turn of the loop sooner than a done callback."""
     try:
-        if response.status != 200:
-            raw = await upstream.read(target.stage, target.worker, response)
-            _check(target, response.status, response.headers, raw)
-        return await _open_stream(upstream, target, response, sent_at, tally)
-    except BaseException:
-        response.close()  # closing the connection aborts the request at the stage
-        raise
+        response = await upstream.post(target.stage, target.worker, target.body, target.path)
+        try:
+            if response.status != 200:
+                raw = await upstream.read(target.stage, target.worker, response)
+                _check(target, response.status, response.headers, raw)
+            return await _open_stream(upstream, target, response, sent_at, tally)
+        except BaseException:
+            response.close()  # closing the connection aborts the request at the stage
+            raise
+    finally:
+        wakeup.poke()
 
 
 async def _open_stream(upstream: Upstream, target: Target, response: Response, sent_at: float,

@@ -46,11 +46,14 @@ class CircuitBreaker:
         return State.OPEN
 
     def allows(self) -> bool:
-        state = self.state
-        return state is State.CLOSED or (state is State.HALF_OPEN and not self._trial)
+        if self._opened_at is None:  # closed: the request path's case, without reading the clock
+            return True
+        return self.state is State.HALF_OPEN and not self._trial
 
     def begin(self) -> bool:
         """Take one request through the circuit if it allows one now (see the module's contract)."""
+        if self._opened_at is None:
+            return True
         if not self.allows():
             return False
         if self.state is State.HALF_OPEN:

@@ -293,11 +293,12 @@ def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float
     times: dict[str, float] = {}
     for side, task in zip(plan.sides, sides):
         if task.done() and not task.cancelled() and task.exception() is None:
-            times[side.stage] = max(times.get(side.stage, 0.0), task.result())
+            seconds = task.result()
+            times[side.stage] = max(times[side.stage], seconds) if side.stage in times else seconds
     if answer_s is not None:
         times[plan.answer.stage] = answer_s
     headers = {"x-epd-room": str(plan.room),
-               "x-epd-stage-times": ";".join(f"{stage}={seconds:.4f}" for stage, seconds in times.items())}
+               "x-epd-stage-times": ";".join(["%s=%.4f" % item for item in times.items()])}
     if cache is not None:
         headers["x-epd-cache"] = f"hit={cache[0]} miss={cache[1]}"
     return headers

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from router.image_refs import RefImage
 
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+NO_IMAGES: Mapping[str, str] = MappingProxyType({})  # a plan's ``images`` without any (read-only: shared)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -77,7 +78,7 @@ class Plan:
     sides: tuple[Target, ...] = ()  # must succeed; their answers are for the router
     room: int | None = None
     # epd: each image key -> the URL of the encoder it was sent to, "" if not sent (``verdict.blame_encoder``)
-    images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    images: Mapping[str, str] = field(default_factory=lambda: NO_IMAGES)
     cached: frozenset[str] = frozenset()  # epd: the image keys the cache held when the plan was made
     # epd: called once if the attempt ends without success, with the URLs it could not reach; it
     # tells the plan's encoders to drop the room's work (closing a connection does not)

@@ -123,10 +123,7 @@ class Connection(WriteFlow, asyncio.Protocol):
         self.names.append((name, value))
 
     def on_headers_complete(self) -> None:
-        headers = Headers()
-        for raw_name, raw_value in self.names:
-            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        headers = Headers(self.names)
         path, query = _target(self.url)
         parser = self.parser
         request = Request(self, parser.get_method().decode("ascii"), path, query, headers, parser.get_http_version(),

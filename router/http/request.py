@@ -42,11 +42,25 @@ class Wire(Protocol):
     async def end_stream(self, request: Request, last: bytes = b"") -> None: ...
 
 
-class Headers(dict):
-    """Request headers by lower-case name (repeated ones joined with ", "); ``get`` takes any case."""
+class Headers:
+    """Request headers, kept as the (name, value) bytes httptools gave until one is read: ``get`` (any
+    case) decodes them all on first use, by lower-case name (repeated ones joined with ", "). A
+    request's hot path reads none (``Request`` takes its two from the bytes)."""
 
-    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
+    __slots__ = ("raw", "_by_name")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.raw = raw or []
+        self._by_name: dict[str, str] | None = None
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = {}
+            for raw_name, raw_value in self.raw:
+                key, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+                by_name[key] = f"{by_name[key]}, {value}" if key in by_name else value
+        return by_name.get(name.lower(), default)
 
 
 class Request:
@@ -66,12 +80,17 @@ class Request:
         self.headers = headers
         self.version = version  # "1.1" or "1.0"
         self.keep_alive = keep_alive  # what the client asked for (HTTP/1.1 default, Connection: close, 1.0)
-        length = headers.get("content-length")
-        self.content_length = int(length) if length is not None else None  # llhttp checked its digits
+        length, expect = None, b""
+        for name, value in headers.raw:  # the two headers read here, without decoding the rest
+            if len(name) == 14 and name.lower() == b"content-length":
+                length = value  # llhttp checked its digits, and refuses a second Content-Length
+            elif len(name) == 6 and name.lower() == b"expect":
+                expect = value
+        self.content_length = int(length) if length is not None else None
         self.match_info: dict[str, str] = {}  # the route's path params, set before the handler runs
         self.max_body = max_body
         self.complete = False  # the whole body is in
-        self.expect_continue = (headers.get("expect") or "").lower() == "100-continue"  # answered on first read
+        self.expect_continue = expect.lower() == b"100-continue"  # answered on first read
         self._query: dict[str, str] | None = None
         self._pieces: list[bytes] = []
         self.received = 0

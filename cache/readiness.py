@@ -1,8 +1,9 @@
 """Wake-ups for keys being encoded: one pub/sub connection per ``EmbeddingCache``, one dispatcher task.
 
 Every cache write publishes ``Event(kind="ready", key)`` on ``scripts.CHANNEL`` from inside the write
-script (so the entry is readable before anyone hears of it); an encoder that gives up publishes
-``Event(kind="failed", key, reason)``. The dispatcher reads the channel and wakes the ``Waiter``s
+script (so the entry is readable before anyone hears of it); an encoder whose encode failed publishes
+``Event(kind="failed", key, reason)``, and one (or the router, for an encoder that refused its
+request) that gave the encode up unfinished because nobody wants it any more, ``kind="abandoned"``. The dispatcher reads the channel and wakes the ``Waiter``s
 registered for that key. One channel for all keys: a process subscribes once, not once per waiter.
 
 No lost wake-ups: a waiter registers, then (``ensure_subscribed``) makes sure the subscription is
@@ -38,9 +39,10 @@ _IDLE_READ_S = 1.0  # how long one read of the channel blocks before looping (an
 
 
 class Event(msgspec.Struct, frozen=True):
-    """A message on ``scripts.CHANNEL``: ``key`` is ready (in the cache) or its encode failed."""
+    """A message on ``scripts.CHANNEL``: ``key`` is ready (in the cache), its encode failed, or it
+    was given up unfinished."""
 
-    kind: Literal["ready", "failed"]
+    kind: Literal["ready", "failed", "abandoned"]
     key: str
     reason: str = ""
 
@@ -54,14 +56,15 @@ def encode_event(event: Event) -> bytes:
 
 
 class Waiter:
-    """One waiter's mailbox. ``failure`` is set (and sticks) when the key's encode was reported failed."""
+    """One waiter's mailbox. ``failure`` is set (and sticks) when the key's encode was reported
+    failed or abandoned: the first such event."""
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self.failure: str | None = None
+        self.failure: Event | None = None
         self._flag = asyncio.Event()
 
-    def wake(self, failure: str | None = None) -> None:
+    def wake(self, failure: Event | None = None) -> None:
         if failure is not None and self.failure is None:
             self.failure = failure
         self._flag.set()
@@ -172,7 +175,7 @@ class ReadyEvents:
             log.warning("cache events: ignored a malformed message on %s: %r", CHANNEL, data[:200])
             return
         for waiter in self._waiters.get(event.key, ()):
-            waiter.wake((event.reason or "the encoder reported a failure") if event.kind == "failed" else None)
+            waiter.wake(event if event.kind != "ready" else None)
 
     def _wake_all(self) -> None:
         for waiters in self._waiters.values():

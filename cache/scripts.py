@@ -9,7 +9,7 @@ Layout (one Redis node; the scripts touch keys they compute, so Redis Cluster is
   epd:sizes         hash <key> -> stored bytes (meta + payload) of that entry.
   epd:bytes         integer: sum of epd:sizes, the bytes the budget is held against.
   epd:claim:<key>   string owner, SET NX PX lease: the encoder encoding <key> right now.
-  epd:events        pub/sub channel; JSON ``Event`` messages (ready / failed) naming a key.
+  epd:events        pub/sub channel; JSON ``Event`` messages (ready / failed / abandoned) naming a key.
 
 Bookkeeping keys carry no TTL, so a server's volatile-* maxmemory policy evicts only entries and
 claims; an entry that vanished without the scripts (TTL, server eviction, FLUSHALL) leaves an LRU
@@ -177,6 +177,21 @@ return out
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS: claim_1..claim_n. ARGV: owner, channel, event_1..event_n. Each claim the owner holds is
+# released and its event published (waiters hear why, not just a vanished claim); a claim that lapsed
+# and is another owner's now is left alone, and its waiters hear nothing. The number released.
+ABANDON = """
+local released = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    redis.call('PUBLISH', ARGV[2], ARGV[2 + i])
+    released = released + 1
+  end
+end
+return released
 """
 
 # KEYS: claim. ARGV: owner, lease_ms. 1 if the owner still holds the claim (its lease restarts).

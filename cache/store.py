@@ -33,7 +33,8 @@ from redis.exceptions import RedisError
 from cache import scripts
 from cache.config import CacheConfig
 from cache.entry import Entry, InRedis, decode_entry, encode_entry, pack, unpack
-from cache.errors import CacheUnavailable, CorruptEntry, EncodeFailed, EntryTooLarge, NotPending, ReadyTimeout
+from cache.errors import (CacheUnavailable, CorruptEntry, EncodeAbandoned, EncodeFailed, EntryTooLarge, NotPending,
+                          ReadyTimeout)
 from cache.keys import check_key
 from cache.readiness import Event, ReadyEvents, Waiter, encode_event
 
@@ -99,6 +100,7 @@ class EmbeddingCache:
         self._claim_many = self._redis.register_script(scripts.CLAIM_MANY)
         self._lookup_claim = self._redis.register_script(scripts.LOOKUP_CLAIM)
         self._release = self._redis.register_script(scripts.RELEASE)
+        self._abandon = self._redis.register_script(scripts.ABANDON)
         self._renew = self._redis.register_script(scripts.RENEW)
         self._stats = CacheStats()
 
@@ -224,10 +226,23 @@ class EmbeddingCache:
         return bool(await self._call("release claim", lambda: self._release(
             keys=[scripts.claim_key(check_key(key))], args=[owner])))
 
-    async def publish_failed(self, key: str, reason: str) -> None:
-        """Wake every waiter on ``key`` (in every process) with ``EncodeFailed(reason)``. Call before
-        ``release`` so that waiters hear the reason rather than a lapsed claim."""
-        event = encode_event(Event("failed", check_key(key), reason))
+    async def abandon(self, keys: Sequence[str], owner: str, reason: str) -> int:
+        """Release each of ``owner``'s claims on ``keys``, waking each key's waiters with
+        ``EncodeAbandoned(reason)``, in one Redis call; for a caller that claimed keys for an owner
+        that will not encode them (the router, for an encoder that refused or never got its request).
+        A claim no longer ``owner``'s is left alone. Returns how many were released."""
+        if not keys:
+            return 0
+        events = [encode_event(Event("abandoned", check_key(key), reason)) for key in keys]
+        return int(await self._call("abandon claims", lambda: self._abandon(
+            keys=[scripts.claim_key(key) for key in keys], args=[owner, scripts.CHANNEL, *events])))
+
+    async def publish_failed(self, key: str, reason: str, *, abandoned: bool = False) -> None:
+        """Wake every waiter on ``key`` (in every process) with ``EncodeFailed(reason)``, or with
+        ``EncodeAbandoned(reason)`` when the encode was given up unfinished (``abandoned``: the
+        requests that started it were refused or went away). Call before ``release`` so that
+        waiters hear the reason rather than a lapsed claim."""
+        event = encode_event(Event("abandoned" if abandoned else "failed", check_key(key), reason))
         await self._call("publish", lambda: self._redis.publish(scripts.CHANNEL, event))
 
     # --- readiness -------------------------------------------------------------------------------
@@ -236,7 +251,8 @@ class EmbeddingCache:
 
         Raises, within ``deadline_s`` in every case: ``NotPending`` at once if ``key`` is neither
         cached nor claimed; ``EncodeFailed`` when the encoder publishes a failure, or when the claim
-        lapses or is released without an entry (noticed within ``claim_check_s``); ``ReadyTimeout``
+        lapses or is released without an entry (noticed within ``claim_check_s``); ``EncodeAbandoned``
+        when the encode is published as given up (``publish_failed(abandoned=True)``); ``ReadyTimeout``
         at the deadline; ``CacheUnavailable`` if Redis fails. Woken by the put's event, not by polling.
         """
         check_key(key)
@@ -257,8 +273,9 @@ class EmbeddingCache:
             raise NotPending(f"image {key} is not in the cache and no encoder is encoding it")
         while hit is None:
             await waiter.sleep(self.config.claim_check_s)
-            if waiter.failure is not None:
-                raise EncodeFailed(key, waiter.failure)
+            if (ended := waiter.failure) is not None:
+                error = EncodeAbandoned if ended.kind == "abandoned" else EncodeFailed
+                raise error(key, ended.reason or f"the encoder reported it {ended.kind}")
             hit, claimed = await self._probe(key)
             if hit is None and not claimed:
                 raise EncodeFailed(key, "its encoder stopped without a result (the claim lapsed or was released)")

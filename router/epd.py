@@ -22,7 +22,9 @@ reach it either, so the client gets that answer, never a hang.
 Abort (``Plan.on_abort``, run by the dispatcher when an attempt ends without success): each encoder
 of the plan gets ``POST /v1/abort {"room"}`` (its queued work for the room is dropped; closing the
 connection does not), within ``--health-timeout-s``; the claims of an encoder the attempt could not
-reach are released, so a retry's encoder can claim the keys at once instead of waiting for the lease.
+reach, or that refused it, are released, so a retry's encoder can claim the keys at once instead of
+waiting for the lease, and the requests waiting on those keys elsewhere hear that the encode was
+abandoned (``EmbeddingCache.abandon``: their prefill answers 503 ``encode_abandoned``, retried).
 """
 
 from __future__ import annotations
@@ -149,10 +151,12 @@ class EPDPlanner:
             log.info("epd: could not abort room %d at encoder %s: %s", room, worker.url, exc)
 
     async def _release(self, worker: Worker, keys: Sequence[str]) -> None:
+        """The claims taken for ``worker``, which never took the request, released in one Redis call;
+        the requests waiting on those keys hear the encode was abandoned (a retry claims it anew)."""
         assert worker.encoder_id is not None
+        reason = f"the request that claimed it never reached its encoder {worker.url} (refused, or not sent)"
         try:
-            for key in keys:
-                await self.cache.release(key, worker.encoder_id)
+            await self.cache.abandon(keys, worker.encoder_id, reason)
         except CacheUnavailable as exc:
             log.info("epd: could not release the claims of %s (they lapse by themselves): %s", worker.url, exc)
 

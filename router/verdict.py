@@ -29,8 +29,8 @@ ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
 # another worker would fail the same way, so the request is not retried and no breaker is charged
 SHARED_CODES = frozenset({"cache_unavailable"})
 # a prefill's error codes about one image's embedding (its ``image_key`` field names the image): the
-# encoder's failure, or the cache's answer the router planned on going stale (epd)
-IMAGE_CODES = frozenset({"encode_failed", "embedding_timeout", "image_not_cached"})
+# encoder's failure, the encode given up unfinished, or the cache's answer the router planned on going stale (epd)
+IMAGE_CODES = frozenset({"encode_failed", "encode_abandoned", "embedding_timeout", "image_not_cached"})
 # the typed fields of a stage's error body besides the OpenAI four (``stages.api.errors.TYPED_FIELDS``,
 # held equal by tests/test_error_fields.py); ``Failure`` keeps ``room``, ``image_key`` and ``peer_code``
 TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
@@ -149,6 +149,8 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     the one the failure's ``image_key`` field names (never read from the message). Sent: that
     encoder is to blame (its breaker, its exclusion from a retry). Not sent: nobody here is, but the
     attempt is retried (status 502, not the client's fault): a fresh plan reads the cache again.
+    An encode abandoned unfinished (``encode_abandoned``: the requests that started it were refused
+    or went away) is nobody's fault: back-pressure (503 with Retry-After), retried, no breaker charged.
     Any other failure, or a key the router did not put there (a client's own ``image_ref``), is
     returned unchanged."""
     if failure.code not in IMAGE_CODES or failure.stage == "encoder":
@@ -156,6 +158,9 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     key = failure.image_key
     if key is None or key not in images:
         return failure
+    if failure.code == "encode_abandoned":
+        return Failure("encoder", "", 503, f"the {failure.stage} stage reports: {failure.message}", failure.code,
+                       retry_after=failure.retry_after or "1", room=failure.room, image_key=key)
     return Failure("encoder", images[key], max(failure.status, 502),
                    f"the {failure.stage} stage reports: {failure.message}", failure.code, room=failure.room,
                    image_key=key)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from cache.errors import EncodeFailed, NotPending, ReadyTimeout
+from cache.errors import EncodeAbandoned, EncodeFailed, NotPending, ReadyTimeout
 from cache.keys import image_key
 from cache.store import CachedEmbedding, EmbeddingCache
 from tests.redis_fixtures import cache, make_config, redis_server, redis_url, waiting  # noqa: F401
@@ -79,6 +79,30 @@ async def test_an_encoder_failure_wakes_every_waiter_with_its_reason(redis_url: 
             assert str(info.value) == f"encode of image {key(1)} failed: image is not decodable: truncated PNG"
             assert info.value.reason == "image is not decodable: truncated PNG"
         assert time.monotonic() - started < 0.5  # the deadline was 10 s
+
+
+async def test_abandoned_claims_are_released_and_their_waiters_told_so_in_one_call(redis_url: str) -> None:
+    """The router gives up the claims it took for an encoder that refused the request: the owner's
+    claims go, each waiter hears ``EncodeAbandoned`` at once (not a lapsed claim after claim_check_s),
+    and a claim that is another owner's by now is left alone, its waiter still waiting."""
+    async with EmbeddingCache(make_config(redis_url)) as prefill, \
+            EmbeddingCache(make_config(redis_url)) as router:
+        assert await router.claim_many([(key(1), "enc-a"), (key(2), "enc-a"), (key(3), "enc-b")], LEASE_S) \
+            == [True, True, True]
+        tasks = {n: await waiting(prefill, key(n)) for n in (1, 2, 3)}
+        started = time.monotonic()
+        assert await router.abandon([key(1), key(2), key(3)], "enc-a", "refused as busy") == 2
+        for n in (1, 2):
+            with pytest.raises(EncodeAbandoned) as info:
+                await asyncio.wait_for(tasks[n], 2.0)
+            assert str(info.value) == f"encode of image {key(n)} failed: refused as busy"
+        assert time.monotonic() - started < 0.5 and not tasks[3].done()
+        assert await router.claim(key(1), "enc-c", LEASE_S)  # released: a new try claims it at once
+        assert await router.release(key(3), "enc-b")
+        with pytest.raises(EncodeFailed) as lapsed:
+            await asyncio.wait_for(tasks[3], 2.0)
+        assert not isinstance(lapsed.value, EncodeAbandoned)
+        assert await router.abandon([], "enc-a", "nothing") == 0
 
 
 async def test_a_lapsed_claim_wakes_waiters_with_an_error_not_a_timeout(cache: EmbeddingCache) -> None:

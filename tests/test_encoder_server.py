@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from cache import scripts
-from cache.errors import EncodeFailed, NotPending
+from cache.errors import EncodeAbandoned, EncodeFailed, NotPending
 from cache.keys import image_key
 from cache.store import EmbeddingCache
 from stages.encoder.batcher import Batcher, Job, JobState, RecentRooms
@@ -381,8 +381,8 @@ async def test_abort_cancels_the_rooms_queued_work(encoders, redis_url):
         aborted = await post(client, server, "/v1/abort", {"room": 12})
         assert aborted.json() == {"room": 12, "cancelled": 1}
         assert_error(await second, 409, "room_aborted", "room", "Room 12 was aborted")
-        with pytest.raises(EncodeFailed, match="cancelled"):
-            await waiter
+        with pytest.raises(EncodeAbandoned, match="cancelled: every request waiting for this image went away"):
+            await waiter  # abandoned, not failed: a waiter elsewhere is told to try again
         late = await post(client, server, "/v1/encode", {"room": 12, "images": [{"data": b64(queued)}]})
         assert_error(late, 409, "room_aborted", "room", "Room 12 was aborted")
         assert (await first).json()["images"][0]["status"] == "encoded"

@@ -29,6 +29,7 @@ from tests.epd_helpers import EPD, Encoder, Image, start_epd
 from tests.generated_models import model_dir
 from tests.hf_reference import hf_greedy, load_reference
 from tests.redis_fixtures import flush
+from tests.router_helpers import metric
 
 pytestmark = pytest.mark.timeout(180)
 VARIANT = "qwen2_vl"
@@ -198,6 +199,39 @@ async def test_an_encoder_failure_wakes_the_prefill_with_it(epd, fresh):
     message = error_of(answers.prefill, 502, "encode_failed")["message"]
     assert message.startswith(f"The encoder failed on image {epd.key(image)}: ") and "encoder.crash" in message
     assert "encoder.crash" in error_of(answers.decode, 502, "peer_failed")["message"]
+
+
+async def test_an_encode_abandoned_unfinished_is_back_pressure_on_both_halves_not_a_fault(epd, fresh):
+    """The router claimed an image for an encoder that then refused its request (busy) and gives the
+    claim up (``EmbeddingCache.abandon``): a request waiting for that image answers at once, 503
+    ``encode_abandoned`` with Retry-After on P (D reports it as its prefill's), and the router's
+    verdict on either charges nobody, as back-pressure that a retry claims anew."""
+    image = Image.random(64, 64, seed=6)
+    key, owner = epd.key(image), epd.encoders[0].encoder_id
+    assert await epd.claim([image], epd.encoders[0]) == [True]
+    misses = metric(epd.prefill.url, "epd_cache_misses_total")
+    async with httpx.AsyncClient(timeout=30) as client, \
+            EmbeddingCache(CacheConfig(url=epd.redis_url, budget_bytes=MIB, ttl_s=60.0)) as cache:
+        chat = asyncio.ensure_future(epd.chat(client, epd.body([image], "what is it", 4)))
+        deadline = time.monotonic() + 20
+        while metric(epd.prefill.url, "epd_cache_misses_total") < misses + 2:  # get, then wait_ready's probe
+            assert time.monotonic() < deadline and not chat.done(), "the prefill never waited on the claim"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert await cache.abandon([key], owner, "the request that claimed it was refused") == 1
+        prefill, decode = await chat
+    assert time.monotonic() - started < EMBEDDING_TIMEOUT_S / 2  # woken by the event, not the deadline
+    error = error_of(prefill, 503, "encode_abandoned")
+    assert prefill.headers["Retry-After"] == "1" and error["image_key"] == key
+    assert error["message"] == (f"The encode of image {key} that this request waited for was abandoned: the request "
+                                "that claimed it was refused. Nothing is wrong with the image; retry after 1 s.")
+    assert error_of(decode, 502, "peer_failed")["peer_code"] == "encode_abandoned"
+    answer = from_answer("prefill", epd.prefill.url, 503, prefill.content, prefill.headers["Retry-After"])
+    reported = blame(from_answer("decode", epd.decode.url, 502, decode.content), ("prefill", epd.prefill.url))
+    for verdict in (blame_encoder(answer, {key: ""}), blame_encoder(reported, {key: epd.encoders[1].url})):
+        assert (verdict.stage, verdict.url, verdict.status, verdict.code, verdict.image_key) == (
+            "encoder", "", 503, "encode_abandoned", key)
+        assert verdict.busy and not verdict.client_fault
 
 
 # --- typed error fields, read with the router's reader (docs/protocol.md, tests/test_error_fields.py) -------

@@ -14,6 +14,8 @@ gets as the room's failure reason; one about an image names its key in the ``ima
     503 cache_unavailable   Redis down, unreachable or slow past --cache-op-timeout-s (names Redis)
     400 image_not_cached    the key is neither cached nor being encoded (at once, no wait)
     502 encode_failed       the encoder reported a failure, or died (its claim lapsed)
+    503 encode_abandoned    the encode was given up unfinished: the requests that started it were
+                            refused or went away (Retry-After: 1; a new try claims the key anew)
     504 embedding_timeout   still being encoded at --embedding-timeout-s
     502 embedding_mismatch  the entry does not fit the reference or this model (deleted)
 """
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cache.errors import CacheUnavailable, EncodeFailed, NotPending, ReadyTimeout
+from cache.errors import CacheUnavailable, EncodeAbandoned, EncodeFailed, NotPending, ReadyTimeout
 from cache.store import CachedEmbedding, EmbeddingCache
 from stages.api.schemas import ImageRef
 from stages.disagg.errors import DisaggError
@@ -133,6 +135,10 @@ class ImageInputs:
             raise DisaggError(400, f"Image {key} is not in the embedding cache and no encoder is encoding it: send "
                               "it to an encoder first (it may also have been evicted since).", "image_not_cached",
                               f"{param}.key", image_key=key) from None
+        except EncodeAbandoned as exc:
+            raise DisaggError(503, f"The encode of image {key} that this request waited for was abandoned: {exc.reason}. "
+                              "Nothing is wrong with the image; retry after 1 s.", "encode_abandoned", param,
+                              image_key=key, retry_after_s=1) from None
         except EncodeFailed as exc:
             raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", "encode_failed",
                               param, image_key=key) from None

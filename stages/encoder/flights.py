@@ -9,8 +9,9 @@ claim. Lost: the flight ends at once as ``pending_elsewhere``. A flight ends exa
 (``get`` no longer finds it) in the same step.
 
 Interest: a flight knows which requests (serial -> room) wait for it. ``forget`` drops interests;
-a job nobody waits for that is still queued is cancelled (its completion task then publishes the
-failure and releases the claim). Work already running finishes and is cached.
+a job nobody waits for that is still queued is cancelled (its completion task then publishes it as
+abandoned, so waiters elsewhere know to try again, and releases the claim). Work already running
+finishes and is cached.
 
 Single event loop: everything here runs on the server's loop except ``deliver`` (the encoder
 thread's callback), which crosses with ``call_soon_threadsafe``. Every wait has a deadline:
@@ -166,7 +167,8 @@ class Flights:
                 outcome = await self._store(key, result)
             else:
                 outcome = _encode_failure(result, cancelled=flight.cancelled)
-                await self._quietly("report the failure", self.cache.publish_failed(key, result))
+                await self._quietly("report the failure",
+                                    self.cache.publish_failed(key, result, abandoned=flight.cancelled))
         finally:
             await self._quietly("release the claim", self.cache.release(key, self.encoder_id))
             self._end(flight, outcome or Failure(500, "The encoder stopped before this image was encoded.",

@@ -267,17 +267,20 @@ class EmbeddingCache:
             self._events.unregister(waiter)
 
     async def _wait(self, key: str, waiter: Waiter) -> CachedEmbedding:
+        """The probe first, then sleep and probe again until the entry lands. A key found neither
+        cached nor claimed ends the wait, as the event that says why (heard by now, though the
+        probe's answer came first) or as ``NotPending`` / a lapsed claim."""
         hit, claimed = await self._probe(key)
         self._count(hits=hit is not None)
         if hit is None and not claimed:
+            _raise_ended(key, waiter)
             raise NotPending(f"image {key} is not in the cache and no encoder is encoding it")
         while hit is None:
             await waiter.sleep(self.config.claim_check_s)
-            if (ended := waiter.failure) is not None:
-                error = EncodeAbandoned if ended.kind == "abandoned" else EncodeFailed
-                raise error(key, ended.reason or f"the encoder reported it {ended.kind}")
+            _raise_ended(key, waiter)
             hit, claimed = await self._probe(key)
             if hit is None and not claimed:
+                _raise_ended(key, waiter)
                 raise EncodeFailed(key, "its encoder stopped without a result (the claim lapsed or was released)")
         return hit
 
@@ -330,3 +333,10 @@ def _ms(seconds: float) -> int:
         raise ValueError(f"a lease must be positive, got {seconds} s")
     return max(1, round(seconds * 1000))
 
+
+def _raise_ended(key: str, waiter: Waiter) -> None:
+    """``EncodeFailed``, or ``EncodeAbandoned``, if the waiter heard that the encode of ``key`` ended so."""
+    ended = waiter.failure
+    if ended is not None:
+        error = EncodeAbandoned if ended.kind == "abandoned" else EncodeFailed
+        raise error(key, ended.reason or f"the encoder reported it {ended.kind}")

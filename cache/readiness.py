@@ -2,9 +2,10 @@
 
 Every cache write publishes ``Event(kind="ready", key)`` on ``scripts.CHANNEL`` from inside the write
 script (so the entry is readable before anyone hears of it); an encoder whose encode failed publishes
-``Event(kind="failed", key, reason)``, and one (or the router, for an encoder that refused its
-request) that gave the encode up unfinished because nobody wants it any more, ``kind="abandoned"``. The dispatcher reads the channel and wakes the ``Waiter``s
-registered for that key. One channel for all keys: a process subscribes once, not once per waiter.
+``Event(kind="failed", key, reason)``, and one that gave the encode up unfinished as nobody wants it
+any more (or the router, for an encoder that refused its request), ``kind="abandoned"``. The
+dispatcher reads the channel and wakes the ``Waiter``s registered for that key. One channel for all
+keys: a process subscribes once, not once per waiter.
 
 No lost wake-ups: a waiter registers, then (``ensure_subscribed``) makes sure the subscription is
 confirmed by Redis, and only then checks the key. An event that lands after the registration sets

@@ -252,7 +252,7 @@ class EmbeddingCache:
         Raises, within ``deadline_s`` in every case: ``NotPending`` at once if ``key`` is neither
         cached nor claimed; ``EncodeFailed`` when the encoder publishes a failure, or when the claim
         lapses or is released without an entry (noticed within ``claim_check_s``); ``EncodeAbandoned``
-        when the encode is published as given up (``publish_failed(abandoned=True)``); ``ReadyTimeout``
+        when the encode is published as given up (``abandon``, ``publish_failed(abandoned=True)``); ``ReadyTimeout``
         at the deadline; ``CacheUnavailable`` if Redis fails. Woken by the put's event, not by polling.
         """
         check_key(key)

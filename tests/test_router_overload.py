@@ -4,8 +4,9 @@ one decode (Mooncake) with small ``--max-num-seqs``/``--max-waiting``, and the r
 A burst well past the stages' limits is answered, never crashed: every request gets a 200 or a 503
 with ``Retry-After`` (a stage's "busy" is back-pressure: it opens no breaker, and a worker whose
 breaker refuses is never begun; a request that waited on a shared image whose encode was abandoned,
-as the request that claimed it was refused, gets ``encode_abandoned``: back-pressure too), and afterwards every server is healthy, every circuit closed, the
-KV blocks back to 0 and a plain request answered.
+as the request that claimed it was refused, gets ``encode_abandoned``: back-pressure too), and
+afterwards every server is healthy, every circuit closed, the KV blocks back to 0 and a plain request
+answered.
 """
 
 from __future__ import annotations

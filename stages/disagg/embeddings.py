@@ -136,8 +136,8 @@ class ImageInputs:
                               "it to an encoder first (it may also have been evicted since).", "image_not_cached",
                               f"{param}.key", image_key=key) from None
         except EncodeAbandoned as exc:
-            raise DisaggError(503, f"The encode of image {key} that this request waited for was abandoned: {exc.reason}. "
-                              "Nothing is wrong with the image; retry after 1 s.", "encode_abandoned", param,
+            raise DisaggError(503, f"The encode of image {key} that this request waited for was abandoned: "
+                              f"{exc.reason}. Nothing is wrong with the image; retry after 1 s.", "encode_abandoned", param,
                               image_key=key, retry_after_s=1) from None
         except EncodeFailed as exc:
             raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", "encode_failed",

@@ -149,8 +149,11 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     the one the failure's ``image_key`` field names (never read from the message). Sent: that
     encoder is to blame (its breaker, its exclusion from a retry). Not sent: nobody here is, but the
     attempt is retried (status 502, not the client's fault): a fresh plan reads the cache again.
-    An encode abandoned unfinished (``encode_abandoned``: the requests that started it were refused
-    or went away) is nobody's fault: back-pressure (503 with Retry-After), retried, no breaker charged.
+    Back-pressure (503 with Retry-After, retried, nobody charged), as nothing is wrong with the image
+    or any encoder: an encode abandoned unfinished (``encode_abandoned``: the requests that started it
+    were refused or went away), and a key not sent that is neither cached nor claimed any more
+    (``image_not_cached``: the encode the plan counted on ended so before the prefill looked; told
+    to the client as ``encode_abandoned``, as the prefill's own advice is for a client of its own).
     Any other failure, or a key the router did not put there (a client's own ``image_ref``), is
     returned unchanged."""
     if failure.code not in IMAGE_CODES or failure.stage == "encoder":
@@ -161,6 +164,11 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     if failure.code == "encode_abandoned":
         return Failure("encoder", "", 503, f"the {failure.stage} stage reports: {failure.message}", failure.code,
                        retry_after=failure.retry_after or "1", room=failure.room, image_key=key)
+    if failure.code == "image_not_cached" and not images[key]:
+        return Failure("encoder", "", 503, f"the encode of image {key} that this request waited for (under way for "
+                       f"another request) ended without an entry before the {failure.stage} looked. Nothing is wrong "
+                       "with the image; retry after 1 s.", "encode_abandoned", retry_after="1", room=failure.room,
+                       image_key=key)
     return Failure("encoder", images[key], max(failure.status, 502),
                    f"the {failure.stage} stage reports: {failure.message}", failure.code, room=failure.room,
                    image_key=key)

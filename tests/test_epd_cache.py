@@ -284,7 +284,8 @@ async def test_an_uncached_image_is_charged_by_the_fields_in_answers_and_in_band
     failure = from_answer("prefill", epd.prefill.url, 400, reworded(answers[0], "something else entirely"))
     assert blame_encoder(failure, {key: epd.encoders[1].url}).url == epd.encoders[1].url
     unsent = blame_encoder(failure, {key: ""})
-    assert (unsent.stage, unsent.url, unsent.status, unsent.client_fault) == ("encoder", "", 502, False)
+    assert (unsent.stage, unsent.url, unsent.status, unsent.code, unsent.busy, unsent.client_fault) == (
+        "encoder", "", 503, "encode_abandoned", True, False)
     events = [json.loads(line[6:]) for r in streamed for line in r.text.splitlines()
               if line.startswith("data: {") and '"error"' in line]
     assert [(e["error"]["stage"], e["error"]["code"], e["error"].get("peer_code"), e["error"].get("image_key"))

@@ -102,15 +102,21 @@ def prefill_failure(status: int, code: str, key: str | None, message: str = "wor
     return Failure("prefill", "http://p:1", status, message, code, room=7, image_key=key)
 
 
-def charged(url: str, status: int, code: str, key: str, message: str = "words") -> Failure:
-    return Failure("encoder", url, status, f"the prefill stage reports: {message}", code, room=7, image_key=key)
+def charged(url: str, status: int, code: str, key: str, message: str = "the prefill stage reports: words",
+            retry_after: str | None = None) -> Failure:
+    """The verdict on a prefill_failure: the encoder's (or, url "", nobody's), the message as the client reads it."""
+    return Failure("encoder", url, status, message, code, room=7, image_key=key, retry_after=retry_after)
 
 
 @pytest.mark.parametrize("failure, expected", [
     (prefill_failure(502, "encode_failed", K1), charged("http://e:1", 502, "encode_failed", K1)),
     (prefill_failure(504, "embedding_timeout", K1), charged("http://e:1", 504, "embedding_timeout", K1)),
-    # the router's stale view of the cache: nobody to charge, but not the client's fault (retried)
-    (prefill_failure(400, "image_not_cached", K2), charged("", 502, "image_not_cached", K2)),
+    # the router's stale view of the cache: nobody to charge, back-pressure (retried, then a 503 with Retry-After)
+    (prefill_failure(400, "image_not_cached", K2), charged("", 503, "encode_abandoned", K2, retry_after="1", message=(
+        f"the encode of image {K2} that this request waited for (under way for another request) ended without an "
+        "entry before the prefill looked. Nothing is wrong with the image; retry after 1 s."))),
+    (prefill_failure(503, "encode_abandoned", K1), charged("", 503, "encode_abandoned", K1, retry_after="1")),
+    (prefill_failure(503, "encode_abandoned", K2), charged("", 503, "encode_abandoned", K2, retry_after="1")),
     # a key the router did not put there (a client's own image_ref): the client's 400 as it is
     (prefill_failure(400, "image_not_cached", K3), None),
     (prefill_failure(400, "image_not_cached", None), None),  # no field: nothing to charge

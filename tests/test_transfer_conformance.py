@@ -389,6 +389,28 @@ def test_stalled_peer_never_blocks_past_timeout(initiator, doomed):
         assert time.monotonic() - start < TIMEOUT_S + SLACK_S
 
 
+def test_a_stalled_peer_leaves_the_writes_to_others_alone(initiator, doomed, target):
+    """Writes to a stopped peer, the first to one of its regions (Mooncake: the segment handshake)
+    and one to a region written before, each of the whole region (past any socket buffer), fail or
+    end at the timeout and hold nothing the writes to a live peer need: those land in time."""
+    peers = _cold_and_warm(initiator, doomed)
+    healthy = initiator.backend.connect(target.descriptors[0])
+    assert initiator.backend.write(healthy, [WriteOp(0, 0, BLOCK)]) == BLOCK
+    doomed.stall()
+    for peer in peers:
+        start = time.monotonic()
+        try:
+            initiator.backend.write(peer, [WriteOp(0, 0, REGION)])
+        except TransferError:
+            pass
+        assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+    for i in range(1, 4):
+        start = time.monotonic()
+        assert initiator.backend.write(healthy, [WriteOp(i * BLOCK, 0, BLOCK)]) == BLOCK
+        assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+        assert np.array_equal(target.read()[:BLOCK], initiator.src[i * BLOCK:(i + 1) * BLOCK])
+
+
 def test_descriptor_and_peer_carry_the_memory_kind_and_device(kind, initiator, target):
     described = decode_descriptor(target.descriptors[0], kind, RegionDescriptor)
     expected_device = int(DEVICE.partition(":")[2] or 0) if MEMORY == "VRAM" else 0

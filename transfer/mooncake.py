@@ -13,6 +13,10 @@ Library facts this file relies on (0.3.13):
   stalled peer does not stop the writes to the others. When MAX_ABANDONED threads are held by such
   calls, writes fail at once instead of piling up. A process that exits while such a call still runs
   aborts ("terminate called without an active exception"); release() waits up to ``timeout_s``.
+- That first handshake runs under the binding's one mutex, which every write takes: a cold write to
+  a stalled peer would hold up the writes to all the others for those 60 s. So a write to a peer
+  that has not taken one since its last failure first probes it with ``send_probe`` (same daemon, no
+  mutex, GIL released; transfer/mooncake_handshake.py), one probe per peer at a time.
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).
@@ -48,6 +52,7 @@ from mooncake.engine import TransferEngine
 from transfer.addresses import host_port
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
+from transfer.mooncake_handshake import Handshakes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,6 +110,7 @@ class MooncakeBackend(TransferBackend):
                     "MC_MAX_RPC_PORT (default 15000-17000); firewall that range (docs/architecture.md, Listeners)",
                     self.rpc_port)
         self._calls = _WorkerPool()
+        self._handshakes = Handshakes(lambda key: self._live().send_probe(key), self._calls.call)
 
     def _register(self, region: Region) -> None:
         if region.memory == "VRAM" and not cuda_build():
@@ -130,6 +136,15 @@ class MooncakeBackend(TransferBackend):
         return desc.peer(desc.session_id)
 
     def _write(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
+        try:
+            self._handshakes.ensure(peer.key, deadline)
+            self._write_batches(peer, ops, deadline)
+        except TransferError:
+            self._handshakes.failed(peer.key)
+            raise
+        self._handshakes.opened(peer.key)
+
+    def _write_batches(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
         engine = self._live()
         assert self.region is not None
         base = self.region.base

@@ -61,9 +61,8 @@ def soon(seconds: float = 5.0) -> float:
     return time.monotonic() + seconds
 
 
-def test_an_opened_peer_is_not_probed_again_until_a_write_fails(handshakes, peers):
+def test_a_peer_that_answered_is_not_probed_again_until_a_write_fails(handshakes, peers):
     handshakes.ensure("a", soon())
-    handshakes.opened("a")
     handshakes.ensure("a", soon())
     assert peers.calls == {"a": 1}
     handshakes.failed("a")

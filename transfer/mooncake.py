@@ -15,8 +15,8 @@ Library facts this file relies on (0.3.13):
   aborts ("terminate called without an active exception"); release() waits up to ``timeout_s``.
 - That first handshake runs under the binding's one mutex, which every write takes: a cold write to
   a stalled peer would hold up the writes to all the others for those 60 s. So a write to a peer
-  that has not taken one since its last failure first probes it with ``send_probe`` (same daemon, no
-  mutex, GIL released; transfer/mooncake_handshake.py), one probe per peer at a time.
+  that has not answered a probe since its last failed write first probes it with ``send_probe``
+  (same daemon, no mutex, GIL released; transfer/mooncake_handshake.py), one probe per peer at a time.
 - The TCP transport queues at most ~1024 transfers per peer and fails a batch beyond that, so writes
   go out in batches of MAX_BATCH ops. It also does not check that local buffers are registered.
 - A dead peer fails a write within milliseconds (connection refused / reset).
@@ -142,7 +142,6 @@ class MooncakeBackend(TransferBackend):
         except TransferError:
             self._handshakes.failed(peer.key)
             raise
-        self._handshakes.opened(peer.key)
 
     def _write_batches(self, peer: Peer, ops: list[WriteOp], deadline: float) -> None:
         engine = self._live()

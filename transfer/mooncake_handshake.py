@@ -28,11 +28,11 @@ class _Probe:
 class Handshakes:
     """Which peers have answered a probe since their last failed write. Contract (any thread):
 
-    - ``ensure(key, deadline)`` returns at once for a peer marked ``opened``; otherwise it probes the
+    - ``ensure(key, deadline)`` returns at once for a peer that answered; otherwise it probes the
       peer (one probe per peer at a time: a caller that finds one running waits for it) and returns
       once the peer answered, or raises TransferError at ``deadline`` or when the probe failed;
-    - ``opened(key)`` after a write to the peer succeeded; ``failed(key)`` after one failed, so the
-      next write probes again (the binding may have dropped the segment, or the peer stalled).
+    - ``failed(key)`` after a write to the peer failed, so the next write probes again (the binding
+      may have dropped the segment, or the peer stalled).
 
     ``run(fn, deadline, what)`` runs the probe (the backend's worker pool: a probe of a stalled peer
     is abandoned at the deadline and keeps its thread until the library gives up).
@@ -43,18 +43,14 @@ class Handshakes:
         self._probe = probe
         self._run = run
         self._lock = threading.Lock()
-        self._opened: set[str] = set()
-        self._probes: dict[str, _Probe] = {}
+        self._probes: dict[str, _Probe] = {}  # a failed probe is dropped when it ends
 
     def ensure(self, key: str, deadline: float) -> None:
         with self._lock:
-            if key in self._opened:
-                return
             probe = self._probes.get(key)
             mine = probe is None
-            if mine:
+            if probe is None:
                 probe = self._probes[key] = _Probe()
-        assert probe is not None
         if mine:
             self._run(lambda: self._answer(key, probe), deadline, f"mooncake handshake probe of {key}")
         elif not probe.done.wait(max(0.0, deadline - time.monotonic())):
@@ -64,13 +60,8 @@ class Handshakes:
             raise TransferError(f"mooncake: handshake probe of {key} failed with code {probe.rc} (peer dead or "
                                 f"unreachable)")
 
-    def opened(self, key: str) -> None:
-        with self._lock:
-            self._opened.add(key)
-
     def failed(self, key: str) -> None:
         with self._lock:
-            self._opened.discard(key)
             probe = self._probes.get(key)
             if probe is not None and probe.done.is_set():
                 del self._probes[key]  # a probe still running stays: one per peer at a time

@@ -87,7 +87,8 @@ async def mixed_answers(router_url: str, router_base: str, colocated_base: str, 
 
     through = openai.AsyncOpenAI(base_url=router_base, api_key="x", max_retries=0, timeout=120)
     direct = openai.AsyncOpenAI(base_url=colocated_base, api_key="x", max_retries=0, timeout=120)
-    answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(count))), 150)
-    expected = await asyncio.gather(*(run(direct, i) for i in range(count)))
+    async with through, direct:
+        answers = await asyncio.wait_for(asyncio.gather(*(run(through, i) for i in range(count))), 150)
+        expected = await asyncio.gather(*(run(direct, i) for i in range(count)))
     assert answers == expected and all(answers)
     wait_metric(router_url, 'epd_router_requests_total{outcome="success"}', success + count)

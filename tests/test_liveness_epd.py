@@ -16,7 +16,8 @@ import asyncio
 import os
 import signal
 import time
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import openai
@@ -86,9 +87,13 @@ def stages_end_clean(epd: EPD, redis_server):
     wait_until(lambda: not claims(redis_server.url), 15, "no image claim left in Redis")
 
 
-def client_of(router) -> tuple[openai.AsyncOpenAI, str]:
+@asynccontextmanager
+async def client_of(router) -> AsyncIterator[tuple[openai.AsyncOpenAI, str]]:
+    """An OpenAI client of the router and its model, closed on leaving: an unclosed client schedules
+    its close on whichever event loop runs when it is collected, a later test's."""
     model = httpx.get(f"{router.url}/v1/models", timeout=10).json()["data"][0]["id"]
-    return openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60), model
+    async with openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60) as client:
+        yield client, model
 
 
 async def ask(client: openai.AsyncOpenAI, model: str, text: str, images: list[bytes]
@@ -105,23 +110,23 @@ async def ask(client: openai.AsyncOpenAI, model: str, text: str, images: list[by
 async def test_an_encoder_that_vanishes_mid_encode_is_retried_on_the_other(router, epd, redis_server):
     a, b = epd.encoders
     images = [image_for(epd, a.url, seed=9000 + 100 * i) for i in range(CONCURRENT)]
-    client, model = client_of(router)
-    retries = metric(router.url, 'epd_router_retries_total{stage="encoder"}')
-    encoded_b = b.encoded_total()
-    arm(a.server, "encoder.stall", times=1, delay_s=2.0)  # its first batch is taken, then it stops mid-encode
-    requests = [asyncio.create_task(ask(client, model, f"mid-encode {i}", [image]))
-                for i, image in enumerate(images)]
-    await asyncio.to_thread(wait_until, lambda: len(claims(redis_server.url)) == CONCURRENT, 10,
-                            "every image claimed for encoder A")
-    with stopped(a.server.proc.pid):
-        stopped_at = time.monotonic()
-        answers = await asyncio.gather(*requests)
-        ended = time.monotonic() - stopped_at
-    assert ended < DEADLINE_S, answers
-    assert all(isinstance(answer, str) and answer for _, answer in answers), answers
-    assert metric(router.url, 'epd_router_retries_total{stage="encoder"}') >= retries + 1
-    assert b.encoded_total() >= encoded_b + 1
-    assert all(not _claimed(redis_server.url, key_of(epd, image)) for image in images)
+    async with client_of(router) as (client, model):
+        retries = metric(router.url, 'epd_router_retries_total{stage="encoder"}')
+        encoded_b = b.encoded_total()
+        arm(a.server, "encoder.stall", times=1, delay_s=2.0)  # its first batch is taken, then it stops mid-encode
+        requests = [asyncio.create_task(ask(client, model, f"mid-encode {i}", [image]))
+                    for i, image in enumerate(images)]
+        await asyncio.to_thread(wait_until, lambda: len(claims(redis_server.url)) == CONCURRENT, 10,
+                                "every image claimed for encoder A")
+        with stopped(a.server.proc.pid):
+            stopped_at = time.monotonic()
+            answers = await asyncio.gather(*requests)
+            ended = time.monotonic() - stopped_at
+        assert ended < DEADLINE_S, answers
+        assert all(isinstance(answer, str) and answer for _, answer in answers), answers
+        assert metric(router.url, 'epd_router_retries_total{stage="encoder"}') >= retries + 1
+        assert b.encoded_total() >= encoded_b + 1
+        assert all(not _claimed(redis_server.url, key_of(epd, image)) for image in images)
 
 
 def _claimed(redis_url: str, key: str) -> bool:
@@ -130,24 +135,24 @@ def _claimed(redis_url: str, key: str) -> bool:
 
 
 async def test_a_redis_that_vanishes_is_a_503_naming_it_and_caching_resumes(router, epd, redis_server):
-    client, model = client_of(router)
-    text_only = [asyncio.create_task(ask(client, model, f"warm {i}", [])) for i in range(2)]
-    assert all(isinstance(answer, str) for _, answer in await asyncio.gather(*text_only))
-    with stopped(redis_server.process.pid):
-        started = time.monotonic()
-        answers = await asyncio.gather(
-            *(ask(client, model, f"needs redis {i}", [png(40, 40, 9900 + i)]) for i in range(CONCURRENT // 2)),
-            *(ask(client, model, f"text only {i}", []) for i in range(CONCURRENT // 2)))
-        ended = time.monotonic() - started
-    assert ended < DEADLINE_S, answers
-    for _, error in answers[: CONCURRENT // 2]:
-        assert isinstance(error, openai.APIStatusError), error
-        assert error.status_code == 503 and error.body["code"] == "cache_unavailable", error.body
-        assert f"Redis at redis://127.0.0.1:{redis_server.port}/0" in error.message, error.message
-    assert all(isinstance(answer, str) and answer for _, answer in answers[CONCURRENT // 2:]), answers
-    encoded = epd.encoded_total()
-    image = png(40, 40, 9990)
-    for attempt in range(2):  # caching resumed: encoded once, then a hit
-        seconds, answer = await ask(client, model, "after redis came back", [image])
-        assert isinstance(answer, str) and answer and seconds < DEADLINE_S, answer
-    assert epd.encoded_total() == encoded + 1
+    async with client_of(router) as (client, model):
+        text_only = [asyncio.create_task(ask(client, model, f"warm {i}", [])) for i in range(2)]
+        assert all(isinstance(answer, str) for _, answer in await asyncio.gather(*text_only))
+        with stopped(redis_server.process.pid):
+            started = time.monotonic()
+            answers = await asyncio.gather(
+                *(ask(client, model, f"needs redis {i}", [png(40, 40, 9900 + i)]) for i in range(CONCURRENT // 2)),
+                *(ask(client, model, f"text only {i}", []) for i in range(CONCURRENT // 2)))
+            ended = time.monotonic() - started
+        assert ended < DEADLINE_S, answers
+        for _, error in answers[: CONCURRENT // 2]:
+            assert isinstance(error, openai.APIStatusError), error
+            assert error.status_code == 503 and error.body["code"] == "cache_unavailable", error.body
+            assert f"Redis at redis://127.0.0.1:{redis_server.port}/0" in error.message, error.message
+        assert all(isinstance(answer, str) and answer for _, answer in answers[CONCURRENT // 2:]), answers
+        encoded = epd.encoded_total()
+        image = png(40, 40, 9990)
+        for attempt in range(2):  # caching resumed: encoded once, then a hit
+            seconds, answer = await ask(client, model, "after redis came back", [image])
+            assert isinstance(answer, str) and answer and seconds < DEADLINE_S, answer
+        assert epd.encoded_total() == encoded + 1

@@ -20,7 +20,8 @@ import asyncio
 import os
 import signal
 import time
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import openai
@@ -100,37 +101,42 @@ async def ask(client: openai.AsyncOpenAI, model: str, text: str) -> tuple[float,
         return time.monotonic() - started, error
 
 
-def client_of(router) -> tuple[openai.AsyncOpenAI, str]:
+@asynccontextmanager
+async def client_of(router) -> AsyncIterator[tuple[openai.AsyncOpenAI, str]]:
+    """An OpenAI client of the router and its model, closed on leaving: an unclosed client schedules
+    its close on whichever event loop runs when it is collected, a later test's."""
     model = httpx.get(f"{router.url}/v1/models", timeout=10).json()["data"][0]["id"]
-    return openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60), model
+    async with openai.AsyncOpenAI(base_url=router.base_url, api_key="x", max_retries=0, timeout=60) as client:
+        yield client, model
 
 
 async def test_a_prefill_that_vanishes_mid_room_costs_seconds_not_the_kv_timeout(router, prefills, decodes):
     victim, survivor = prefills
-    client, model = client_of(router)
-    arm(victim, "prefill.delay_ready", CONCURRENT, delay_s=3.0)  # its rooms hold after the write
-    first = [asyncio.create_task(ask(client, model, f"first wave {i}")) for i in range(CONCURRENT)]
-    await asyncio.to_thread(wait_until, lambda: _taken(victim, "prefill.delay_ready", CONCURRENT), 20,
-                            "rooms written and held on the victim prefill")
-    with stopped(victim):
-        stopped_at = time.monotonic()
-        answers = await asyncio.gather(*first)
-        ended = time.monotonic() - stopped_at
-        meanwhile = await asyncio.gather(*(ask(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
-        held = sum(map(blocks_used, decodes))
-    assert ended < DEADLINE_S, answers
-    for _, answer in answers:  # the router retries a failed room once on a fresh pair: most succeed
-        if isinstance(answer, openai.APIStatusError):
-            assert answer.status_code in (502, 504), answer.body
-            assert answer.message.startswith("The prefill stage failed"), answer.message
-            assert victim.url in answer.message and "went silent" in answer.message, answer.message
-    silent = f"prefill stage {victim.url} failed before the answer started: the decode stage reports: bootstrap room"
-    assert router.log().count(silent) >= 1, "no room was failed for the stopped prefill's silence"
-    assert "went silent" in router.log() and "--peer-idle-timeout-s 5;" in router.log()
-    assert all(seconds < DEADLINE_S and isinstance(answer, str) for seconds, answer in meanwhile), meanwhile
-    assert held > 0  # the failed rooms' blocks wait for the stopped prefill's word ...
-    # ... which it gives once it runs again: the queued aborts are answered and the blocks come back
-    await asyncio.to_thread(wait_until, lambda: sum(map(blocks_used, decodes)) == 0, 20, "decode blocks freed")
+    async with client_of(router) as (client, model):
+        arm(victim, "prefill.delay_ready", CONCURRENT, delay_s=3.0)  # its rooms hold after the write
+        first = [asyncio.create_task(ask(client, model, f"first wave {i}")) for i in range(CONCURRENT)]
+        await asyncio.to_thread(wait_until, lambda: _taken(victim, "prefill.delay_ready", CONCURRENT), 20,
+                                "rooms written and held on the victim prefill")
+        with stopped(victim):
+            stopped_at = time.monotonic()
+            answers = await asyncio.gather(*first)
+            ended = time.monotonic() - stopped_at
+            meanwhile = await asyncio.gather(*(ask(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
+            held = sum(map(blocks_used, decodes))
+        assert ended < DEADLINE_S, answers
+        for _, answer in answers:  # the router retries a failed room once on a fresh pair: most succeed
+            if isinstance(answer, openai.APIStatusError):
+                assert answer.status_code in (502, 504), answer.body
+                assert answer.message.startswith("The prefill stage failed"), answer.message
+                assert victim.url in answer.message and "went silent" in answer.message, answer.message
+        silent = (f"prefill stage {victim.url} failed before the answer started: "
+                  "the decode stage reports: bootstrap room")
+        assert router.log().count(silent) >= 1, "no room was failed for the stopped prefill's silence"
+        assert "went silent" in router.log() and "--peer-idle-timeout-s 5;" in router.log()
+        assert all(seconds < DEADLINE_S and isinstance(answer, str) for seconds, answer in meanwhile), meanwhile
+        assert held > 0  # the failed rooms' blocks wait for the stopped prefill's word ...
+        # ... which it gives once it runs again: the queued aborts are answered and the blocks come back
+        await asyncio.to_thread(wait_until, lambda: sum(map(blocks_used, decodes)) == 0, 20, "decode blocks freed")
 
 
 def _taken(server, point: str, armed: int) -> bool:
@@ -145,14 +151,14 @@ async def test_a_slow_prefill_that_is_alive_is_never_cut_by_the_idle_bound(route
     prompt on a slow CPU would): their heartbeats go on, so every room waits and succeeds. The stall
     is armed on idle engines and starts with each prefill's first room (``engine.stall`` waits for a
     step with work), however long the requests take to arrive."""
-    client, model = client_of(router)
-    silent_before = "".join(d.log() for d in decodes).count("went silent")
-    for prefill in prefills:
-        arm(prefill, "engine.stall", 1, delay_s=7.0)
-    answers = await asyncio.gather(*(ask(client, model, f"slow prefill {i}") for i in range(CONCURRENT)))
-    assert all(isinstance(answer, str) and answer for _, answer in answers), answers
-    assert max(seconds for seconds, _ in answers) > 7.0  # they did wait out the whole stall
-    assert "".join(d.log() for d in decodes).count("went silent") == silent_before
+    async with client_of(router) as (client, model):
+        silent_before = "".join(d.log() for d in decodes).count("went silent")
+        for prefill in prefills:
+            arm(prefill, "engine.stall", 1, delay_s=7.0)
+        answers = await asyncio.gather(*(ask(client, model, f"slow prefill {i}") for i in range(CONCURRENT)))
+        assert all(isinstance(answer, str) and answer for _, answer in answers), answers
+        assert max(seconds for seconds, _ in answers) > 7.0  # they did wait out the whole stall
+        assert "".join(d.log() for d in decodes).count("went silent") == silent_before
 
 
 async def test_a_decode_that_vanishes_leaves_the_prefill_clean(router, prefills, decodes):
@@ -160,21 +166,21 @@ async def test_a_decode_that_vanishes_leaves_the_prefill_clean(router, prefills,
     and write into the stopped decode: those writes fail at ``--transfer-timeout-s`` and the prefills'
     blocks come back at once (not after the in-flight slack), within 10 s of the stop, with the decode
     still stopped. Once it resumes, the room's requests end (the router retries them)."""
-    client, model = client_of(router)
-    before = sum(_failures(p) for p in prefills)
-    for prefill in prefills:
-        arm(prefill, "engine.stall", 1, delay_s=1.5)
-    requests = [asyncio.create_task(ask(client, model, f"to a stopped decode {i}")) for i in range(CONCURRENT)]
-    victim = decodes[0]
-    await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "rooms reserved on the victim decode")
-    with stopped(victim):
-        stopped_at = time.monotonic()
-        await asyncio.to_thread(wait_until, lambda: sum(_failures(p) for p in prefills) > before
-                                and not any(map(blocks_used, prefills)), DEADLINE_S,
-                                "the writes into the stopped decode failed and the prefill blocks were freed")
-        assert time.monotonic() - stopped_at < DEADLINE_S
-    answers = await asyncio.wait_for(asyncio.gather(*requests), 60)
-    assert all(isinstance(answer, str) or answer.status_code in (502, 504) for _, answer in answers), answers
+    async with client_of(router) as (client, model):
+        before = sum(_failures(p) for p in prefills)
+        for prefill in prefills:
+            arm(prefill, "engine.stall", 1, delay_s=1.5)
+        requests = [asyncio.create_task(ask(client, model, f"to a stopped decode {i}")) for i in range(CONCURRENT)]
+        victim = decodes[0]
+        await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "rooms reserved on the victim decode")
+        with stopped(victim):
+            stopped_at = time.monotonic()
+            await asyncio.to_thread(wait_until, lambda: sum(_failures(p) for p in prefills) > before
+                                    and not any(map(blocks_used, prefills)), DEADLINE_S,
+                                    "the writes into the stopped decode failed and the prefill blocks were freed")
+            assert time.monotonic() - stopped_at < DEADLINE_S
+        answers = await asyncio.wait_for(asyncio.gather(*requests), 60)
+        assert all(isinstance(answer, str) or answer.status_code in (502, 504) for _, answer in answers), answers
 
 
 def _failures(prefill) -> int:
@@ -189,34 +195,34 @@ async def test_a_blackholed_decode_costs_no_stream_more_than_10_s(router, decode
     rotation within OUT_OF_ROTATION_S of the stop. (A JSON call to a frozen process on a live host is
     bounded by ``--upstream-timeout-s`` only: docs/router.md, "Deadlines".)"""
     victim, survivor = decodes
-    client, model = client_of(router)
+    async with client_of(router) as (client, model):
 
-    async def one(i: int) -> tuple[float, float, str | openai.APIError]:
-        """(started, ended, the text or the error)"""
-        started = time.monotonic()
-        try:
-            chunks = await client.chat.completions.create(
-                model=model, messages=messages(f"blackhole {i}", []), max_tokens=300, temperature=0, stream=True,
-                extra_body={"ignore_eos": True})
-            text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
-            return started, time.monotonic(), text
-        except openai.APIError as error:
-            return started, time.monotonic(), error
+        async def one(i: int) -> tuple[float, float, str | openai.APIError]:
+            """(started, ended, the text or the error)"""
+            started = time.monotonic()
+            try:
+                chunks = await client.chat.completions.create(
+                    model=model, messages=messages(f"blackhole {i}", []), max_tokens=300, temperature=0, stream=True,
+                    extra_body={"ignore_eos": True})
+                text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+                return started, time.monotonic(), text
+            except openai.APIError as error:
+                return started, time.monotonic(), error
 
-    healthy = f'epd_router_worker_healthy{{role="decode",worker="{victim.url}"}}'
-    first = [asyncio.create_task(one(i)) for i in range(CONCURRENT)]
-    await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "streams on the victim decode")
-    with stopped(victim):
-        stopped_at = time.monotonic()
-        answers = await asyncio.gather(*first)
-        later = await asyncio.gather(*(one(CONCURRENT + i) for i in range(CONCURRENT)))
-        left_s = max(0.0, stopped_at + OUT_OF_ROTATION_S - time.monotonic())
-        await asyncio.to_thread(wait_until, lambda: metric(router.url, healthy) == 0.0, left_s,
-                                f"the stopped decode out of rotation {OUT_OF_ROTATION_S} s after the stop")
-    # what the blackhole costs a stream: from the stop (or its start, if later) to its answer; the
-    # first wave's time before the stop is the load's, not the fault's (one loaded core: seconds)
-    for started, ended, answer in [*answers, *later]:
-        assert ended - max(started, stopped_at) < DEADLINE_S, (ended - started, ended - stopped_at, answer)
-        if not isinstance(answer, str):
-            assert "decode" in str(answer.message) and victim.url in str(answer.message), answer.message
-    assert all(isinstance(answer, str) and answer for _, _, answer in later), later
+        healthy = f'epd_router_worker_healthy{{role="decode",worker="{victim.url}"}}'
+        first = [asyncio.create_task(one(i)) for i in range(CONCURRENT)]
+        await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "streams on the victim decode")
+        with stopped(victim):
+            stopped_at = time.monotonic()
+            answers = await asyncio.gather(*first)
+            later = await asyncio.gather(*(one(CONCURRENT + i) for i in range(CONCURRENT)))
+            left_s = max(0.0, stopped_at + OUT_OF_ROTATION_S - time.monotonic())
+            await asyncio.to_thread(wait_until, lambda: metric(router.url, healthy) == 0.0, left_s,
+                                    f"the stopped decode out of rotation {OUT_OF_ROTATION_S} s after the stop")
+        # what the blackhole costs a stream: from the stop (or its start, if later) to its answer; the
+        # first wave's time before the stop is the load's, not the fault's (one loaded core: seconds)
+        for started, ended, answer in [*answers, *later]:
+            assert ended - max(started, stopped_at) < DEADLINE_S, (ended - started, ended - stopped_at, answer)
+            if not isinstance(answer, str):
+                assert "decode" in str(answer.message) and victim.url in str(answer.message), answer.message
+        assert all(isinstance(answer, str) and answer for _, _, answer in later), later

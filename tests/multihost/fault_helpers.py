@@ -16,8 +16,8 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -119,9 +119,13 @@ class Answer:
         return getattr(self.error, "status_code", None)
 
 
-def client_of(stack: Stack) -> tuple[openai.AsyncOpenAI, str]:
+@asynccontextmanager
+async def client_of(stack: Stack) -> AsyncIterator[tuple[openai.AsyncOpenAI, str]]:
+    """An OpenAI client of the router and its model, closed on leaving: an unclosed client schedules
+    its close on whichever event loop runs when it is collected, a later test's."""
     model = httpx.get(f"{stack.router.url}/v1/models", timeout=5).json()["data"][0]["id"]
-    return openai.AsyncOpenAI(base_url=stack.router.base_url, api_key="x", max_retries=0, timeout=60), model
+    async with openai.AsyncOpenAI(base_url=stack.router.base_url, api_key="x", max_retries=0, timeout=60) as client:
+        yield client, model
 
 
 async def chat(client: openai.AsyncOpenAI, model: str, text: str, images: list[bytes] = (), *, stream: bool = True,

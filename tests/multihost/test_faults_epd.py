@@ -61,16 +61,16 @@ def test_an_encoder_host_that_vanishes_mid_encode(stack):
     encoded = rig.client(encoded_total, survivor)
 
     async def scenario() -> tuple[list[Answer], float]:
-        client, model = client_of(stack)
-        with frozen(victim):
-            requests = [asyncio.create_task(chat(client, model, f"vanishing encoder {i}", [image]))
-                        for i, image in enumerate(images)]
-            await asyncio.to_thread(wait_until, lambda: len(claims(rig)) == CONCURRENT, 10,
-                                    "every image claimed for e1")
-            rig.cut("e1")
-        cut_at = time.monotonic()
-        answers = await asyncio.gather(*requests)
-        return answers, cut_at
+        async with client_of(stack) as (client, model):
+            with frozen(victim):
+                requests = [asyncio.create_task(chat(client, model, f"vanishing encoder {i}", [image]))
+                            for i, image in enumerate(images)]
+                await asyncio.to_thread(wait_until, lambda: len(claims(rig)) == CONCURRENT, 10,
+                                        "every image claimed for e1")
+                rig.cut("e1")
+            cut_at = time.monotonic()
+            answers = await asyncio.gather(*requests)
+            return answers, cut_at
 
     try:
         answers, cut_at = rig.client_async(scenario)
@@ -88,15 +88,15 @@ def test_a_redis_host_that_vanishes(stack):
     half = CONCURRENT // 2
 
     async def outage() -> tuple[list[Answer], float]:
-        client, model = client_of(stack)
-        warm = await asyncio.gather(*(chat(client, model, f"warm {i}") for i in range(2)))
-        assert all(a.error is None for a in warm), [a.message for a in warm]
-        rig.cut("redis")
-        cut_at = time.monotonic()
-        answers = await asyncio.gather(*(chat(client, model, f"needs redis {i}", [png(40, 40, 7900 + i)])
-                                         for i in range(half)),
-                                       *(chat(client, model, f"text only {i}") for i in range(half)))
-        return answers, cut_at
+        async with client_of(stack) as (client, model):
+            warm = await asyncio.gather(*(chat(client, model, f"warm {i}") for i in range(2)))
+            assert all(a.error is None for a in warm), [a.message for a in warm]
+            rig.cut("redis")
+            cut_at = time.monotonic()
+            answers = await asyncio.gather(*(chat(client, model, f"needs redis {i}", [png(40, 40, 7900 + i)])
+                                             for i in range(half)),
+                                           *(chat(client, model, f"text only {i}") for i in range(half)))
+            return answers, cut_at
 
     try:
         answers, cut_at = rig.client_async(outage)
@@ -110,9 +110,9 @@ def test_a_redis_host_that_vanishes(stack):
     assert all(a.error is None and a.text for a in answers[half:]), [a.message for a in answers[half:]]
 
     async def resumed() -> list[Answer]:
-        client, model = client_of(stack)
-        image = png(40, 40, 7990)
-        return [await chat(client, model, "after redis came back", [image]) for _ in range(2)]
+        async with client_of(stack) as (client, model):
+            image = png(40, 40, 7990)
+            return [await chat(client, model, "after redis came back", [image]) for _ in range(2)]
 
     encoded = sum(rig.client(encoded_total, e) for e in stack.encoders)
     again = rig.client_async(resumed)  # caching resumed, no restart: encoded once, then a hit
@@ -129,18 +129,18 @@ def test_the_path_to_an_encoder_blackholed_for_30_s(stack):
     circuit = lambda: worker_metric(stack.router, "epd_router_circuit_state", "encoder", victim)  # noqa: E731
 
     async def scenario() -> tuple[list[list[Answer]], set[float]]:
-        client, model = client_of(stack)
-        waves: list[list[Answer]] = []
-        states, started = set(), time.monotonic()
-        while time.monotonic() - started < BLACKHOLE_S:
-            assert len(waves) < MAX_WAVES, "more waves than images made for them"
-            n = len(waves)
-            images = [*theirs[victim.url][n * half:(n + 1) * half], *theirs[survivor.url][n * half:(n + 1) * half]]
-            waves.append(await asyncio.gather(*(chat(client, model, f"blackhole {n}.{i}", [image])
-                                                for i, image in enumerate(images))))
-            states.add(await asyncio.to_thread(circuit))
-            await asyncio.sleep(max(0.0, started + len(waves) * WAVE_EVERY_S - time.monotonic()))
-        return waves, states
+        async with client_of(stack) as (client, model):
+            waves: list[list[Answer]] = []
+            states, started = set(), time.monotonic()
+            while time.monotonic() - started < BLACKHOLE_S:
+                assert len(waves) < MAX_WAVES, "more waves than images made for them"
+                n = len(waves)
+                images = [*theirs[victim.url][n * half:(n + 1) * half], *theirs[survivor.url][n * half:(n + 1) * half]]
+                waves.append(await asyncio.gather(*(chat(client, model, f"blackhole {n}.{i}", [image])
+                                                    for i, image in enumerate(images))))
+                states.add(await asyncio.to_thread(circuit))
+                await asyncio.sleep(max(0.0, started + len(waves) * WAVE_EVERY_S - time.monotonic()))
+            return waves, states
 
     rig.block("e1", PORTS["encoder"], "drop")
     try:
@@ -156,8 +156,8 @@ def test_the_path_to_an_encoder_blackholed_for_30_s(stack):
     encoded = rig.client(encoded_total, victim)
 
     async def back() -> Answer:
-        client, model = client_of(stack)
-        return await chat(client, model, "e1 is back", [theirs[victim.url][-1]])
+        async with client_of(stack) as (client, model):
+            return await chat(client, model, "e1 is back", [theirs[victim.url][-1]])
 
     answer = rig.client_async(back)
     assert answer.error is None and answer.text, answer.message

@@ -61,16 +61,16 @@ def test_a_decode_host_that_vanishes_mid_stream(stack):
     rig, victim = stack.rig, stack.decodes[0]
 
     async def scenario() -> tuple[list[Answer], list[Answer], float]:
-        client, model = client_of(stack)
-        started = [asyncio.Event() for _ in range(CONCURRENT)]
-        first = [asyncio.create_task(chat(client, model, f"vanishing decode {i}", max_tokens=LONG, ignore_eos=True,
-                                          first=started[i])) for i in range(CONCURRENT)]
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 20)  # text reached the client
-        rig.cut("d1")
-        cut_at = time.monotonic()
-        answers = await asyncio.gather(*first)
-        later = await asyncio.gather(*(chat(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
-        return answers, later, cut_at
+        async with client_of(stack) as (client, model):
+            started = [asyncio.Event() for _ in range(CONCURRENT)]
+            first = [asyncio.create_task(chat(client, model, f"vanishing decode {i}", max_tokens=LONG, ignore_eos=True,
+                                              first=started[i])) for i in range(CONCURRENT)]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 20)  # text reached the client
+            rig.cut("d1")
+            cut_at = time.monotonic()
+            answers = await asyncio.gather(*first)
+            later = await asyncio.gather(*(chat(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
+            return answers, later, cut_at
 
     try:
         answers, later, cut_at = rig.client_async(scenario)
@@ -99,18 +99,18 @@ def test_a_prefill_host_that_vanishes_during_the_kv_write(stack):
     mooncake = "{}-{}".format(*MOONCAKE_PORTS)
 
     async def scenario() -> tuple[list[Answer], list[Answer], float, list[int]]:
-        client, model = client_of(stack)
-        first = [asyncio.create_task(chat(client, model, f"vanishing prefill {i}", max_tokens=16))
-                 for i in range(CONCURRENT)]
-        await asyncio.to_thread(wait_until, lambda: rig.blocked_packets("p1", mooncake) > 0 and worker_metric(
-            stack.router, "epd_router_worker_outstanding_requests", "prefill", victim) == CONCURRENT // 2,
-            DEADLINE_S, "p1's rooms are writing their KV")
-        rig.cut("p1")
-        cut_at = time.monotonic()
-        answers = await asyncio.gather(*first)
-        ended = time.monotonic() - cut_at
-        meanwhile = await asyncio.gather(*(chat(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
-        return answers, meanwhile, ended, blocks_used(stack.decodes)
+        async with client_of(stack) as (client, model):
+            first = [asyncio.create_task(chat(client, model, f"vanishing prefill {i}", max_tokens=16))
+                     for i in range(CONCURRENT)]
+            await asyncio.to_thread(wait_until, lambda: rig.blocked_packets("p1", mooncake) > 0 and worker_metric(
+                stack.router, "epd_router_worker_outstanding_requests", "prefill", victim) == CONCURRENT // 2,
+                DEADLINE_S, "p1's rooms are writing their KV")
+            rig.cut("p1")
+            cut_at = time.monotonic()
+            answers = await asyncio.gather(*first)
+            ended = time.monotonic() - cut_at
+            meanwhile = await asyncio.gather(*(chat(client, model, f"meanwhile {i}") for i in range(CONCURRENT)))
+            return answers, meanwhile, ended, blocks_used(stack.decodes)
 
     retried = rig.client(retries, stack.router, "prefill")
     rig.block("p1", mooncake, "drop", chain="output")
@@ -144,9 +144,9 @@ def test_a_prefill_bootstrap_port_that_rejects(stack):
     rig.block("p1", BOOTSTRAP_PORT, "reject")
     try:
         async def scenario() -> list[Answer]:
-            client, model = client_of(stack)
-            return await asyncio.gather(*(chat(client, model, f"rejected bootstrap {i}", max_tokens=8)
-                                          for i in range(CONCURRENT)))
+            async with client_of(stack) as (client, model):
+                return await asyncio.gather(*(chat(client, model, f"rejected bootstrap {i}", max_tokens=8)
+                                              for i in range(CONCURRENT)))
 
         answers = rig.client_async(scenario)
         later = rig.client_async(scenario)

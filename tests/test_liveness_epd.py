@@ -13,11 +13,9 @@ KV blocks are back to zero on P and D, and no claim is left, after each test.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 
 import httpx
 import openai
@@ -28,6 +26,7 @@ from cache import scripts
 from cache.config import MIB
 from cache.embedded import EmbeddedRedis
 from tests.epd_helpers import EPD, start_epd
+from tests.process_stop import stopped
 from tests.router_helpers import arm, data_url, messages, metric, png
 from tests.test_router_epd import image_for, key_of
 
@@ -36,14 +35,6 @@ DEADLINE_S = 10.0
 CONCURRENT = 8
 
 
-@contextmanager
-def stopped(pid: int):
-    """The process is stopped (SIGSTOP: its sockets stay open and silent) until the block ends."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def wait_until(check, within_s: float, what: str) -> None:

@@ -17,8 +17,6 @@ default.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, contextmanager
@@ -28,6 +26,7 @@ import openai
 import pytest
 
 from stages.launch.ports import free_port
+from tests.process_stop import stopped as process_stopped
 from tests.router_helpers import arm, messages, metric
 
 pytestmark = pytest.mark.timeout(240)
@@ -53,11 +52,8 @@ def wait_until(check, within_s: float, what: str) -> None:
 @contextmanager
 def stopped(server):
     """The server's process is stopped (SIGSTOP: its sockets stay open and silent) until the block ends."""
-    os.kill(server.proc.pid, signal.SIGSTOP)
-    try:
+    with process_stopped(server.proc.pid):
         yield
-    finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing as mp
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.devices import DEVICE, on_gpu
+from tests.process_stop import stop
 from tests.transfer_fakes import FakeBackend
 from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig, TransferError,
                            WriteOp, block_ops, decode_descriptor)
@@ -186,7 +185,7 @@ class ProcessTarget:
 
     def stall(self) -> None:
         assert self.proc.pid is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        stop(self.proc.pid)  # returns once every thread has stopped
 
     def close(self) -> None:
         if self.proc.is_alive():

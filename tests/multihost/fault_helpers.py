@@ -13,8 +13,6 @@ official client, stream or not, timed, ending in its text or its ``openai.APIErr
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -30,6 +28,7 @@ from router.policy import CacheAware
 from tests.generated_models import model_dir
 from tests.multihost.rig import BOOTSTRAP_PORT, Rig, Server
 from tests.multihost.stack import ADMIN_TOKEN, STAGE_FLAGS, VARIANT, Stack
+from tests.process_stop import stopped as process_stopped
 from tests.router_helpers import data_url, messages, png
 
 DEADLINE_S = 10.0  # issue 16: every request ends within this, with default flags
@@ -169,11 +168,8 @@ def assert_ok_or_naming(answers: list[Answer], stage: str, victim: Server, withi
 @contextmanager
 def frozen(server: Server) -> Iterator[None]:
     """``server``'s process stopped (SIGSTOP) for the block: a test picks the moment a cut lands."""
-    os.kill(server.proc.pid, signal.SIGSTOP)
-    try:
+    with process_stopped(server.proc.pid):
         yield
-    finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
 
 
 # --- images -------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Figure, Recorder
 from bench.serve.config import Mix, parse_size, parse_weighted
 from bench.serve.workload import Request, image_urls, prompt_text, summarize, synthesize, write_jsonl
-from stages.launch.ports import free_port
+from process.ports import free_port
 
 AIPERF = REPO / "bench" / ".venv-tools" / "bin" / "aiperf"
 AIPERF_PROFILING_STARTED = "Phase profiling (profiling) started"  # aiperf 0.13's log line
@@ -174,7 +174,7 @@ def start_ours(args, url: str, workload: Path, folder: Path) -> Run:
     """``stage bench serve`` on the workload: its first ``--warmup`` requests untimed, then all of them."""
     load = (["--request-rate", str(args.request_rate), "--burstiness", "inf"] if args.request_rate else
             ["--max-concurrency", str(args.concurrency)])
-    cmd = [sys.executable, "-m", "stages.cli", "bench", "serve", "--url", url, "--workload", str(workload), *load,
+    cmd = [sys.executable, "-m", "cli", "bench", "serve", "--url", url, "--workload", str(workload), *load,
            "--warmup", str(args.warmup), "--no-progress", "--out", str(folder),
            "--request-timeout-s", str(args.request_timeout)]
     return Run(cmd, folder, parse_ours, args.run_timeout)

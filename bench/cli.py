@@ -1,4 +1,4 @@
-"""``stage bench ...``: the benchmark subcommands, added to the ``stage`` parser by the CLI (``stages.cli``).
+"""``stage bench ...``: the benchmark subcommands, added to the ``stage`` parser by the CLI (``cli``).
 Building the parsers imports only argparse and the benchmarks' configs; each run imports the rest."""
 
 from __future__ import annotations

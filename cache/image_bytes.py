@@ -1,7 +1,7 @@
 """An image as a client sends it -> its checked bytes, its size from the file header, its pixels.
 
-The one place that parses ``data:`` URLs, base64 and image headers: the router (``router.image_refs``,
-``router.image_fetch``), the API layer of every stage (``stages.api.images``) and the encoder's
+The one place that parses ``data:`` URLs, base64 and image headers: the router (``router.plan.image_refs``,
+``router.plan.image_fetch``), the API layer of every stage (``stages.api.images``) and the encoder's
 ``/v1/encode`` use it, and the image codes below are named here only. It lives in ``cache`` because
 the router may import ``cache`` and nothing of ``stages``, and the cache keys these very bytes
 (``cache.keys.image_key``). Pure: no I/O, no torch, nothing else of ours (a leaf).

@@ -2,7 +2,7 @@
 ``POST /v1/completions`` (the legacy API, text only: routed as chat is, to the same route of each stage),
 ``GET /v1/models``, ``/health``, ``/metrics``, ``/server_info`` (``router.server_info``) and
 ``/openapi.json`` (``router.openapi``); the admin API (``/admin/*``, token required) is added from
-``router.admin_app``. A 405 carries ``Allow``.
+``router.admin.routes``. A 405 carries ``Allow``.
 
 A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``Retry-After``,
 before the body is read), the body within ``--max-body-mb`` or the stages' tighter limit (413, from
@@ -24,16 +24,16 @@ from functools import partial
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.admin_app import add_admin_routes
+from router.admin.routes import add_admin_routes
 from router.errors import RouterError, bad_request, model_not_found, overloaded, stage_failed
 from router.http import Request, Response, Routes, StreamResponse, json_response
-from router.limits import prompt_too_long
-from router.memory import collect_after_large_bodies
-from router.modes import Call
+from router.plan.limits import prompt_too_long
+from router.http.memory import collect_after_large_bodies
+from router.plan.modes import Call
 from router.openapi import document
 from router.runtime import Router
 from router.server_info import server_info
-from router.upstream import CHAT_PATH, COMPLETIONS_PATH, StageError
+from router.upstream.client import CHAT_PATH, COMPLETIONS_PATH, StageError
 
 _decode = msgspec.json.Decoder()
 # the router's 5xx refusals for capacity (its limits, no worker now): outcome "rejected"; any 4xx
@@ -100,7 +100,7 @@ async def _read_call(request: Request, router: Router, started: float, path: str
         raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
     if model is not None and not router.serves(model):
         raise model_not_found(model, [card["id"] for card in router.models()])
-    if path != CHAT_PATH:  # no images: the client's bytes are sent on (``router.modes``)
+    if path != CHAT_PATH:  # no images: the client's bytes are sent on (``router.plan.modes``)
         return Call(body, body.get("stream") is True, model, started, path=path, raw=raw)
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
@@ -110,7 +110,7 @@ async def _read_call(request: Request, router: Router, started: float, path: str
     # epd: keys and sizes; large images are decoded and hashed off the event loop
     large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
     images = await asyncio.to_thread(router.image_refs, parts) if large else router.image_refs(parts)
-    # the client's bytes are sent on (``router.modes``) unless an image was fetched into the body
+    # the client's bytes are sent on (``router.plan.modes``) unless an image was fetched into the body
     same = all(part.url[:5].lower() == "data:" for part in parts)
     return Call(body, body.get("stream") is True, model, started, images, raw=raw if same else None)
 

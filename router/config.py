@@ -3,7 +3,7 @@ fixes it. Cheap to import (no aiohttp, no torch), so ``stage --help`` stays fast
 
 The mode follows from the roles given: ``--colocated`` alone is ``colocated``; ``--prefill`` with
 ``--decode`` is ``pd``; ``--encoder`` added to those is ``epd``. A role is given by its URL flag or by a
-``--discover ROLE=dns://...`` source (``router.dns_source``), or both.
+``--discover ROLE=dns://...`` source (``router.fleet.dns_source``), or both.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from functools import cached_property
 from urllib.parse import urlsplit
 
 from cache.config import DEFAULT_TTL_S
-from router.dns_source import DnsSource, parse_discover, parse_nameserver
-from router.policy import PrefixSettings
+from router.fleet.dns_source import DnsSource, parse_discover, parse_nameserver
+from router.plan.policy import PrefixSettings
 
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
@@ -34,7 +34,7 @@ class RouterConfig:
     decode: tuple[str, ...] = ()
     colocated: tuple[str, ...] = ()
     encoder: tuple[str, ...] = ()
-    # ROLE=dns://NAME:PORT or ROLE=dns+srv://NAME, followed by router.dns_watch (docs/router.md)
+    # ROLE=dns://NAME:PORT or ROLE=dns+srv://NAME, followed by router.fleet.dns_watch (docs/router.md)
     discover: tuple[str, ...] = ()
     discover_interval_s: float = 5.0  # between two resolutions of every --discover source
     discover_nameserver: str | None = None  # IP[:PORT] asked instead of the system's resolv.conf
@@ -48,7 +48,7 @@ class RouterConfig:
     policy_decode: str = "least_load"
     policy_colocated: str = "least_load"
     policy_encoder: str = "cache_aware"
-    # prefix_aware (router.policy.PrefixAware; docs/router.md, "Prefix-aware routing")
+    # prefix_aware (router.plan.policy.PrefixAware; docs/router.md, "Prefix-aware routing")
     prefix_cache_threshold: float = PrefixSettings.cache_threshold
     prefix_balance_abs: int = PrefixSettings.balance_abs
     prefix_balance_rel: float = PrefixSettings.balance_rel
@@ -86,7 +86,7 @@ class RouterConfig:
     drain_timeout_s: float = 120.0  # a switch or a waiting drain gives up on a worker still busy after this
     shutdown_grace_s: float = 30.0  # SIGTERM: stop accepting, let requests in flight finish within this, exit 0
     # this process's start id in /server_info; `stage serve router` gives its own (EPD_INSTANCE_ID when its
-    # starter set one, stages.launch.instance), so a starter can tell its router from another on the port
+    # starter set one, process.instance), so a starter can tell its router from another on the port
     instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def __post_init__(self) -> None:

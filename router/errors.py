@@ -31,7 +31,7 @@ class RouterError(Exception):
 
 def error_body(status: int, message: str, code: str, param: str | None = None,
                typed: dict[str, str | int] | None = None) -> dict:
-    """Every error body has a ``code`` (``tests/test_error_params.py`` checks each construction);
+    """Every error body has a ``code`` (``tests/stages/api/test_error_params.py`` checks each construction);
     ``typed``: fields after the OpenAI four inside ``error`` (the module docstring)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code, **(typed or {})}}

@@ -25,12 +25,12 @@ from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from router.prefix_tree import IMAGE_CHARS
-from router.workers import Worker
+from router.plan.prefix_tree import IMAGE_CHARS
+from router.fleet.workers import Worker
 
 OUTCOMES = ("success", "client_error", "upstream_error", "rejected", "aborted", "internal_error")
 CACHE = ("hit", "miss")
-PREFIX_BY = ("match", "spread", "load")  # router.policy.PrefixAware: how a pick was made
+PREFIX_BY = ("match", "spread", "load")  # router.plan.policy.PrefixAware: how a pick was made
 STAGES = ("encoder", "prefill", "decode", "colocated")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -151,7 +151,7 @@ class Metrics:
         return self._images.get(cache) or self.images.labels(cache=cache)
 
     def observe_prefix(self, by: str, matched: int, total: int) -> None:
-        """One prefix_aware pick (``router.policy.Observe``)."""
+        """One prefix_aware pick (``router.plan.policy.Observe``)."""
         (self._prefix_routes.get(by) or self.prefix_routes.labels(by=by)).inc()
         self.prefix_request_chars.inc(total)
         self.prefix_match_chars.inc(matched)

@@ -1,8 +1,8 @@
-"""Everything one router process owns: the registry of its workers (``router.registry``: per role a
+"""Everything one router process owns: the registry of its workers (``router.fleet.registry``: per role a
 pool with its policy), the upstream client, the image fetcher, the dispatcher, the metrics, and for
 the admin API the membership (workers added and switched at runtime), the pairing rules, the room
 log and the load history; and its supervised loops: health checks, load sampling,
-(``--auto-ratio-interval-s``) the automatic ratio and (``--discover``) DNS discovery (``router.dns_watch``).
+(``--auto-ratio-interval-s``) the automatic ratio and (``--discover``) DNS discovery (``router.fleet.dns_watch``).
 
 Lifecycle (driven by the app's startup and cleanup hooks, in the event loop): ``start`` opens the
 clients, discovers the workers and refuses to start (``StartupError``) when the mode cannot serve:
@@ -28,28 +28,28 @@ import aiohttp
 
 from cache.config import MIB, CacheConfig
 from cache.store import EmbeddingCache
-from router.admin_ratio import auto_ratio_loop
+from router.admin.ratio_loop import auto_ratio_loop
 from router.config import RouterConfig
-from router.discovery import InfoError, discover, health_loop, read_chat_schema
-from router.dns_watch import DnsWatch
-from router.dispatch import Dispatcher
-from router.epd import EPDPlanner
+from router.fleet.discovery import InfoError, discover, health_loop, read_chat_schema
+from router.fleet.dns_watch import DnsWatch
+from router.dispatch.dispatcher import Dispatcher
+from router.plan.epd import EPDPlanner
 from router.errors import RouterError, body_too_large
-from router.image_fetch import ImageFetcher
-from router.load import History, Sample
-from router.membership import Membership
+from router.plan.image_fetch import ImageFetcher
+from router.fleet.load import History, Sample
+from router.fleet.membership import Membership
 from router.metrics import Metrics
-from router.image_refs import RefImage, ref_images
-from router.images import ImagePart
-from router.limits import StageLimits, tightest
-from router.limits import body_too_large as stage_body_too_large
-from router.modes import ColocatedPlanner, PDPlanner, Planner
-from router.pairing import Pairing
-from router.registry import Registry
-from router.sampler import sample_all, sample_loop
-from router.timeline import RoomLog
-from router.upstream import Upstream
-from router.workers import Pool, Worker, pairing_report
+from router.plan.image_refs import RefImage, ref_images
+from router.plan.images import ImagePart
+from router.plan.limits import StageLimits, tightest
+from router.plan.limits import body_too_large as stage_body_too_large
+from router.plan.modes import ColocatedPlanner, PDPlanner, Planner
+from router.fleet.pairing import Pairing
+from router.fleet.registry import Registry
+from router.fleet.scrape import sample_all, sample_loop
+from router.dispatch.timeline import RoomLog
+from router.upstream.client import Upstream
+from router.fleet.workers import Pool, Worker, pairing_report
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Router:
                  ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in pools.items()))
 
     async def sample(self) -> dict[str, Sample]:
-        """Read every known worker's ``/metrics`` into the load history now (``router.sampler``)."""
+        """Read every known worker's ``/metrics`` into the load history now (``router.fleet.scrape``)."""
         return await sample_all(self.upstream.session, self.registry, self.metrics, self.history,
                                 self.config.health_timeout_s)
 
@@ -187,7 +187,7 @@ class Router:
                 log.warning("no chat schema from %s/openapi.json: %s: %s", worker.url, type(exc).__name__, exc)
 
     def stage_limits(self) -> StageLimits:
-        """The tightest of the limits the known workers published (``router.limits``): made again only
+        """The tightest of the limits the known workers published (``router.plan.limits``): made again only
         when that set of published limits changed (discovery writes a new dict per reading)."""
         published = tuple(w.limits for w in self.registry if w.known and w.limits is not None)
         if published != self._published:  # dicts compare by identity first: equal once unchanged

@@ -3,7 +3,7 @@ serve until SIGINT/SIGTERM. On either, the server stops listening, closes idle k
 connections, lets the requests in flight (streams included) finish within ``--shutdown-grace-s``,
 cancels what is left, then the router closes; the process exits 0.
 
-The socket is bound first, by the CLI (``stages/cli/router.py``) before anything heavy is imported (so
+The socket is bound first, by the CLI (``cli/router.py``) before anything heavy is imported (so
 the port is ours, and a port in use is one line at once) and listens only after startup has
 succeeded, so the router answers ``/health`` only once it can route; a signal during startup stops
 it (the router closes what it opened) and the process exits 0. The HTTP server is the router's own
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def serve(config: RouterConfig, sock: socket.socket) -> None:
-    """Run the router on ``sock`` (bound to ``--host``/``--port`` by ``stages.launch.ports.bind`` before
+    """Run the router on ``sock`` (bound to ``--host``/``--port`` by ``process.ports.bind`` before
     this module was imported) until SIGINT/SIGTERM; closes ``sock``. Raises ``StartupError`` if it
     cannot serve."""
     host, port = sock.getsockname()[:2]

@@ -1,6 +1,6 @@
 """The router's ``/server_info``: what it is (role ``router``, mode, version, this process's start id),
 its workers per role, and the limits it enforces on a chat request: its own flags, tightened by the
-limits its stages publish (``router.limits``). Pure: reads the router's state, no I/O.
+limits its stages publish (``router.plan.limits``). Pure: reads the router's state, no I/O.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@
 #
 # Checks (EPD_TEST_DEVICE=<device> for every test; each has a time limit):
 #   engine      greedy parity with generate() on the GPU (single requests exact; batched: exact or a
-#               near tie, tests/devices.py), no tensor off the device (meta default device), prefill ->
+#               near tie, tests/support/devices.py), no tensor off the device (meta default device), prefill ->
 #               decode hand-off, one request's failure its own, the Triton and flash-attn decode kernels
-#   colocated   `stage serve colocated --device <device>` end to end (tests/test_colocated_server.py)
+#   colocated   `stage serve colocated --device <device>` end to end (tests/stages/test_colocated_server.py)
 #   transfer    the transfer conformance suite on VRAM (NIXL; Mooncake when its CUDA build loads)
-#   pd-nixl     1P1D greedy parity with generate() over NIXL, VRAM -> VRAM (tests/test_pd_parity.py)
+#   pd-nixl     1P1D greedy parity with generate() over NIXL, VRAM -> VRAM (tests/e2e/test_pd_parity.py)
 #   pd-mooncake the same over Mooncake's CUDA build
 #   bench       python -m bench.decode_throughput --quick on the GPU against HF generate() on the same GPU
 # Exit status 0 when no check failed. Logs: $LOG_DIR (default /tmp/epd-gpu-check-<time>).
@@ -178,13 +178,13 @@ if [ "$DRY_RUN" = 0 ] && ! "$PY" -c "import stages" 2>/dev/null; then
 fi
 mooncake_loads
 
-check engine 420 tests/test_engine_parity.py tests/test_device_placement.py tests/test_engine_handoff.py \
-  tests/test_engine_isolation.py tests/test_device_paged_decode.py tests/test_device_config.py
-check colocated 300 tests/test_colocated_server.py
-check transfer 300 tests/test_transfer_conformance.py
-check pd-nixl 420 tests/test_pd_parity.py -k nixl
+check engine 420 tests/stages/engine/test_parity.py tests/stages/engine/test_device_placement.py tests/stages/engine/test_handoff.py \
+  tests/stages/engine/test_isolation.py tests/stages/engine/test_device_paged_decode.py tests/stages/test_device_config.py
+check colocated 300 tests/stages/test_colocated_server.py
+check transfer 300 tests/transfer/test_conformance.py
+check pd-nixl 420 tests/e2e/test_pd_parity.py -k nixl
 if [ "$MOONCAKE_OK" = 1 ]; then
-  check pd-mooncake 420 tests/test_pd_parity.py -k mooncake
+  check pd-mooncake 420 tests/e2e/test_pd_parity.py -k mooncake
 elif wanted pd-mooncake; then
   record pd-mooncake "skipped" "$MOONCAKE_WHY"
 fi

@@ -14,7 +14,7 @@ transfer host with no IPv4 address is refused for it (NIXL, the bootstrap and HT
 from __future__ import annotations
 
 from stages.config import ServerConfig
-from transfer.addresses import check_local, is_wildcard, resolve
+from process.addresses import check_local, is_wildcard, resolve
 
 
 def check_addresses(config: ServerConfig, transfer_flag: str = "--transfer-host") -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from cache.config import DEFAULT_BUDGET_MIB as CACHE_BUDGET_MIB  # --cache-budget-mib default
 from cache.config import DEFAULT_TTL_S as CACHE_TTL_S  # --cache-ttl-s default
 from cache.config import CacheConfig
-from cache.secrets import TOKEN_ENV  # the admin token's environment variable (the router reads the same one)
+from process.secrets import TOKEN_ENV  # the admin token's environment variable (the router reads the same one)
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList

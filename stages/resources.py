@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stages.launch.instance import instance_id
+from process.instance import instance_id
 
 
 def rss_bytes() -> int:
@@ -18,7 +18,7 @@ def rss_bytes() -> int:
 def model_info(adapter: Any, images: str) -> dict:
     """The ``/server_info`` fields every model-running role reports: the halves it loaded
     (``adapter.parts``), their parameter count, how it takes images, its resident memory now, and this
-    process's start id (``stages.launch.instance``)."""
+    process's start id (``process.instance``)."""
     return {"parts": list(adapter.parts), "num_parameters": adapter.num_parameters, "images": images,
             "rss_bytes": rss_bytes(), "instance_id": instance_id()}
 

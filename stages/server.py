@@ -28,8 +28,8 @@ import uvicorn
 
 from stages.config import ServerConfig
 from stages.drain import Drain
-from stages.launch.ports import bind, probe
-from transfer.addresses import host_port
+from process.ports import bind, probe
+from process.addresses import host_port
 
 log = logging.getLogger(__name__)
 BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", "decode": "stages.disagg.server",
@@ -38,7 +38,7 @@ BUILDERS = {"colocated": "stages.colocated", "prefill": "stages.disagg.server", 
 
 def claim_ports(config: ServerConfig) -> socket.socket:
     """The server's HTTP socket, bound to ``--host``/``--port``, after checking that a fixed bootstrap
-    port (prefill, pd: ``--bootstrap-port`` other than 0) is free. ``stages.launch.ports.PortError`` (a
+    port (prefill, pd: ``--bootstrap-port`` other than 0) is free. ``process.ports.PortError`` (a
     ValueError) names the port and its flag."""
     disagg = config.disagg
     if disagg is not None and config.role in ("prefill", "pd") and disagg.bootstrap_port:

@@ -1,15 +1,15 @@
 """Shared fixtures: generated tiny models, and real server subprocesses on free loopback ports.
 
 ``tiny_model(variant="qwen2_vl") -> Path``   (session scope)
-    A random-weight tiny checkpoint of a variant in ``tests.generated_models.VARIANTS`` (qwen2_vl,
+    A random-weight tiny checkpoint of a variant in ``tests.support.generated_models.VARIANTS`` (qwen2_vl,
     qwen2_5_vl, qwen3_vl, llava, llava_siglip_qwen2), built once per machine and generator version.
 
 ``start_server(role, *flags, timeout_s=180) -> ServerProcess``   (module scope)
     Runs ``stage serve ROLE *flags --port <free port>`` (a stage server: a fork of a pre-imported
-    interpreter, ``tests/server_forks.py``; the router, or any with ``EPD_TEST_FRESH_SERVERS=1``: a
-    fresh ``python -m stages.cli``), waits
+    interpreter, ``tests/support/server_forks.py``; the router, or any with ``EPD_TEST_FRESH_SERVERS=1``: a
+    fresh ``python -m cli``), waits
     for /health, and stops it when the module's tests are done. A stage server that runs a model gets ``--device`` from
-    ``EPD_TEST_DEVICE`` (tests/devices.py) unless ``flags`` name one. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
+    ``EPD_TEST_DEVICE`` (tests/support/devices.py) unless ``flags`` name one. ``server.url`` (http://127.0.0.1:PORT), ``server.base_url``
     (``url + "/v1"``, for the openai client), ``server.log()`` (its output so far).
 
 A module starts its server once, in its own module-scoped fixture:
@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 from stages.launch.health import wait_healthy
-from stages.launch.ports import free_port
-from stages.launch.processes import stop_process
-from tests import server_forks
-from tests.devices import DEVICE
+from process.ports import free_port
+from process.children import stop_process
+from tests.support import server_forks
+from tests.support.devices import DEVICE
 
 REPO = Path(__file__).resolve().parents[1]
 START_ATTEMPTS = 2  # a free port can be taken between probing it and the server binding it
@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Callable[[str], Path]:
-    from tests.generated_models import model_dir
+    from tests.support.generated_models import model_dir
 
     return lambda variant="qwen2_vl": model_dir(variant, "tiny")
 
@@ -102,7 +102,7 @@ def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: d
         if not server_forks.forked(role):
             with open(log_path, "wb") as log_file:
                 proc: subprocess.Popen | server_forks.ForkedProcess = subprocess.Popen(
-                    [sys.executable, "-m", "stages.cli", *argv], cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", "cli", *argv], cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
                     env=full_env)
         else:
             proc = server_forks.start(argv, log_path, full_env)

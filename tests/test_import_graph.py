@@ -1,18 +1,15 @@
-"""The import graph of ``stages``, ``transfer``, ``cache``, ``router`` and ``bench`` (read statically,
-``tests/import_graph.py``) has no circle of modules, and every import goes the one way the design
-card says (docs/architecture.md):
+"""The import graph of the product packages and ``bench`` (read statically, ``tests/support/import_graph.py``)
+has no circle of modules, and every import goes down the floors of docs/architecture.md, with no
+exemption:
 
-    stages -> transfer, cache        router -> cache        transfer, cache -> nothing of ours
-    bench -> stages (the launching package, the engine), transfer, cache
-    the CLI (``stages.cli``) -> anything; nothing imports the CLI but the CLI itself
+    cli (the roof)  -> anything; nothing imports it
+    bench           -> stages, transfer, cache, contract, process
+    router          -> cache, contract, process          stages -> transfer, cache, contract, process
+    transfer, cache -> contract, process                 contract, process -> nothing of ours
 
 Circles are looked for among *all* imports: module level, ``if TYPE_CHECKING:`` and function-level
 (lazy) ones alike. A lazy import still ties the two modules together (it only defers the failure to
-the first call), and the circle the CLI and ``bench`` used to form ran through lazy imports.
-
-``KNOWN_CIRCLE_EDGES`` are the edges whose removal breaks the circles that are still there, each with
-the issue item that removes it: it may only shrink (an edge no longer in the graph fails the test
-until it is deleted from the list).
+the first call).
 """
 
 from __future__ import annotations
@@ -21,18 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import Edge, circles, find_circle, graph, imports_of
+from tests.support.import_graph import Edge, circles, find_circle, graph, imports_of
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = "stages.cli"
-MAY_IMPORT = {  # package -> the other packages its modules may import (the CLI aside)
-    "stages": {"transfer", "cache"},
-    "router": {"cache"},
-    "transfer": set(),
-    "cache": set(),
-    "bench": {"stages", "transfer", "cache"},
+CLI = "cli"
+LEAVES = {"contract", "process"}  # torch-free: what the router and the stages agree on, and how a process starts
+MAY_IMPORT = {  # package -> the other packages its modules may import; the CLI may import anything
+    "bench": {"stages", "transfer", "cache", *LEAVES},
+    "router": {"cache", *LEAVES},
+    "stages": {"transfer", "cache", *LEAVES},
+    "transfer": LEAVES,
+    "cache": LEAVES,
+    "contract": set(),
+    "process": set(),
 }
-KNOWN_CIRCLE_EDGES: dict[tuple[str, str], str] = {}  # (importer, imported): why it is still there
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +61,9 @@ def describe(circle: list[str], edges: list[Edge]) -> str:
 
 
 def test_no_circle_of_modules(edges):
-    pairs = {(e.source, e.target) for e in edges} - set(KNOWN_CIRCLE_EDGES)
+    pairs = {(e.source, e.target) for e in edges}
     found = circles(pairs)
     assert not found, "import circles:\n" + "\n\n".join(describe(circle, edges) for circle in found)
-
-
-def test_the_known_circles_only_shrink(edges):
-    pairs = {(e.source, e.target) for e in edges}
-    gone = [edge for edge in KNOWN_CIRCLE_EDGES if edge not in pairs]
-    assert not gone, f"no longer imported, delete from KNOWN_CIRCLE_EDGES: {gone}"
-    for edge in KNOWN_CIRCLE_EDGES:  # each still closes a circle, or it is not needed on the list
-        assert find_circle(pairs - (set(KNOWN_CIRCLE_EDGES) - {edge})) is not None, f"{edge} closes no circle"
 
 
 def test_imports_go_one_way(edges):
@@ -82,8 +73,9 @@ def test_imports_go_one_way(edges):
 
 def test_the_cli_imports_bench_and_the_router_and_is_imported_by_no_one(edges):
     """The roof exists and is a roof: it adds ``stage bench`` and ``stage serve router``; the tests that
-    exercise the CLI import it, but no module of the five packages does."""
-    assert {("stages.cli", "bench.cli"), ("stages.cli.router", "router.cli")} <= {(e.source, e.target) for e in edges}
+    exercise the CLI import it, but no product or bench module does."""
+    assert {("cli", "bench.cli"), ("cli", "cli.router"), ("cli.router", "router.config")} <= {
+        (e.source, e.target) for e in edges}
     assert not [e for e in edges if in_cli(e.target) and not in_cli(e.source)]
 
 
@@ -119,18 +111,11 @@ def test_every_kind_of_import_is_an_edge():
 
 
 def test_a_broken_rule_is_named():
-    assert refusal(Edge("bench.common.args", "stages.cli", 9, False)) == "nothing imports the CLI"
+    assert refusal(Edge("bench.common.args", "cli", 9, False)) == "nothing imports the CLI"
     assert refusal(Edge("stages.server", "router.listen", 16, False)) == "stages imports nothing of router"
-    assert refusal(Edge("router.server_info", "stages.launch.instance", 3, True)) == "router imports nothing of stages"
-    assert refusal(Edge("cache.embedded", "stages.launch.processes", 1, True)) == "cache imports nothing of stages"
-    assert refusal(Edge("stages.cli", "bench.cli", 1, False)) is None
+    assert refusal(Edge("router.server_info", "stages.launch.health", 3, True)) == "router imports nothing of stages"
+    assert refusal(Edge("cache.embedded", "stages.launch.stack", 1, True)) == "cache imports nothing of stages"
+    assert refusal(Edge("contract.errors", "cache.keys", 1, False)) == "contract imports nothing of cache"
+    assert refusal(Edge("router.fleet.discovery", "process.instance", 1, False)) is None
+    assert refusal(Edge("cli", "bench.cli", 1, False)) is None
     assert refusal(Edge("bench.compare.session", "stages.launch.stack", 1, False)) is None
-
-
-def test_the_admin_token_variable_is_the_same_on_both_sides():
-    """The router and the stages read the admin token from one environment variable; each names it
-    itself, since neither may import the other."""
-    from router.cli import TOKEN_ENV as ROUTER_TOKEN_ENV
-    from stages.config import TOKEN_ENV as STAGE_TOKEN_ENV
-
-    assert ROUTER_TOKEN_ENV == STAGE_TOKEN_ENV == "EPD_ADMIN_TOKEN"

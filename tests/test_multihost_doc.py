@@ -12,7 +12,7 @@ import argparse
 import re
 from pathlib import Path
 
-from stages.cli import build_parser
+from cli import build_parser
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "multihost.md"
 BEGIN = "<!-- deadlines: generated from `stage serve ROLE --help` (tests/test_multihost_doc.py) -->"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.messages import (
     PROTOCOL_VERSION,

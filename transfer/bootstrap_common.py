@@ -35,7 +35,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from transfer.addresses import host_port
+from process.addresses import host_port
 
 log = logging.getLogger(__name__)
 

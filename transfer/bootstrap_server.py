@@ -12,7 +12,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, BootstrapClosed, _endpoint, _receive, _socket
 from transfer.messages import (
     PROTOCOL_VERSION,

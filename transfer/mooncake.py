@@ -49,7 +49,7 @@ from typing import Generic, TypeVar
 import msgspec
 from mooncake.engine import TransferEngine
 
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, WriteOp, decode_descriptor)
 from transfer.mooncake_handshake import Handshakes

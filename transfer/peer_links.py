@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.bootstrap_common import HandshakeError, _endpoint, _receive, _socket
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ backend (``transfer/nixl.py``) passes ``ucx_params(config)``: UCX pinned to the 
 
 from __future__ import annotations
 
-from transfer.addresses import interface_holding
+from process.addresses import interface_holding
 from transfer.base import TransferConfig
 
 

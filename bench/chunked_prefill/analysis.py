@@ -1,7 +1,7 @@
 """The numbers of a run from its Outcomes: per phase the streams' TPOT and ITL percentiles and the
 arrivals' TTFT, each phase's TPOT p99 and ITL p99 over the phase without arrivals (the ratios
 bench/README.md quotes), the goal, and the lone long prompt's TTFT. Pure; tested in
-tests/test_bench_chunked_prefill.py."""
+tests/bench/test_chunked_prefill.py."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from bench.common.proc import thread_cpu, tree_cpu_seconds, tree_run_seconds
 from stages.launch.health import wait_healthy
-from stages.launch.ports import free_port
-from stages.launch.processes import stop_process
+from process.ports import free_port
+from process.children import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_TAIL = 3000  # characters of a child's log shown when it fails to start
@@ -63,7 +63,7 @@ class Server(Child):
     def __init__(self, role: str, model: Path, cores: Sequence[int], threads: int, log_path: Path,
                  flags: Sequence[str] = (), extra_env: Sequence[str] = (), device: str = "cpu") -> None:
         self.role, port = role, free_port()
-        argv = [sys.executable, "-m", "stages.cli", "serve", role, "--model", str(model), "--port", str(port),
+        argv = [sys.executable, "-m", "cli", "serve", role, "--model", str(model), "--port", str(port),
                 "--threads", str(threads), "--device", device, "--log-level", "warning", *flags]
         super().__init__(f"{role} server", argv, cores, log_path, f"http://127.0.0.1:{port}",
                          server_env(threads, extra_env))

@@ -13,7 +13,7 @@ A summary, one file per benchmark and configuration (the latest run of each)::
      "figures": [{"name": "TTFT hit / miss, 1 image", "value": 0.42, "unit": "x"}, ...]}
 
 The pure parts (``Figure``, ``configuration``, ``summary_name``, ``build_summary``, ``problems``) are
-tested in tests/test_bench_summaries.py; ``Recorder`` does the I/O.
+tested in tests/bench/test_summaries.py; ``Recorder`` does the I/O.
 """
 
 from __future__ import annotations

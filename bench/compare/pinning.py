@@ -3,7 +3,7 @@
 Called by ``session.py`` once the stack is healthy (the models load unpinned, which only makes start-up
 faster). Linux sets affinity per thread, so each thread in ``/proc/PID/task`` is pinned; threads made
 later inherit the affinity of the thread that makes them, which is pinned by then. A child leads its own
-process group (``stages.launch.processes``), so anything it forked is found by its group id.
+process group (``process.children``), so anything it forked is found by its group id.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The numbers of a run from its timed runs: the best run of each side (highest tokens/s; runs on a
 shared machine differ by outside load, the best is the least disturbed), ours / HF at each level (the
-ratios bench/README.md quotes) and the goal. Pure; tested in tests/test_bench_decode_throughput.py."""
+ratios bench/README.md quotes) and the goal. Pure; tested in tests/bench/test_decode_throughput.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The numbers of a run from its samples: whether a miss's prefill waited and its wake (``wake``),
 TTFT and CPU medians per system, N and case, hit / miss and epd / colocated ratios (the ones
 bench/README.md quotes), encoder calls per unique image, wake statistics, the goals. Pure; tested in
-tests/test_bench_epd_cache.py."""
+tests/bench/test_epd_cache.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Runs from a checkout, as root: it builds the rig of ``tests/multihost/rig.py`` (
 namespace per host on a private bridge, one veth link each; the import is lazy, inside ``main``,
 so ``--help`` works anywhere; bench/'s import rules do not cover ``tests``). Two hosts are used:
 ``p1`` (the source, a prefill's role) and ``d1`` (the sink, a decode's role). Each side is a spawned
-process that enters its host's namespace before anything else (``tests.server_forks.enter_netns``),
+process that enters its host's namespace before anything else (``tests.support.server_forks.enter_netns``),
 pins itself (``--source-cores`` 0, ``--sink-cores`` 1) and holds a ``KVPool`` on the ``small``
 model's KV layout (built from its ``config.json``: 128 KiB blocks, 8 KiB per token), registered with
 the backend under test, whose ``TransferConfig.host`` is its host's rig address. Every byte from p1

@@ -2,7 +2,7 @@
 B; ``bench.kv_transfer.analysis.summarize``), the bandwidth ratios ours / tcp, raw / tcp and ours /
 raw (time of the reference over the path's, at the medians), the limit when ours / tcp misses the
 goal, whether each path's bytes crossed the link, and the goal over all cells. Pure; tested in
-tests/test_bench_kv_link.py."""
+tests/bench/test_kv_link.py."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def _worker_main(role: str, netns: str, cores: list[int], backend_name: str, hos
     -> {ops, bytes}, ("run", path) -> seconds, ("wire", path) -> {bytes, tcp_opens}: what its link sent and
     the TCP connections this namespace opened during one move;
     "exit" ends either."""
-    from tests.server_forks import enter_netns
+    from tests.support.server_forks import enter_netns
 
     enter_netns(netns)  # before any thread: the libraries' threads and every socket are the host's
     if cores:

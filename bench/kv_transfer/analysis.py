@@ -1,7 +1,7 @@
 """The numbers of a cell from its timings: each path's median, p90 and min time and GB/s (1 GB = 1e9
 B), ours / raw and each path / memcpy as bandwidth ratios (time of the reference over the path's:
 the ratios bench/README.md quotes), ours - raw split into the thread hop and the rest; and the goal.
-Pure; tested in tests/test_bench_kv_transfer.py."""
+Pure; tested in tests/bench/test_kv_transfer.py."""
 
 from __future__ import annotations
 

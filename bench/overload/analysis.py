@@ -1,4 +1,4 @@
-"""The pure judgement of an overload run (unit-tested in tests/test_bench_overload.py): each answer,
+"""The pure judgement of an overload run (unit-tested in tests/bench/test_overload.py): each answer,
 the answers together, the processes' RSS growth, and the run's verdict."""
 
 from __future__ import annotations

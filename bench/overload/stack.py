@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common.children import Child, Server, server_env
-from stages.launch.ports import free_port
+from process.ports import free_port
 
 ROLES = ("router", "prefill", "decode")
 
@@ -62,7 +62,7 @@ def start_pd_stack(args: argparse.Namespace, model: Path, log_dir: Path) -> PdSt
         for role in ("prefill", "decode"):
             children[role].wait(args.startup_timeout)
         port = free_port()
-        argv = [sys.executable, "-m", "stages.cli", "serve", "router", "--host", "127.0.0.1", "--port", str(port),
+        argv = [sys.executable, "-m", "cli", "serve", "router", "--host", "127.0.0.1", "--port", str(port),
                 "--prefill", children["prefill"].url, "--decode", children["decode"].url,
                 "--max-in-flight", str(args.router_max_in_flight), "--log-level", "warning"]
         children["router"] = Child("router", argv, [], log_dir / "router.log", f"http://127.0.0.1:{port}",

@@ -1,6 +1,6 @@
 """The numbers of a run from its phases: per mode and turn the TTFT medians with prefix caching on
 and off, on / off, the goal, and whether on and off answered alike. Pure; tested in
-tests/test_bench_prefix_cache.py."""
+tests/bench/test_prefix_cache.py."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from bench.router_overhead.client import TOKENS, unique_images
 from bench.router_overhead.measure import measure_target, profile
 from bench.router_overhead.peers import PEERS, ensure_peers, router_argv
 from bench.router_overhead.report import figures, plot, print_table
-from stages.launch.ports import free_port
+from process.ports import free_port
 
 STARTUP_S = 60.0
 

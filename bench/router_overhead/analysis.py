@@ -1,6 +1,6 @@
 """The numbers of a run, from the rounds' raw samples: pooled per target (``summarize``), the stage
 check (``check_stage_reach``), the added latency over direct and ours / the best peer on each measure
-(``compare``: the ratios bench/README.md quotes). Pure; tested in tests/test_bench_router_overhead.py."""
+(``compare``: the ratios bench/README.md quotes). Pure; tested in tests/bench/test_router_overhead.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stages.launch.ports import free_port
+from process.ports import free_port
 
 PEERS = {"sglang-router": "sglang-router==0.3.2", "vllm-router": "vllm-router==0.1.17"}
 PY_SPY = ("py-spy", "py-spy==0.4.3")
@@ -45,7 +45,7 @@ def router_argv(name: str, venv: Path, port: int, prefill: str, decode: str, boo
     bin_ = venv / "bin"
     if name in OURS:  # -base: -P, so the baseline checkout on PYTHONPATH is imported, not this one
         mode = ["--encoder", epd[0], "--redis-url", epd[1]] if name.endswith("-epd") and epd else []
-        return [sys.executable, *(["-P"] if "-base" in name else []), "-m", "stages.cli", "serve", "router",
+        return [sys.executable, *(["-P"] if "-base" in name else []), "-m", "cli", "serve", "router",
                 "--host", "127.0.0.1", "--port", str(port), "--prefill", prefill, "--decode", decode, *mode,
                 "--policy-prefill", "round_robin", "--policy-decode", "round_robin", "--log-level", "warning"]
     metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]

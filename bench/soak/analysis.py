@@ -1,4 +1,4 @@
-"""The pure judgement of a soak (unit-tested in tests/test_bench_overload.py): whether a process's
+"""The pure judgement of a soak (unit-tested in tests/bench/test_overload.py): whether a process's
 RSS, open fds or threads grew over the hold, the capacity found by the ramp, and the run's verdict.
 
 Growth of one series (``growth``): only samples at or after the warm-up count; ``first`` is the

@@ -4,7 +4,7 @@ benchmark: ``bench.common.record``) and bench/README.md's "Latest figures" table
     .venv/bin/python -m bench.summaries --write-readme   # rewrite the table between the two markers
     .venv/bin/python -m bench.summaries --check          # exit 1 if the table and the summaries disagree
 
-``render`` and ``splice`` are pure; tests/test_bench_summaries.py holds the README to the summaries.
+``render`` and ``splice`` are pure; tests/bench/test_summaries.py holds the README to the summaries.
 """
 
 from __future__ import annotations

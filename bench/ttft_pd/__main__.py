@@ -17,7 +17,7 @@ from bench.ttft_pd.analysis import merge_runs, ratios_vs_colocated
 from bench.ttft_pd.phase import run_phase
 from bench.ttft_pd.report import figures, plot, print_table
 from bench.ttft_pd.workload import LONG_TOKENS, WORKLOADS, chat_body, long_text
-from stages.launch.ports import free_port
+from process.ports import free_port
 from transfer.registry import BACKENDS
 
 

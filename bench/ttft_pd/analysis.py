@@ -1,5 +1,5 @@
 """The numbers of a run from its samples: per workload TTFT medians, p90, min and the KV write,
-rounds pooled per system, and PD / colocated. Pure; tested in tests/test_bench_ttft_pd.py."""
+rounds pooled per system, and PD / colocated. Pure; tested in tests/bench/test_ttft_pd.py."""
 
 from __future__ import annotations
 

@@ -27,18 +27,18 @@ LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
 
 def stage_argv(cmdline: list[str]) -> list[str] | None:
-    """The arguments after ``stage`` (the console script) or ``-m stages.cli``; None for another program."""
+    """The arguments after ``stage`` (the console script) or ``-m cli``; None for another program."""
     for i, arg in enumerate(cmdline):
         if Path(arg).name == "stage":
             return cmdline[i + 1:]
-        if arg == "-m" and cmdline[i + 1:i + 2] == ["stages.cli"]:
+        if arg == "-m" and cmdline[i + 1:i + 2] == ["cli"]:
             return cmdline[i + 2:]
     return None
 
 
 def health_url(argv: list[str]) -> str | None:
     """The /health URL of the server ``stage *argv`` runs; None when that command serves nothing."""
-    from stages.cli import build_parser  # builds the parser only: no torch, no server modules
+    from cli import build_parser  # builds the parser only: no torch, no server modules
 
     if argv[:1] not in (["serve"], ["up"]) or "-h" in argv or "--help" in argv:
         return None

@@ -35,7 +35,7 @@ from router.errors import RouterError, bad_request, body_too_large
 from router.http.request import Headers, Request
 from router.http.response import Response, StreamResponse, error_response, head
 from router.http.routes import Handler, Routes
-from router.write_flow import WriteFlow
+from router.http.write_flow import WriteFlow
 
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 75.0  # an idle kept-alive connection is closed after this (aiohttp's default)

@@ -97,7 +97,7 @@ class StreamResponse:
             await self.request.connection.send_chunk(self.request, data)
 
     def push(self, data: bytes) -> bool:
-        """Send ``data`` as one chunk now, from a callback (``router.relay``): False once the client's
+        """Send ``data`` as one chunk now, from a callback (``router.dispatch.relay``): False once the client's
         socket is full (then ``drain`` before more). Raises ConnectionResetError if the client left."""
         assert self.request is not None, "StreamResponse.push before prepare"
         return self.request.connection.push_chunk(data)

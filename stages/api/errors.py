@@ -7,7 +7,7 @@ plus, inside ``error``, the typed fields (``TYPED_FIELDS``) an error between our
 where it knows them: ``stage`` (the role that answers: prefill, decode, encoder), ``room`` (the
 bootstrap room), ``image_key`` (the image the error is about) and ``peer_code`` (a decode reporting
 its prefill's failure, ``peer_failed``: the prefill's own code). The router reads these, never the
-message (``router/verdict.py``; docs/protocol.md "Typed error fields").
+message (``router/dispatch/verdict.py``; docs/protocol.md "Typed error fields").
 
 An unexpected exception is answered by ``CatchAll``, a middleware inside Starlette's
 ``ServerErrorMiddleware``: that one re-raises after its handler answers, and uvicorn then closes the
@@ -40,7 +40,7 @@ _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another ty
 
 
 # the typed fields an error body may carry inside ``error`` besides the OpenAI four; the router's
-# reader names the same (``router.verdict.TYPED_FIELDS``, held equal by tests/test_error_fields.py)
+# reader names the same (``router.dispatch.verdict.TYPED_FIELDS``, held equal by tests/stages/api/test_error_fields.py)
 TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
 # a server's role for the ``stage`` field: fixed, or read at each error (``stage serve pd``: none until
 # the router assigns one)

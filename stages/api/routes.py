@@ -208,7 +208,7 @@ async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOut
 
     The role chunks leave with the first output, not before: a stream's first event is its first
     token (in PD, the decode's first event means the KV has arrived), and a failure before it is an
-    error event alone, which the router may retry elsewhere (its commit point, ``router.attempt``)."""
+    error event alone, which the router may retry elsewhere (its commit point, ``router.dispatch.attempt``)."""
     def piece(choice: dict | None, usage_body: dict | None = None) -> str:
         return sse_event(chunk(call.id, call.created, call.model, None if choice is None else [choice],
                            with_usage=include_usage, usage_body=usage_body))

@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 
 from stages.api.errors import APIError
 from stages.api.json_depth import check_json_depth
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.peer_policy import AllowList
 
 DISABLED = ("admin API disabled: start the server with --admin-token or the EPD_ADMIN_TOKEN environment variable "

@@ -48,7 +48,7 @@ from stages.engine.sampling_params import SamplingParams
 from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
-from transfer.addresses import host_port
+from process.addresses import host_port
 from transfer.base import TransferBackend
 from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout

@@ -10,7 +10,7 @@ It starts with no role: chat requests get 503 ``no_role`` until the router assig
 worker is added, or at the router's startup). A switch is refused while the worker has anything in
 flight: requests being generated, requests in its engine, or KV blocks in use (a decode's aborted
 room holds its blocks until the prefill confirms). The router drains the worker before switching
-(``router.membership``), so no request is lost. Switching stops the old role's coordinator (and its
+(``router.fleet.membership``), so no request is lost. Switching stops the old role's coordinator (and its
 supervised tasks: a prefill's bootstrap endpoint closes) and starts the new one; the engine, its
 KV pool, the transfer backend's registration, the allow-list of prefills to dial (which the router
 may extend at ``/admin/allowed_bootstrap``) and the room timeline stay.
@@ -40,7 +40,7 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults import Faults, engine_hook
-from stages.launch.instance import instance_id
+from process.instance import instance_id
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 

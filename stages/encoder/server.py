@@ -133,7 +133,7 @@ def build(config: ServerConfig) -> FastAPI:
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
                        faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
-    from stages.launch.instance import instance_id
+    from process.instance import instance_id
     from stages.resources import rss_bytes
 
     gate = Admission(config.max_in_flight)

@@ -11,7 +11,7 @@ flash-attn's ``flash_attn_with_kvcache`` takes the same view and a block table, 
 fp16/bf16 and block sizes that are a multiple of 256; the runner prefers it then (``attention.py``).
 Results match SDPA to float32 rounding, not bit for bit (a different summation order).
 
-Checked on the CPU with Triton's interpreter (``TRITON_INTERPRET=1``, tests/test_device_paged_decode.py);
+Checked on the CPU with Triton's interpreter (``TRITON_INTERPRET=1``, tests/stages/engine/test_device_paged_decode.py);
 on a GPU by scripts/gpu-check.sh.
 """
 

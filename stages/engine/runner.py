@@ -16,7 +16,7 @@ chunk takes exactly the path it always did. Only a chunk that completes its prom
 Devices: the step's inputs are built on the host as plain lists (``PackedStep``), then each becomes
 one tensor made on the pool's device; image embeddings (which may come from the cache on the CPU)
 are moved there once per step. Nothing in a step makes a tensor without naming its device
-(tests/test_device_placement.py runs steps with torch's default device set to ``meta``).
+(tests/stages/engine/test_device_placement.py runs steps with torch's default device set to ``meta``).
 """
 
 from __future__ import annotations

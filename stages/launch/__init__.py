@@ -1,5 +1,5 @@
 """Launching: starting, watching and stopping our servers as processes. The CLI, the benchmarks and
-the tests use it; it imports nothing of the CLI (``stages.cli``), of ``router`` or of ``bench``.
+the tests use it; it imports nothing of the CLI (``cli``), of ``router`` or of ``bench``.
 One job per module::
 
     ports.py      bind a server's port first (PortError names the flag), probe a port, a free port

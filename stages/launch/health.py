@@ -1,5 +1,5 @@
 """Waiting for a started server to be healthy: ``/health`` answers 200 and, when the starter gave
-it an instance id (``stages.launch.instance``), its ``/server_info`` shows that id, so a server of
+it an instance id (``process.instance``), its ``/server_info`` shows that id, so a server of
 another process answering on the child's port is an error naming the port, never "ready".
 Standard library only (urllib): the tests, the benchmarks and ``stage up`` all use it.
 """

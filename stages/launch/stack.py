@@ -11,10 +11,10 @@ encoder and image references with one room to the prefill and the decode (``docs
 
 A mode's stack, in start order: the embedded Redis (epd without ``redis_url``), the stage servers
 (encoder + prefill + decode, prefill + decode, or one colocated server), then the router in front of
-them. Every child is ``python -m stages.cli serve ROLE`` on a free loopback port with ``--threads 1``,
+them. Every child is ``python -m cli serve ROLE`` on a free loopback port with ``--threads 1``,
 pinned to nothing, its output in ``LOG_DIR/ROLE.log``.
 
-Its own children, nobody else: each child gets its own ``EPD_INSTANCE_ID`` (``stages.launch.instance``)
+Its own children, nobody else: each child gets its own ``EPD_INSTANCE_ID`` (``process.instance``)
 and counts as healthy only when ``/health`` answers 200 and ``/server_info`` shows that id
 (``stages.launch.health``), so a server of another stack answering on a child's port is an error
 naming the port, never "ready". ``admin_token`` reaches the router and the stage servers as
@@ -24,7 +24,7 @@ modes ``EPD_REDIS_URL`` is taken out of the children's environment: it would swi
 decode to EPD mode.
 
 Each child leads its own process group and dies with the thread that started it
-(``stages.launch.processes``): start a ``Stack`` from the main thread (the one that lives as long as
+(``process.children``): start a ``Stack`` from the main thread (the one that lives as long as
 the stack).
 """
 
@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cache.secrets import REDIS_URL_ENV
+from process.secrets import REDIS_URL_ENV
 from stages.config import CACHE_BUDGET_MIB, MIN_TOKEN_CHARS, TOKEN_ENV, TRANSFERS
 from stages.engine.config import check_device
 from stages.launch.health import HEALTH_POLL_S, ForeignServer, healthy
-from stages.launch.instance import INSTANCE_ENV, new_instance_id
-from stages.launch.ports import free_port
-from stages.launch.processes import start_group, stop_process
+from process.instance import INSTANCE_ENV, new_instance_id
+from process.ports import free_port
+from process.children import start_group, stop_process
 
 MODES = ("epd", "pd", "colocated")
 STAGE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
@@ -170,7 +170,7 @@ def router_spec(config: StackConfig, stages: list[ChildSpec], port: int) -> Chil
 
 
 def _serve(role: str, *flags: str) -> tuple[str, ...]:
-    return (sys.executable, "-m", "stages.cli", "serve", role, *flags)
+    return (sys.executable, "-m", "cli", "serve", role, *flags)
 
 
 @dataclass

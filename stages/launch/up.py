@@ -10,7 +10,7 @@ once. Children's logs go to ``--log-dir``, by default a new run directory under 
 the last 10 runs are kept, ``stages.launch.run_logs``). ``--admin-token`` (or ``--admin-token-file``,
 or ``EPD_ADMIN_TOKEN``) and, in epd mode, ``--redis-url`` (or ``--redis-url-file``, or
 ``EPD_REDIS_URL``) reach the router and the stage servers in their environment (never on a command
-line; ``cache.secrets``).
+line; ``process.secrets``).
 
 Building the parser imports no torch; the model is generated (first run only) in ``run``.
 """
@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from cache.secrets import REDIS_URL_ENV, read_secret
+from process.secrets import REDIS_URL_ENV, read_secret
 from stages.config import MIN_TOKEN_CHARS, TOKEN_ENV, TRANSFERS
 from stages.launch.health import HEALTH_POLL_S
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
-from stages.launch.ports import probe
+from process.ports import probe
 from stages.launch.run_logs import new_run_dir
 from stages.launch.stack import HOST, MODES, Say, Stack, StackConfig, StackError
 from stages.model_dir import check_model_dir
@@ -93,7 +93,7 @@ def stack_redis_url(args: argparse.Namespace) -> str | None:
 def stack_config(args: argparse.Namespace) -> StackConfig:
     """The validated config of a ``stage up`` command line, its ``log_dir`` still unset. ValueError
     names the flag to change: a bad value, a ``--model`` directory without what the stages load
-    (``stages.model_dir``), a ``--port`` in use (``stages.launch.ports.PortError``)."""
+    (``stages.model_dir``), a ``--port`` in use (``process.ports.PortError``)."""
     config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
                          transfer=args.transfer, redis_url=stack_redis_url(args), threads=args.threads,
                          startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,

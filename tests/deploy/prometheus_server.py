@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from stages.launch.ports import free_port
-from stages.launch.processes import start_group, stop_process
+from process.ports import free_port
+from process.children import start_group, stop_process
 
 READY_S = 60.0
 START_ATTEMPTS = 2  # the free port can be taken between probing and binding

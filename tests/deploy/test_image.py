@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from stages.launch.models import cache_dir
-from stages.launch.ports import free_port
-from stages.launch.processes import start_group, stop_process
+from process.ports import free_port
+from process.children import start_group, stop_process
 from tests.conftest import REPO
 from tests.deploy.image_store import ImageStore, missing_tools
 

@@ -1,6 +1,6 @@
 """The image's healthcheck (deploy/image/healthcheck.py) on this machine: the URL it reads from a
 ``stage`` command line (ports and hosts as ``stage``'s parser gives them), and real answers: a router
-started as ``python -m stages.cli serve router`` found by its pid (200, exit 0), ``EPD_HEALTH_URL``
+started as ``python -m cli serve router`` found by its pid (200, exit 0), ``EPD_HEALTH_URL``
 on a colocated server (200) and on a closed port (refused, exit 1). Not slow: no image is built."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from stages.launch.ports import free_port
+from process.ports import free_port
 from tests.conftest import REPO
 
 SCRIPT = REPO / "deploy" / "image" / "healthcheck.py"
@@ -60,7 +60,7 @@ def test_command_line_that_does_not_parse_is_an_error():
 
 @pytest.mark.parametrize(("cmdline", "argv"), [
     (["/opt/epd/bin/python3", "/opt/epd/bin/stage", "serve", "router"], ["serve", "router"]),
-    (["python", "-m", "stages.cli", "demo"], ["demo"]),
+    (["python", "-m", "cli", "demo"], ["demo"]),
     (["/sbin/docker-init", "--", "stage", "serve", "prefill"], ["serve", "prefill"]),  # docker run --init
     (["sh", "-c", "sleep 1"], None),
     (["sh", "-c", "stage serve prefill --model m"], None),  # a shell's one argument: EPD_HEALTH_URL (README)
@@ -75,7 +75,7 @@ def colocated(start_server, tiny_model):
 
 
 def test_router_found_by_its_pid_is_healthy(start_server, colocated):
-    router = start_server("router", "--colocated", colocated.url)  # a fresh `python -m stages.cli serve router`
+    router = start_server("router", "--colocated", colocated.url)  # a fresh `python -m cli serve router`
     done = run(str(router.proc.pid))
     assert (done.returncode, done.stdout) == (0, f"epd-healthcheck: healthy: {router.url}/health: 200\n"), done.stderr
 

@@ -23,10 +23,10 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 
-from router.cli import router_config
+from cli.router import router_config
 from router.openapi import document
-from stages.cli import build_parser
-from stages.cli.serve import server_config
+from cli import build_parser
+from cli.serve import server_config
 from tests.deploy.k8s_manifests import (GPU_OVERLAYS, OVERLAYS, compose, container_env, expand, load_yaml, name, ours,
                                         references, render, secret_values, secret_vars, selects, workloads)
 

@@ -29,11 +29,11 @@ import redis
 
 from cache.embedded import EmbeddedRedis
 from stages.launch.health import get, wait_healthy
-from stages.launch.instance import INSTANCE_ENV, new_instance_id
-from stages.launch.processes import start_group, stop_process
+from process.instance import INSTANCE_ENV, new_instance_id
+from process.children import start_group, stop_process
 from tests.deploy.k8s_manifests import container_env, expand, ours, render, secret_values, workloads
-from tests.dnsmasq import Dnsmasq
-from tests.router_helpers import ask, data_url, messages, png
+from tests.support.dnsmasq import Dnsmasq
+from tests.support.router_helpers import ask, data_url, messages, png
 
 REPO = Path(__file__).resolve().parents[2]
 POD_IPS = {"router": "127.0.0.10", "encoder": "127.0.0.11", "prefill": "127.0.0.12", "decode": "127.0.0.13",
@@ -52,7 +52,7 @@ class Pods:
     def run(self, role: str, argv: list[str], env: dict[str, str]) -> tuple[str, subprocess.Popen]:
         instance = new_instance_id()
         with open(self.logs / f"{role}.log", "wb") as log:
-            proc = start_group([sys.executable, "-m", "stages.cli", *argv], log,
+            proc = start_group([sys.executable, "-m", "cli", *argv], log,
                                {**os.environ, **env, INSTANCE_ENV: instance, "PYTHONUNBUFFERED": "1"})
         self.procs.append(proc)
         return instance, proc

@@ -24,12 +24,12 @@ import redis
 
 from cache import scripts
 from cache.keys import image_key
-from router.policy import CacheAware
-from tests.generated_models import model_dir
+from router.plan.policy import CacheAware
+from tests.support.generated_models import model_dir
 from tests.multihost.rig import BOOTSTRAP_PORT, Rig, Server
 from tests.multihost.stack import ADMIN_TOKEN, STAGE_FLAGS, VARIANT, Stack
-from tests.process_stop import stopped as process_stopped
-from tests.router_helpers import data_url, messages, png
+from tests.support.process_stop import stopped as process_stopped
+from tests.support.router_helpers import data_url, messages, png
 
 DEADLINE_S = 10.0  # issue 16: every request ends within this, with default flags
 READMIT_S = 30.0  # a restored stage is back in rotation within this

@@ -19,7 +19,7 @@ import redis
 from tests.multihost.rig import BOOTSTRAP_PORT, HOSTS, REDIS_PORT
 from tests.multihost.stack import ADMIN_TOKEN, CASES, MOONCAKE_PORTS, STEPS, Reference, Stack, ask, case_images, \
     pair_of, start_stack
-from tests.router_helpers import data_url, messages
+from tests.support.router_helpers import data_url, messages
 
 pytestmark = pytest.mark.timeout(240)
 SALT = {"mooncake": 1, "nixl": 2}  # images new to each rig's Redis, whatever ran before
@@ -76,7 +76,7 @@ def test_every_prefill_decode_pair_serves(stack, reference):
 
 def test_no_wildcard_listener_on_any_host(stack):
     """Every listener in every host's namespace is on that host's own address; the one exception is
-    Mooncake's (tests/test_listeners.py): on a prefill or decode host over Mooncake, exactly its two
+    Mooncake's (tests/stages/test_listeners.py): on a prefill or decode host over Mooncake, exactly its two
     wildcard ports (0.0.0.0 and ::) in its RPC port range."""
     stack.rig.client(ask, stack.router.base_url, "hi", case_images("one_image", 90 + SALT[stack.transfer]), False)
     for host in HOSTS:

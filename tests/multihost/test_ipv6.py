@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.generated_models import model_dir
+from tests.support.generated_models import model_dir
 from tests.multihost.rig import HOSTS
 from tests.multihost.stack import CASES, VARIANT, Reference, Stack, ask, case_images, start_stack
 

@@ -31,7 +31,7 @@ from router.dispatch.verdict import Failure
 from tests.conftest import REPO
 from tests.support.epd_helpers import start_epd
 from tests.support.router_helpers import data_url, png
-from tests.stages.api.test_http_layer import FakeAsyncEngine, client_for
+from tests.support.stage_api import FakeAsyncEngine, client_for
 
 pytestmark = pytest.mark.timeout(300)
 MAX_PIXELS = 1_000_000

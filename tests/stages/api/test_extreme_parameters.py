@@ -18,7 +18,7 @@ from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_STOP_CHARS,
                                 ChatCompletionRequest)
 from stages.engine.sampler import make_generator, sample
 from stages.engine.sampling_params import SamplingParams
-from tests.stages.api.test_http_layer import FakeAsyncEngine, FakeEngine, client_for, error_of
+from tests.support.stage_api import FakeAsyncEngine, FakeEngine, client_for, error_of
 
 HI = [{"role": "user", "content": "hi"}]
 VOCAB = FakeEngine.vocab_size

@@ -158,7 +158,7 @@ def test_colocated_server_info_reports_the_whole_model_and_its_memory():
 
 
 def test_openapi_documents_image_refs():
-    from tests.stages.api.test_http_layer import FakeAsyncEngine, client_for
+    from tests.support.stage_api import FakeAsyncEngine, client_for
 
     document = client_for(FakeAsyncEngine()).get("/openapi.json").json()
     schemas = document["components"]["schemas"]

@@ -20,7 +20,6 @@ from stages.api.chat_choices import Choices
 from stages.api.chat_response import (ChatCompletion, ChatCompletionChunk, chunk, chunk_choice, choice, completion,
                                       logprobs_body, message, usage)
 from stages.api.errors import APIError
-from stages.api.app_config import AppConfig, AppParts
 from stages.api.routes import create_app
 from stages.api.common_schemas import ErrorBody, ModelList, model_card
 from stages.api.token_text import TokenText, token_id_text
@@ -221,7 +220,7 @@ def test_token_text_bytes_join_into_the_text_of_a_real_byte_level_tokenizer(mode
 # --- through the app: a fixed prepare, scripted outputs ---------------------------------------------
 def app_client(outputs: list[RequestOutput], params: SamplingParams) -> TestClient:
     engine = FakeAsyncEngine(lambda request_id, prompt: iter(outputs))
-    app = create_app(AppParts(engine, lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), params)), AppConfig("m"))
+    app = create_app(engine, model_name="m", prepare=lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), params))
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -253,8 +252,8 @@ def test_the_app_streams_each_choice_by_index():
 def test_metrics_count_every_sequence_and_time_tokens_per_sequence():
     metrics = Metrics()
     engine = FakeAsyncEngine(lambda request_id, prompt: iter(INTERLEAVED))
-    app = create_app(AppParts(engine, lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), SamplingParams(n=2)),
-                              metrics=metrics), AppConfig("m"))
+    app = create_app(engine, model_name="m", metrics=metrics,
+                     prepare=lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), SamplingParams(n=2)))
     TestClient(app).post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     sample = metrics.registry.get_sample_value
     assert sample("epd_generation_tokens_total") == 6 and sample("epd_prompt_tokens_total") == PROMPT_TOKENS

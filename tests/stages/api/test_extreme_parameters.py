@@ -1,6 +1,6 @@
 """Parameters legal by JSON but extreme stop at the API edge: 400 naming the parameter, or the clamp the
 schema documents, before anything reaches the engine. Bodies of enormous counts cost a bounded amount
-to refuse. In-process against the scripted engine of ``test_api_units``, plus the real sampler."""
+to refuse. In-process against the scripted engine of ``tests/support/stage_api.py``, plus the real sampler."""
 
 from __future__ import annotations
 

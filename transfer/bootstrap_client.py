@@ -14,6 +14,7 @@ import msgspec
 
 from process.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, HandshakeError, HandshakeTimeout, PeerNotAllowed
+from transfer.fingerprint import check_version
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -28,7 +29,6 @@ from transfer.messages import (
     ProtocolError,
     Rejected,
     VersionMismatch,
-    check_version,
     decode,
     encode,
 )

@@ -14,11 +14,11 @@ import zmq.asyncio
 
 from process.addresses import host_port
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES, BootstrapClosed, _endpoint, _receive, _socket
+from transfer.fingerprint import Fingerprint, check_version
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
     Accepted,
-    Fingerprint,
     Heartbeat,
     KVFailed,
     KVReady,
@@ -31,7 +31,6 @@ from transfer.messages import (
     Rejected,
     VersionMismatch,
     check_kv_request,
-    check_version,
     decode,
     encode,
 )

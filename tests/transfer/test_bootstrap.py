@@ -24,11 +24,11 @@ import zmq.asyncio
 from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import BootstrapClosed, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.bootstrap_server import BootstrapServer
+from transfer.fingerprint import Fingerprint, check_compatible, model_identity
 from transfer.messages import (
     PROTOCOL_VERSION,
     Abort,
     Accepted,
-    Fingerprint,
     KVFailed,
     KVReady,
     KVRequest,
@@ -38,10 +38,8 @@ from transfer.messages import (
     ProtocolError,
     Rejected,
     VersionMismatch,
-    check_compatible,
     decode,
     encode,
-    model_identity,
 )
 from transfer.peer_policy import AllowList
 from transfer.rooms import RoomClosed, RoomTable

@@ -10,7 +10,8 @@ from stages.engine.prefix_cache import ROOT, block_hashes, hash_block, image_spa
 from stages.engine.request import FinishReason, Request
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import Scheduler
-from transfer.messages import Fingerprint, KVRequest, check_kv_request
+from transfer.fingerprint import Fingerprint
+from transfer.messages import KVRequest, check_kv_request
 
 IMG = 99  # the image placeholder id of these prompts
 KEY_A, KEY_B = "a" * 64, "b" * 64

@@ -17,7 +17,7 @@ from bench.common.record import problems as summary_problems
 from bench.serve.client import Outcome
 from tests.support.generated_models import model_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
 
 

@@ -29,7 +29,7 @@ from bench.serve.config import Slo
 from cli import main as stage_main
 from tests.support.generated_models import model_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 420
 WORKLOADS = ["single", "encode_heavy", "text_only", "repeated_images"]
 STAGES = {"colocated": ["colocated"], "pd": ["prefill", "decode"], "epd": ["encoder", "prefill", "decode"]}

@@ -28,7 +28,7 @@ from bench.serve.workload import Request, read_jsonl, summarize, synthesize, wri
 from cli import main as stage_main
 from process.ports import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 120
 LATENCY_KEYS = [f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
                 for stat in ("mean", "median", "std", "p50", "p90", "p99")]

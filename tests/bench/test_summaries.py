@@ -15,7 +15,7 @@ import pytest
 from bench.common.record import DEFAULT, Figure, Recorder, build_summary, configuration, problems, summary_name
 from bench.summaries import BEGIN, END, FOLDER, NONE_YET, README, format_value, load, render, splice
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"cpu": "AMD EPYC", "cpu_count": 2, "mem_gib": 23.5, "git_commit": "abc1234", "git_dirty": True,
            "platform": "not kept"}
 

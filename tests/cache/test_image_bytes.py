@@ -21,7 +21,7 @@ from router.errors import RouterError
 from router.plan.image_fetch import ImageFetcher
 from tests.support.stage_api import data_url, png, png_header_only
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BOUNDS = ImageBounds(max_bytes=4_000, max_pixels=10_000)
 CODES = {value for name, value in vars(image_bytes).items() if name.isupper() and isinstance(value, str)}
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 FRESH_ENV = "EPD_TEST_FRESH_SERVERS"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # what the roles import before they serve: the CLI, each role's app and engine, torch and
 # transformers with the model families the tests generate (not Mooncake or NIXL: their native
 # libraries may start threads at import; each server imports them itself)

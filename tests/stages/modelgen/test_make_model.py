@@ -16,7 +16,7 @@ import pytest
 
 from stages.modelgen import FAMILIES, SIZES, make_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 # variant -> (family, vision, text)
 VARIANTS = {

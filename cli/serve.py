@@ -97,7 +97,7 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
                         "within this, abort the rest with an error, exit 0 (keep it below Kubernetes' "
                         "terminationGracePeriodSeconds)")
     g.add_argument("--debug-faults", action="store_true",
-                   help="serve /debug/faults to arm fault points (stages/faults.py); refused off loopback")
+                   help="serve /debug/faults to arm fault points (stages/faults/); refused off loopback")
     g.add_argument("--log-level", default=server["log_level"], choices=["debug", "info", "warning", "error"],
                    help="log level")
 

@@ -15,18 +15,19 @@ from stages.config import ServerConfig
 def build(config: ServerConfig) -> FastAPI:
     """Load the model (both halves) and build the app; its lifespan starts and stops the engine thread."""
     from stages.api.chat import ImageMode, Preparer
+    from stages.api.lifetime import run_whole
     from stages.api.routes import create_app
     from stages.api.token_text import TokenText
     from stages.engine.async_engine import AsyncEngine
-    from stages.faults import Faults, engine_hook
+    from stages.faults.seams import seams_for
     from stages.loading import load_engine
     from stages.metrics import Metrics
     from stages.resources import limits_info, model_info
     from stages.supervisor import Supervisor
 
-    metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
+    metrics, supervisor, seams = Metrics(), Supervisor(), seams_for(config.debug_faults)
     engine, prompts = load_engine(config.engine, pixels=True)
-    async_engine = AsyncEngine(engine, on_step=metrics.observe_step, before_step=engine_hook(faults))
+    async_engine = AsyncEngine(engine, on_step=metrics.observe_step, before_step=seams.before_step())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -39,10 +40,12 @@ def build(config: ServerConfig) -> FastAPI:
 
     app = create_app(async_engine, model_name=config.model_name,
                      prepare=Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS), metrics=metrics,
+                     generate=seams.generate(run_whole(async_engine)),
                      lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
                      stream_keepalive_s=config.stream_keepalive_s,
-                     supervisor=supervisor, faults=faults, chars_per_token=prompts.chars_per_token,
+                     supervisor=supervisor, chars_per_token=prompts.chars_per_token,
                      stage="colocated", token_text=TokenText(prompts.tokenizer))
+    seams.install(app)
 
     @app.get("/server_info")
     async def server_info() -> dict:

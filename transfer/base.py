@@ -247,11 +247,12 @@ def decode_descriptor(data: bytes, backend: str, kind: type[S]) -> S:
 
 
 class TransferBackend(ABC):
-    """One process's endpoint. Subclasses set ``name`` (the registry name), ``protocols`` (accepted
+    """One process's endpoint. Subclasses set ``name`` (the registry name: a class attribute; a
+    backend that wraps another sets the inner one's per instance), ``protocols`` (accepted
     ``TransferConfig.protocol`` values) and implement the ``_`` hooks; the public methods below hold
     the contract and call the hooks at most as documented."""
 
-    name: ClassVar[str]
+    name: str
     protocols: ClassVar[tuple[str, ...]]
 
     def __init__(self, config: TransferConfig) -> None:

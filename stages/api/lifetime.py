@@ -37,6 +37,16 @@ KEEPALIVE = ": keep-alive\n\n"
 DONE = "data: [DONE]\n\n"
 
 
+def run_whole(engine: AsyncEngine) -> Generate:
+    """The ``Generate`` of a server without rooms (``create_app``'s default): the engine runs each request whole."""
+
+    async def generate(request_id: str, prompt: Prompt, params: SamplingParams,
+                       body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
+        return engine.generate(request_id, prompt, params)  # checks the request and the engine thread first
+
+    return generate
+
+
 def sse_event(body: dict) -> str:
     """One server-sent event carrying ``body`` as compact JSON."""
     return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"

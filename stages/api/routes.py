@@ -10,7 +10,6 @@ wires them to routes; ``/v1/completions`` is added by ``completions``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -24,15 +23,13 @@ from starlette.concurrency import run_in_threadpool
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
-from stages.api.completion_schema import AnyRequest
 from stages.api.completions import add_completion_route
 from stages.api.chat_choices import Choices
 from stages.api.chat_response import TokenText, chunk, completion, usage
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers,
                                stamped, unhealthy)
-from stages.api.faults import add_fault_routes
-from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, sse_event, ticking,
-                                 unless_disconnected)
+from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, run_whole, sse_event,
+                                 ticking, unless_disconnected)
 from stages.api.parse import parse_request
 from stages.api.common_schemas import model_card
 from stages.api.schemas import ChatCompletionRequest
@@ -44,7 +41,6 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import Faults
 from stages.metrics import Metrics, RequestTimer
 from stages.supervisor import Supervisor
 from stages.text_bound import TextBound
@@ -55,7 +51,7 @@ Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # st
 def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
                metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
                lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
-               supervisor: Supervisor | None = None, faults: Faults | None = None,
+               supervisor: Supervisor | None = None,
                chars_per_token: int | None = None, stage: Stage = None,
                stream_keepalive_s: float = 2.0, token_text: TokenText = token_id_text) -> FastAPI:
     """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
@@ -70,8 +66,8 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     response ends); beyond that a request gets 503 with ``Retry-After`` before its body is read.
     Bodies over ``max_body_bytes`` get 413; with ``chars_per_token`` (the prompt builder's), messages
     whose text cannot fit the context get 400 before they are built (``stages.api.parse``).
-    ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. With ``faults``
-    enabled, ``/debug/faults`` arms fault points. ``stage``: the server's role, the ``stage`` field of
+    ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. ``stage``: the
+    server's role, the ``stage`` field of
     every error it answers (``stages.api.errors.stamped``). A stream that has sent nothing for
     ``stream_keepalive_s`` (waiting for the KV, a slow step) sends ``KEEPALIVE``, and again each
     ``stream_keepalive_s`` of silence after it. ``token_text``: how a token id reads in the answer's
@@ -84,10 +80,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     bound = TextBound(engine.max_model_len, chars_per_token) if chars_per_token else None
     created = int(time.time())
 
-    async def whole(request_id: str, prompt: Prompt, params: SamplingParams, body: AnyRequest):
-        return engine.generate(request_id, prompt, params)  # checks the request and the engine thread first
-
-    generate = generate or whole
+    generate = generate or run_whole(engine)
     app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app, stage)
     app.add_middleware(ReleaseMemory)
@@ -116,8 +109,6 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
         body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes), bound)
-        if faults is not None and faults.take("http.crash"):
-            raise RuntimeError("fault point http.crash")
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code="model_not_found")
@@ -134,8 +125,6 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:
-            if faults is not None and faults.enabled:
-                outputs = _slowed(outputs, faults)
             events = _sse(call, choices, ticking(outputs, stream_keepalive_s), body.include_usage, stage)
             return event_stream(events)
         return await unless_disconnected(request, _complete(call, choices, outputs))
@@ -143,8 +132,6 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
     add_completion_route(app, engine, prepare, generate, gate, metrics, model_name=model_name,  # stages.api.completions
                          max_body_bytes=max_body_bytes, bound=bound, stage=stage, stream_keepalive_s=stream_keepalive_s,
                          token_text=token_text)
-    if faults is not None and faults.enabled:
-        add_fault_routes(app, faults)
     return app
 
 
@@ -235,16 +222,3 @@ async def _sse(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOut
         await outputs.aclose()
         call.record(last, choices)
     yield DONE
-
-
-async def _slowed(outputs: AsyncGenerator[RequestOutput, None],
-                  faults: Faults) -> AsyncGenerator[RequestOutput, None]:
-    """Fault point ``stream.slow_token``: each output held its ``delay_s`` first."""
-    try:
-        async for output in outputs:
-            slow = faults.take("stream.slow_token")
-            if slow is not None:
-                await asyncio.sleep(slow.delay_s)
-            yield output
-    finally:
-        await outputs.aclose()

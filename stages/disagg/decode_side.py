@@ -40,12 +40,12 @@ from contextlib import aclosing
 
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, not_allowed, timed_out, unavailable
+from stages.disagg.hooks import DecodeHooks
 from stages.disagg.ready import read
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
 from process.addresses import host_port
@@ -63,15 +63,16 @@ EVENTS = {RoomStatus.WaitingForInput: "kv_requested", RoomStatus.Success: "kv_re
 
 class DecodeCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults, timeline: RoomTimeline,
+                 config: DisaggConfig, *, supervisor: Supervisor, hooks: DecodeHooks, timeline: RoomTimeline,
                  allow: AllowList) -> None:
         """``allow``: the prefills it may dial (the server's, which the router may add to at runtime);
-        ``timeline``: where each room's events are marked (``stages.timeline``)."""
+        ``hooks``: called at their points in each room's life (``stages.disagg.hooks``); ``timeline``:
+        where each room's events are marked (``stages.timeline``)."""
         self.engine = engine
         self.fingerprint = fingerprint
         self.config = config
         self.supervisor = supervisor
-        self.faults = faults
+        self.hooks = hooks
         self.timeline = timeline
         self.descriptor = backend.descriptor()
         self.client = BootstrapClient(allow=allow, max_links=config.max_peer_links,
@@ -117,8 +118,7 @@ class DecodeCoordinator:
         mark(room, "queued")
         blocks, cached = await self._reserve(prompt, params)
         mark(room, "blocks_reserved", blocks=len(blocks), cached_blocks=cached)
-        if self.faults.take("decode.exit_before_request"):
-            os._exit(EXIT_CODE)
+        self.hooks.before_kv_request(room)
         try:
             request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks[cached:],
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,

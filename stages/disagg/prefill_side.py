@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
@@ -50,13 +49,13 @@ from typing import Any
 
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
+from stages.disagg.hooks import PrefillHooks
 from stages.disagg.ready import ready_fields
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import EXIT_CODE, Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
 from transfer.base import TransferBackend, TransferError, block_ops
@@ -97,13 +96,14 @@ class _Local:
 
 class PrefillCoordinator:
     def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, faults: Faults, timeline: RoomTimeline) -> None:
-        """``timeline``: where each room's events are marked (``stages.timeline``)."""
+                 config: DisaggConfig, *, supervisor: Supervisor, hooks: PrefillHooks, timeline: RoomTimeline) -> None:
+        """``hooks``: called at their points in each room's life (``stages.disagg.hooks``); ``timeline``:
+        where each room's events are marked (``stages.timeline``)."""
         self.engine = engine
         self.backend = backend
         self.config = config
         self.supervisor = supervisor
-        self.faults = faults
+        self.hooks = hooks
         self.timeline = timeline
         self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port,
                                       heartbeat_s=config.peer_heartbeat_s)
@@ -171,8 +171,7 @@ class PrefillCoordinator:
     async def _receive(self) -> None:
         while True:
             message = await self.server.recv()
-            if self.faults.take("prefill.receive_loop_crash"):
-                raise RuntimeError("fault point prefill.receive_loop_crash")
+            self.hooks.received()
             if isinstance(message, Abort):
                 await self._abort(message.room, f"decode aborted: {message.reason}")
                 continue
@@ -263,23 +262,18 @@ class PrefillCoordinator:
             if local.inputs is not None:
                 await self._inputs(state, local.inputs)
                 mark(room, "embeddings_ready")
-            if self.faults.take("prefill.exit_before_forward"):
-                os._exit(EXIT_CODE)
+            self.hooks.before_forward(room)
             outputs = await self._forward(state, local)
             first = outputs[0]
             blocks = first.blocks or []  # _forward returns only a first output that holds them
             mark(room, "prefilled", prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
-            if self.faults.take("prefill.exit_after_forward"):
-                os._exit(EXIT_CODE)
-            if self.faults.take("prefill.crash"):
-                raise RuntimeError(f"fault point prefill.crash on room {room}")
+            self.hooks.after_forward(room)
             _advance(state, RoomStatus.Transferring)  # nothing written yet: an aborted room stops here
             started = time.perf_counter()
             moved = await asyncio.to_thread(self._write, remote, blocks)
             elapsed = time.perf_counter() - started
             mark(room, "kv_written", bytes=moved, seconds=elapsed)
-            if delay := self.faults.take("prefill.delay_ready"):
-                await asyncio.sleep(delay.delay_s)
+            await self.hooks.before_ready(room)
             _advance(state, RoomStatus.Success)  # before KVReady: the decode's kv_ready may come first
             await self.server.send_ready(room, **ready_fields(outputs))
             _answer(local, PrefillResult(room, [dataclasses.replace(o, blocks=None) for o in outputs],
@@ -366,8 +360,6 @@ class PrefillCoordinator:
     def _write(self, remote: KVRequest, blocks: list[int]) -> int:
         """Worker thread: move the prompt's blocks into the decode's. Returns bytes moved; raises
         TransferError when the write fails."""
-        if self.faults.take("prefill.fail_kv_write"):
-            raise TransferError("fault point prefill.fail_kv_write: the write was dropped, nothing was written")
         peer = self.backend.connect(remote.descriptor)
         mine = blocks[remote.cached_blocks:]  # the decode has the first ones in its own prefix cache
         ops = block_ops(mine, remote.block_ids[: len(mine)], self.engine.engine.layout.block_bytes)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
+from stages.faults.seams import Seams
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from transfer.base import TransferBackend, TransferConfig
@@ -30,14 +31,14 @@ class StageRuntime:
 
 
 def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: TransferConfig, *, pixels: bool,
-                  on_step=None, before_step=None) -> StageRuntime:
+                  seams: Seams, on_step=None) -> StageRuntime:
     """Load the model and its prompt builder (``pixels``: see ``stages.loading``), allocate the KV
-    pool, register it once with the transfer backend. ``on_step`` and ``before_step`` are the
-    ``AsyncEngine``'s hooks."""
+    pool, register it once with the transfer backend. ``on_step`` is the ``AsyncEngine``'s hook;
+    ``seams`` gives its ``before_step`` and wraps the backend (``stages.faults.seams``)."""
     engine, prompts = load_engine(engine_config, pixels=pixels)
-    backend = create_backend(transfer, transfer_config)
+    backend = seams.backend(create_backend(transfer, transfer_config))
     backend.register(engine.pool.data_ptr, engine.pool.nbytes, engine.pool.memory, engine.pool.device_id)
-    return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=before_step), prompts, backend,
+    return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=seams.before_step()), prompts, backend,
                         fingerprint(engine, transfer))
 
 

@@ -38,7 +38,7 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import Faults, engine_hook
+from stages.faults.seams import seams_for
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
@@ -133,26 +133,26 @@ def build(config: ServerConfig) -> FastAPI:
 
     disagg = config.disagg
     assert disagg is not None  # ServerConfig guarantees it for these roles
-    metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
+    metrics, supervisor, seams = Metrics(), Supervisor(), seams_for(config.debug_faults)
     mode = ImageMode.REFS if disagg.epd else ImageMode.PIXELS if config.role == "prefill" else ImageMode.SIZES
     runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=mode is ImageMode.PIXELS,
-                            on_step=metrics.observe_step, before_step=engine_hook(faults))
+                            seams=seams, on_step=metrics.observe_step)
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
     cache = _open_cache(config, metrics) if config.role == "prefill" and disagg.epd else None
     timeline, allow = RoomTimeline(), disagg.allow_list()
     coordinator: PrefillCoordinator | DecodeCoordinator
     if config.role == "prefill":
         coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                         supervisor=supervisor, faults=faults, timeline=timeline)
+                                         supervisor=supervisor, hooks=seams.prefill(), timeline=timeline)
         adapter = runtime.prompts.adapter
         inputs = None if cache is None else ImageInputs(
             cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers), runtime.prompts,
             disagg.embedding_timeout_s)
-        generate = prefill_generate(coordinator, inputs)
+        generate = seams.generate(prefill_generate(coordinator, inputs))
     else:
         coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                        supervisor=supervisor, faults=faults, timeline=timeline, allow=allow)
-        generate = decode_generate(coordinator)
+                                        supervisor=supervisor, hooks=seams.decode(), timeline=timeline, allow=allow)
+        generate = seams.generate(decode_generate(coordinator))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -171,9 +171,10 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare, metrics=metrics,
                      generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight,
-                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
+                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor,
                      chars_per_token=runtime.prompts.chars_per_token, stage=config.role,
                      token_text=TokenText(runtime.prompts.tokenizer))
+    seams.install(app)
 
     @app.get("/server_info")
     async def server_info() -> dict:

@@ -39,7 +39,7 @@ from stages.disagg.server import decode_generate, prefill_generate, stage_info
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
-from stages.faults import Faults, engine_hook
+from stages.faults.seams import Seams, seams_for
 from process.instance import instance_id
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
@@ -51,9 +51,9 @@ ROLES = ("prefill", "decode")
 class RoleSlot:
     """The worker's current role and its coordinator; changed only by ``switch``, on the event loop."""
 
-    def __init__(self, config: ServerConfig, runtime: StageRuntime, supervisor: Supervisor, faults: Faults) -> None:
+    def __init__(self, config: ServerConfig, runtime: StageRuntime, supervisor: Supervisor, seams: Seams) -> None:
         assert config.disagg is not None
-        self.config, self.runtime, self.supervisor, self.faults = config, runtime, supervisor, faults
+        self.config, self.runtime, self.supervisor, self.seams = config, runtime, supervisor, seams
         self.timeline = RoomTimeline()
         self.allow = config.disagg.allow_list()
         self.role: str | None = None
@@ -85,10 +85,10 @@ class RoleSlot:
             coordinator: PrefillCoordinator | DecodeCoordinator
             if role == "prefill":
                 coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                                 supervisor=supervisor, faults=self.faults, timeline=self.timeline)
+                                                 supervisor=supervisor, hooks=self.seams.prefill(), timeline=self.timeline)
             else:
                 coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                                supervisor=supervisor, faults=self.faults, timeline=self.timeline,
+                                                supervisor=supervisor, hooks=self.seams.decode(), timeline=self.timeline,
                                                 allow=self.allow)
             await coordinator.start()
             self.supervisor.adopt("role", supervisor)
@@ -150,11 +150,11 @@ def build(config: ServerConfig) -> FastAPI:
 
     disagg = config.disagg
     assert disagg is not None
-    metrics, supervisor, faults = Metrics(), Supervisor(), Faults(config.debug_faults)
-    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=True,
-                            on_step=metrics.observe_step, before_step=engine_hook(faults))
+    metrics, supervisor, seams = Metrics(), Supervisor(), seams_for(config.debug_faults)
+    runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=True, seams=seams,
+                            on_step=metrics.observe_step)
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
-    slot = RoleSlot(config, runtime, supervisor, faults)
+    slot = RoleSlot(config, runtime, supervisor, seams)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -169,11 +169,12 @@ def build(config: ServerConfig) -> FastAPI:
     prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode)
                                    for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
     app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,
-                     metrics=metrics, generate=slot.generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
+                     metrics=metrics, generate=seams.generate(slot.generate), lifespan=lifespan, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight,
-                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor, faults=faults,
+                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor,
                      chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role,
                      token_text=TokenText(runtime.prompts.tokenizer))
+    seams.install(app)
 
     @app.get("/server_info")
     async def server_info() -> dict:

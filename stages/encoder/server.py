@@ -31,14 +31,12 @@ from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, unhealthy,
                                validation_error)
-from stages.api.faults import add_fault_routes
 from stages.api.images import decode_base64, decode_data_url
 from stages.api.json_depth import check_json_depth
 from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE
 from stages.encoder.service import EncodeService, ImageResult, Upload
-from stages.faults import Faults
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
@@ -92,6 +90,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.encoder.worker import EncoderWorker
     from stages.engine.config import VISION
     from stages.engine.models import load_adapter
+    from stages.faults.seams import seams_for
     from stages.resources import limits_info
 
     assert config.encoder is not None
@@ -106,10 +105,10 @@ def build(config: ServerConfig) -> FastAPI:
     cache = EmbeddingCache(config.encoder.cache)
     batcher = Batcher(config.encoder.max_batch_images)
     metrics = EncoderMetrics(lambda: batcher.depth, cache.stats)
-    faults, supervisor = Faults(config.debug_faults), Supervisor()
+    seams, supervisor = seams_for(config.debug_faults), Supervisor()
     flights = Flights(config.encoder, cache, batcher, new_encoder_id())
     service = EncodeService(config.encoder, config.limits, flights, adapter, image_processor)
-    worker = EncoderWorker(adapter, batcher, flights.deliver, metrics, faults)
+    worker = EncoderWorker(adapter, batcher, flights.deliver, metrics, seams.encoder())
     supervisor.watch_thread("encoder thread", lambda: worker.alive)
 
     @asynccontextmanager
@@ -128,11 +127,13 @@ def build(config: ServerConfig) -> FastAPI:
             "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
             "device": str(device), "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url,
             "limits": limits_info(config)}
-    return create_encoder_app(service, info, config, supervisor, faults, metrics.render, lifespan)
+    app = create_encoder_app(service, info, config, supervisor, metrics.render, lifespan)
+    seams.install(app)
+    return app
 
 
 def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig, supervisor: Supervisor,
-                       faults: Faults, render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
+                       render_metrics: Callable[[], bytes], lifespan: Any) -> FastAPI:
     from process.instance import instance_id
     from stages.resources import rss_bytes
 
@@ -164,8 +165,6 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
             raise overloaded(gate.limit)
         try:
             body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
-            if faults.take("http.crash"):
-                raise RuntimeError("fault point http.crash")
             if len(body.images) > config.limits.max_images:
                 raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
                                   f"{config.limits.max_images} per request.", "images", TOO_MANY_IMAGES)
@@ -189,8 +188,6 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
         body = _parse(AbortRequest, await read_body(request, config.max_body_bytes))
         return {"room": body.room, "cancelled": service.abort(body.room)}
 
-    if faults.enabled:
-        add_fault_routes(app, faults)
     return app
 
 

@@ -13,7 +13,6 @@ ENDED; it must not raise or block (``Flights.deliver`` crosses to the event loop
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,21 +21,33 @@ from stages.encoder.batcher import Batcher, Job
 from stages.encoder.metrics import EncoderMetrics
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageEmbedding
-from stages.faults import EXIT_CODE, Faults
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
 Deliver = Callable[[Job, "ImageEmbedding | str"], None]
 
 
+class EncoderHooks:
+    """Where something may be plugged into the encoder thread; it calls both, on that thread, every
+    time. These defaults do nothing; ``--debug-faults`` plugs in the ``encoder.*`` fault points
+    (``stages.faults.encoder``)."""
+
+    def batch_taken(self, batch: list[Job]) -> None:
+        """A batch taken from the batcher, before it is encoded (may sleep: the queue waits)."""
+
+    def before_encode(self, batch: list[Job]) -> None:
+        """Each vision-tower call (a batch, or one image of a failed batch's retry), inside it: raising
+        fails that call as the tower raising would."""
+
+
 class EncoderWorker:
     def __init__(self, adapter: ModelAdapter, batcher: Batcher, deliver: Deliver, metrics: EncoderMetrics,
-                 faults: Faults) -> None:
+                 hooks: EncoderHooks) -> None:
         self.adapter = adapter
         self.batcher = batcher
         self._deliver = deliver
         self._metrics = metrics
-        self._faults = faults
+        self._hooks = hooks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="encoder", daemon=True)
 
@@ -57,9 +68,7 @@ class EncoderWorker:
             batch = self.batcher.take(IDLE_WAIT_S)
             if not batch:
                 continue
-            stall = self._faults.take("encoder.stall")
-            if stall is not None:
-                time.sleep(stall.delay_s)
+            self._hooks.batch_taken(batch)
             for job, result in zip(batch, self._encode(batch), strict=True):
                 self.batcher.finish(job)
                 self._deliver(job, result)
@@ -68,11 +77,7 @@ class EncoderWorker:
         """One vision-tower call over ``batch``; if it raises, one call per image."""
         start = time.monotonic()
         try:
-            if self._faults.take("encoder.exit_mid_encode"):
-                log.error("fault point encoder.exit_mid_encode: exiting with code %d", EXIT_CODE)
-                os._exit(EXIT_CODE)
-            if self._faults.take("encoder.crash"):
-                raise RuntimeError("fault point encoder.crash")
+            self._hooks.before_encode(batch)
             embeddings = self.adapter.encode([job.image for job in batch])
         except Exception as exc:
             if len(batch) > 1:

@@ -1,24 +1,24 @@
-"""Fault points: named places in a stage server where something can be made to go wrong on purpose,
-for tests and fault-injection runs. A feature, not a test hook: documented here, off by default,
-enabled only by ``--debug-faults`` (which a server bound to a non-loopback address refuses), and
-armed at run time through ``POST /debug/faults {"point": ..., "times": N, "delay_s": S}``.
+"""The fault points by name, what each does (``POINTS``), and the table of armed ones (``Faults``).
 
-Contract: code at a fault point calls ``faults.take(point)``; it returns the armed ``Fault`` (and
-counts one use) or None, and the caller does what the point's description says. ``take`` is
-thread-safe (the engine thread calls it). With the feature off, ``take`` always returns None.
+Contract: the seam at a fault point calls ``faults.take(point)``; it returns the armed ``Fault``
+(and counts one use) or None, and the seam does what the point's description says. ``take`` is
+thread-safe (the engine and encoder threads and transfer workers call it).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
+log = logging.getLogger(__name__)
 POINTS: dict[str, str] = {
     "prefill.exit_before_forward": "the prefill process exits (code 17) once a room is paired, before its forward pass",
     "prefill.exit_after_forward": "the prefill process exits (code 17) after the forward pass, before the KV write",
-    "prefill.fail_kv_write": "the KV write fails as a transfer error; nothing is written into the decode's blocks",
+    "prefill.fail_kv_write": "the KV write fails as a transfer error (the transfer backend's write raises "
+                             "TransferError); nothing is written into the decode's blocks",
     "prefill.crash": "an unexpected RuntimeError is raised in the prefill path after the forward pass, before "
                      "the KV write (not a transfer error: the prefill answers 500, the decode gets KVFailed)",
     "prefill.delay_ready": "the prefill sleeps delay_s after the KV write, before sending KVReady (an abort "
@@ -28,11 +28,11 @@ POINTS: dict[str, str] = {
     "engine.thread_crash": "the engine thread raises RuntimeError between steps and dies",
     "engine.stall": "the engine thread sleeps delay_s before its next step that has work (a request to run); "
                     "an idle engine leaves it armed, so the stall starts with the work it delays",
-    "http.crash": "the next chat or encode request raises RuntimeError once its body is parsed: an unexpected "
-                  "exception, answered 500 internal_error on a connection that stays open",
-    "stream.slow_token": "each output of a chat stream (decode, colocated) is held delay_s before it is sent, one "
-                         "use per output; the event loop runs meanwhile, so keep-alive comments flow: a slow but "
-                         "live stage",
+    "http.crash": "the next chat or encode request raises RuntimeError once its body has been read: an "
+                  "unexpected exception in the route, answered 500 internal_error on a connection that stays open",
+    "stream.slow_token": "each output of a stream (chat or completions; decode, colocated) is held delay_s before "
+                         "it is sent, one use per output; the event loop runs meanwhile, so keep-alive comments "
+                         "flow: a slow but live stage",
     "encoder.stall": "the encoder thread sleeps delay_s after taking a batch, before its vision-tower call "
                      "(work arriving meanwhile stays queued)",
     "encoder.crash": "the next vision-tower call raises RuntimeError (its images fail; the encoder stays up)",
@@ -57,20 +57,17 @@ class Fault:
 
 
 class Faults:
-    def __init__(self, enabled: bool = False) -> None:
-        self.enabled = enabled
+    """The points armed in this process, each with its uses left. Made only with ``--debug-faults``."""
+
+    def __init__(self) -> None:
         self._armed: dict[str, Fault] = {}
         self._lock = threading.Lock()
 
     def arm(self, fault: Fault) -> None:
-        if not self.enabled:
-            raise RuntimeError("fault points are off; start the server with --debug-faults")
         with self._lock:
             self._armed[fault.point] = fault
 
     def take(self, point: str) -> Fault | None:
-        if not self.enabled:
-            return None
         with self._lock:
             fault = self._armed.get(point)
             if fault is None:
@@ -85,18 +82,7 @@ class Faults:
             return [{"point": f.point, "times": f.times, "delay_s": f.delay_s} for f in self._armed.values()]
 
 
-def engine_hook(faults: Faults) -> Callable[[bool], None] | None:
-    """The ``before_step`` hook of a server's ``AsyncEngine`` (None with fault points off): runs the
-    ``engine.*`` points on the engine thread, which calls it before each step (``busy``) and while
-    idle. A crash may come either way; a stall only before a step, so it delays work that is there."""
-    if not faults.enabled:
-        return None
-
-    def before_step(busy: bool) -> None:
-        if faults.take("engine.thread_crash"):
-            raise RuntimeError("fault point engine.thread_crash")
-        stall = faults.take("engine.stall") if busy else None
-        if stall is not None:
-            time.sleep(stall.delay_s)
-
-    return before_step
+def exit_now(point: str) -> NoReturn:
+    """End the process at once with ``EXIT_CODE`` (no cleanup, as a crash would), saying which point did."""
+    log.error("fault point %s: exiting with code %d", point, EXIT_CODE)
+    os._exit(EXIT_CODE)

@@ -2,7 +2,7 @@
 
 The one place that parses ``data:`` URLs, base64 and image headers: the router (``router.plan.image_refs``,
 ``router.plan.image_fetch``), the API layer of every stage (``stages.api.images``) and the encoder's
-``/v1/encode`` use it, and the image codes below are named here only. It lives in ``cache`` because
+``/v1/encode`` use it (the codes of its refusals: ``contract.errors.Code``). It lives in ``cache`` because
 the router may import ``cache`` and nothing of ``stages``, and the cache keys these very bytes
 (``cache.keys.image_key``). Pure: no I/O, no torch, nothing else of ours (a leaf).
 
@@ -21,19 +21,10 @@ import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
 
 from PIL import Image, UnidentifiedImageError
 
-# --- the image error codes (every refusal about an image uses one of these) ---------------------
-INVALID_IMAGE_URL: Final = "invalid_image_url"  # 400: not a data: URL (nor http(s) where fetched), not base64
-REMOTE_IMAGE_URL: Final = "remote_image_url"  # 400: an http(s) URL sent to a stage (only the router fetches)
-INVALID_BASE64: Final = "invalid_base64"  # 400
-INVALID_IMAGE: Final = "invalid_image"  # 400: not an image, truncated, empty, or a size the processor refuses
-IMAGE_TOO_LARGE: Final = "image_too_large"  # 413: over --max-image-bytes or --max-image-pixels, or a bomb
-TOO_MANY_IMAGES: Final = "too_many_images"  # 400: over --max-images-per-request
-IMAGE_HOST_NOT_ALLOWED: Final = "image_host_not_allowed"  # 400: the router's --allowed-image-hosts
-IMAGE_FETCH_FAILED: Final = "image_fetch_failed"  # 400: the router's fetch of an allowed URL failed
+from contract.errors import Code
 
 
 @dataclass(frozen=True)
@@ -50,11 +41,12 @@ class ImageBounds:
 
 
 class ImageRefused(Exception):
-    """An image refused: ``status`` 400 or 413, ``code`` one of the codes above, ``message`` for the client."""
+    """An image refused: ``code`` an image code of ``contract.errors.Code``, ``status`` its (400 or 413),
+    ``message`` for the client."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = code.status
         self.code = code
         self.message = message
 
@@ -69,14 +61,14 @@ def data_url_bytes(url: str, bounds: ImageBounds) -> bytes:
     ``remote_image_url`` for http(s), ``invalid_image_url``, ``invalid_base64``; 413 ``image_too_large``."""
     scheme = url_scheme(url)
     if scheme in ("http", "https"):
-        raise ImageRefused(400, REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; send the "
+        raise ImageRefused(Code.REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; send the "
                            "image as a data: URL (base64), or send the request through the router, which fetches "
                            "allowed URLs.")
     if scheme != "data":
-        raise ImageRefused(400, INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...).")
+        raise ImageRefused(Code.INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...).")
     header, sep, payload = url[5:].partition(",")
     if not sep or not header.endswith(";base64"):
-        raise ImageRefused(400, INVALID_IMAGE_URL,
+        raise ImageRefused(Code.INVALID_IMAGE_URL,
                            "Image data URLs must be base64 encoded (data:image/...;base64,...).")
     return _base64(payload, bounds, "The image data URL is not valid base64.")
 
@@ -108,16 +100,16 @@ def decoded_image(data: bytes, bounds: ImageBounds) -> Image.Image:
 def check_size(width: int, height: int, bounds: ImageBounds) -> None:
     """413 ``image_too_large`` over ``bounds.max_pixels``; 400 ``invalid_image`` for an empty image."""
     if bounds.max_pixels is not None and width * height > bounds.max_pixels:
-        raise ImageRefused(413, IMAGE_TOO_LARGE, f"The image is {width}x{height} = {width * height} pixels; this "
+        raise ImageRefused(Code.IMAGE_TOO_LARGE, f"The image is {width}x{height} = {width * height} pixels; this "
                            f"{bounds.holder} accepts at most {bounds.max_pixels} pixels per image "
                            "(--max-image-pixels).")
     if width <= 0 or height <= 0:
-        raise ImageRefused(400, INVALID_IMAGE, "The image is empty.")
+        raise ImageRefused(Code.INVALID_IMAGE, "The image is empty.")
 
 
 def too_many_bytes(size: int | str, bounds: ImageBounds) -> ImageRefused:
     """413 ``image_too_large`` for a file of ``size`` bytes (a number, or "more than N" mid-read)."""
-    return ImageRefused(413, IMAGE_TOO_LARGE, f"The image is {size} bytes; this {bounds.holder} accepts at most "
+    return ImageRefused(Code.IMAGE_TOO_LARGE, f"The image is {size} bytes; this {bounds.holder} accepts at most "
                         f"{bounds.max_bytes} bytes per image (--max-image-bytes).")
 
 
@@ -127,7 +119,7 @@ def _base64(payload: str, bounds: ImageBounds, invalid: str) -> bytes:
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageRefused(400, INVALID_BASE64, invalid) from None
+        raise ImageRefused(Code.INVALID_BASE64, invalid) from None
     if len(data) > bounds.max_bytes:
         raise too_many_bytes(len(data), bounds)
     return data
@@ -139,9 +131,9 @@ def _reading() -> Iterator[None]:
     try:
         yield
     except Image.DecompressionBombError:  # raised by open() from the header, before any pixel
-        raise ImageRefused(413, IMAGE_TOO_LARGE, "The image is too large to decode safely: its header claims "
+        raise ImageRefused(Code.IMAGE_TOO_LARGE, "The image is too large to decode safely: its header claims "
                            f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels.") from None
     except UnidentifiedImageError:
-        raise ImageRefused(400, INVALID_IMAGE, "The image data is not an image in a supported format.") from None
+        raise ImageRefused(Code.INVALID_IMAGE, "The image data is not an image in a supported format.") from None
     except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageRefused(400, INVALID_IMAGE, f"The image could not be decoded: {exc}") from None
+        raise ImageRefused(Code.INVALID_IMAGE, f"The image could not be decoded: {exc}") from None

@@ -24,6 +24,10 @@ from functools import partial
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from contract.errors import Code
+from contract.json_depth import TOO_DEEP, too_deep
+from contract.paths import (CHAT_PATH, COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, OPENAPI_PATH,
+                            SERVER_INFO_PATH)
 from router.admin.routes import add_admin_routes
 from router.errors import RouterError, bad_request, model_not_found, overloaded, stage_failed
 from router.http import Request, Response, Routes, StreamResponse, json_response
@@ -33,13 +37,12 @@ from router.plan.modes import Call
 from router.openapi import document
 from router.runtime import Router
 from router.server_info import server_info
-from router.upstream.client import CHAT_PATH, COMPLETIONS_PATH, StageError
+from router.upstream.client import StageError
 
 _decode = msgspec.json.Decoder()
 # the router's 5xx refusals for capacity (its limits, no worker now): outcome "rejected"; any 4xx
 # the router answers is the client's ("client_error")
-REJECTIONS = ("server_overloaded", "no_healthy_worker", "no_allowed_pair")
-MAX_JSON_DEPTH = 64  # arrays and objects nested deeper are refused (400 invalid_json), as every stage does
+REJECTIONS = (Code.SERVER_OVERLOADED, "no_healthy_worker", "no_allowed_pair")
 INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: URLs) are read on the event loop
 
 
@@ -48,8 +51,8 @@ def create_routes(router: Router) -> Routes:
     routes = Routes()
     routes.add("POST", CHAT_PATH, collect_after_large_bodies(partial(_serve, router, CHAT_PATH)))
     routes.add("POST", COMPLETIONS_PATH, collect_after_large_bodies(partial(_serve, router, COMPLETIONS_PATH)))
-    for path, handler in (("/v1/models", _models), ("/health", _health), ("/metrics", _metrics),
-                          ("/server_info", _server_info), ("/openapi.json", _openapi)):
+    for path, handler in ((MODELS_PATH, _models), (HEALTH_PATH, _health), (METRICS_PATH, _metrics),
+                          (SERVER_INFO_PATH, _server_info), (OPENAPI_PATH, _openapi)):
         routes.add("GET", path, partial(handler, router))
     add_admin_routes(routes, router)
     return routes
@@ -97,7 +100,7 @@ async def _read_call(request: Request, router: Router, started: float, path: str
     body = _parse(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("Invalid value for 'model': must be a string.", "model", "invalid_value")
+        raise bad_request("Invalid value for 'model': must be a string.", "model", Code.INVALID_VALUE)
     if model is not None and not router.serves(model):
         raise model_not_found(model, [card["id"] for card in router.models()])
     if path != CHAT_PATH:  # no images: the client's bytes are sent on (``router.plan.modes``)
@@ -124,38 +127,17 @@ async def _read_body(request: Request, max_bytes: int, refuse: Callable[[int | s
 
 
 def _parse(raw: bytes) -> dict:
-    """The body as a JSON object, nested at most ``MAX_JSON_DEPTH`` deep (400 ``invalid_json``).
-    msgspec stops at the interpreter's recursion limit (RecursionError, about 1000 levels); the
-    walk that follows bounds the rest, at a cost in proportion to the values decoded (skipped when
-    the body has too few brackets to nest that deep)."""
+    """The body as a JSON object, nested at most ``MAX_JSON_DEPTH`` deep (400 ``invalid_json``), as
+    every stage judges it: on the bytes, before msgspec recurses (``contract.json_depth``)."""
+    if too_deep(raw):
+        raise bad_request(TOO_DEEP, param=None, code=Code.INVALID_JSON)
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
-    except RecursionError:
-        raise _too_deep() from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code=Code.INVALID_JSON) from None
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", param=None, code="invalid_json")
-    # fewer opening brackets than the bound (in strings too: a count that errs high) cannot nest deeper
-    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and not _within_depth(body, MAX_JSON_DEPTH):
-        raise _too_deep()
+        raise bad_request("The request body must be a JSON object.", param=None, code=Code.INVALID_JSON)
     return body
-
-
-def _within_depth(value: dict | list, limit: int) -> bool:
-    """Whether arrays and objects nest at most ``limit`` levels in ``value`` (itself level 1)."""
-    level: list = [value]
-    for _ in range(limit):
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                 if isinstance(child, (dict, list))]
-        if not level:
-            return True
-    return False
-
-
-def _too_deep() -> RouterError:
-    return bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects.",
-                       param=None, code="invalid_json")
 
 
 async def _models(router: Router, request: Request) -> Response:
@@ -166,7 +148,7 @@ async def _health(router: Router, request: Request) -> Response:
     failures = router.failures()
     if failures:
         names = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
-        raise RouterError(503, f"The router is unhealthy and should be restarted: {names}", code="unhealthy")
+        raise RouterError(503, f"The router is unhealthy and should be restarted: {names}", code=Code.UNHEALTHY)
     reason = router.unservable()
     if reason is not None:
         raise RouterError(503, f"The router cannot serve now: {reason}.", code="no_healthy_worker")

@@ -11,6 +11,8 @@ fields"): ``stage`` (the stage the router blames, the one the message names), an
 
 from __future__ import annotations
 
+from contract.errors import Code
+
 
 class RouterError(Exception):
     """Raised anywhere under a route; the app turns it into the JSON error response."""
@@ -43,12 +45,12 @@ def bad_request(message: str, param: str | None, code: str) -> RouterError:
 
 def body_too_large(size: int | str, max_bytes: int) -> RouterError:
     return RouterError(413, f"The request body is {size} bytes; this router accepts at most {max_bytes} bytes "
-                       "(--max-body-mb).", code="request_too_large")
+                       "(--max-body-mb).", code=Code.REQUEST_TOO_LARGE)
 
 
 def overloaded(limit: int, retry_after_s: int = 1) -> RouterError:
     return RouterError(503, f"The router is at its limit of {limit} requests in flight (--max-in-flight); "
-                       f"retry after {retry_after_s} s.", code="server_overloaded",
+                       f"retry after {retry_after_s} s.", code=Code.SERVER_OVERLOADED,
                        headers={"Retry-After": str(retry_after_s)})
 
 
@@ -67,7 +69,7 @@ def no_allowed_pair(rules: str) -> RouterError:
 
 def model_not_found(model: str, served: list[str]) -> RouterError:
     return RouterError(404, f"The model `{model}` does not exist; this router serves {served}.", param="model",
-                       code="model_not_found")
+                       code=Code.MODEL_NOT_FOUND)
 
 
 def stage_failed(stage: str, status: int, message: str, code: str | None, retry_after: str | None = None, *,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
+from contract.errors import Code
 from stages.api.errors import APIError
 from transfer.rooms import Room, RoomStatus
 
@@ -100,6 +101,6 @@ def add_room_route(app: FastAPI, timeline: RoomTimeline, role: str) -> None:
         kept = timeline.snapshot(room)
         if kept is None:
             raise APIError(404, f"room {room} is not among the last {timeline.capacity} rooms this {role} kept",
-                           param="room", code="room_not_found")
+                           param="room", code=Code.ROOM_NOT_FOUND)
         events, status = kept
         return {"room": room, "role": role, "status": None if status is None else status.label, "events": events}

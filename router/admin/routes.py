@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from contract.errors import Code
+from contract.json_depth import TOO_DEEP, too_deep
 from router.admin.auth import refusal
 from router.admin.ratio_loop import report
 from router.admin.rooms import room_view
@@ -74,9 +76,9 @@ async def _add(router: Router, request: Request) -> Response:
     url, role, group = body.get("url"), body.get("role"), body.get("group")
     if not isinstance(url, str) or not isinstance(role, str):
         raise bad_request('adding a worker takes {"url": "http://host:port", "role": ROLE, "group"?: LABEL}',
-                          param=None, code="invalid_value")
+                          param=None, code=Code.INVALID_VALUE)
     if group is not None and (not isinstance(group, str) or not group.strip()):
-        raise bad_request("group must be a non-empty string", "group", "invalid_value")
+        raise bad_request("group must be a non-empty string", "group", Code.INVALID_VALUE)
     return json_response(await router.membership.add(url, role, group))
 
 
@@ -160,18 +162,21 @@ async def _room(router: Router, request: Request) -> Response:
     record = router.rooms.get(int(text)) if text.isdigit() else None
     if record is None:
         raise RouterError(404, f"room {text} is not among the last {router.rooms.capacity} rooms "
-                          "(--room-history)", code="room_not_found")
+                          "(--room-history)", code=Code.ROOM_NOT_FOUND)
     return json_response(await room_view(router.upstream.session, record, router.config.health_timeout_s))
 
 
 # --- helpers -----------------------------------------------------------------------------------
 async def _json(request: Request) -> dict:
+    raw = await request.read()
+    if too_deep(raw):
+        raise bad_request(TOO_DEEP, param=None, code=Code.INVALID_JSON)
     try:
-        body = msgspec.json.decode(await request.read())
+        body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code=Code.INVALID_JSON) from None
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", param=None, code="invalid_json")
+        raise bad_request("The request body must be a JSON object.", param=None, code=Code.INVALID_JSON)
     return body
 
 
@@ -184,5 +189,5 @@ def _number(request: Request, name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise bad_request(f"?{name}= takes a number >= 0, got {text!r}", name, "invalid_value")
+        raise bad_request(f"?{name}= takes a number >= 0, got {text!r}", name, Code.INVALID_VALUE)
     return value

@@ -45,6 +45,7 @@ import time
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 
+from contract.errors import Code
 from router.dispatch.attempt import Head, Wakeup, open_answer, side_call
 from router.dispatch.client_params import as_client_sees
 from router.config import RouterConfig
@@ -115,7 +116,7 @@ class Dispatcher:
                     last = exc
                     log.warning("%s stage %s failed before the answer started: %s", exc.failure.stage,
                                 exc.failure.url, exc.failure.message)
-                    if exc.failure.code != "room_conflict":
+                    if exc.failure.code != Code.ROOM_CONFLICT:
                         exclude.add(exc.failure.url)
         finally:
             self._count_images(call, cached or frozenset())
@@ -329,7 +330,7 @@ def _silent(answer: asyncio.Future) -> bool:
     if answer.cancelled():
         return False
     failed = answer.exception()
-    return isinstance(failed, StageError) and (failed.failure.unreachable or failed.failure.code == "upstream_timeout")
+    return isinstance(failed, StageError) and (failed.failure.unreachable or failed.failure.code == Code.UPSTREAM_TIMEOUT)
 
 
 async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: BaseException) -> BaseException:

@@ -5,7 +5,7 @@ event before anything reached the client, a connection it could not open or lost
 ``blame`` decides which stage an attempt's failure is charged to: the breaker of that worker
 counts it, a retry avoids it, and the client's error names it.
 
-What a stage's error is about is read from its body's typed fields (``TYPED_FIELDS`` inside
+What a stage's error is about is read from its body's typed fields (``contract.errors.TYPED_FIELDS`` inside
 ``error``: ``stage``, ``room``, ``image_key``, ``peer_code``, with ``code``), never from its message:
 the message is prose for people, and rewording it changes nothing here (docs/protocol.md "Typed
 error fields").
@@ -18,31 +18,26 @@ from dataclasses import dataclass
 
 import msgspec
 
+from contract.errors import Blame, Code, blaming, rule_of
+
 # a stage's error codes that say its partner stage (not itself) failed or never came
-PEER_CODES = frozenset({"peer_failed", "room_timeout"})
+PEER_CODES = blaming(Blame.PEER)
 # a prefill's error codes about writing into its decode: with the decode's own call silent, the decode
 # (frozen, or its host gone) is the likelier culprit (``router.dispatch.dispatcher._decode_behind``)
-DECODE_SIDE_CODES = PEER_CODES | {"kv_transfer_failed"}
+DECODE_SIDE_CODES = blaming(Blame.PEER, Blame.DECODE)
 # a stage's 4xx codes that are about the router's choices (room, pair), not the request: retried, no breaker charge
-ROUTER_CODES = frozenset({"room_conflict", "bootstrap_not_allowed"})
+ROUTER_CODES = blaming(Blame.ROUTER)
 # a stage's error codes about a dependency every worker shares (epd: the Redis of the embedding cache):
 # another worker would fail the same way, so the request is not retried and no breaker is charged
-SHARED_CODES = frozenset({"cache_unavailable"})
+SHARED_CODES = blaming(Blame.SHARED)
 # a prefill's error codes about one image's embedding (its ``image_key`` field names the image): the
 # encoder's failure, the encode given up unfinished, or the cache's answer the router planned on going stale (epd)
-IMAGE_CODES = frozenset({"encode_failed", "encode_abandoned", "embedding_timeout", "image_not_cached"})
-# the typed fields of a stage's error body besides the OpenAI four (``stages.api.errors.TYPED_FIELDS``,
-# held equal by tests/stages/api/test_error_fields.py); ``Failure`` keeps ``room``, ``image_key`` and ``peer_code``
-TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
+IMAGE_CODES = blaming(Blame.ENCODER)
 # a stage's codes that say it is shutting down (SIGTERM; docs/protocol.md "Draining"): ``draining`` refused
 # the request before taking any of it, ``drain_timeout`` aborted it at the stage's --shutdown-grace-s. Not a
 # fault: no breaker charge, the worker out of rotation at once (the health loop re-admits it if it comes
 # back healthy), and, before anything reached the client, retried on another worker
-LEAVING_CODES = frozenset({"draining", "drain_timeout"})
-# the HTTP status an in-band error code stands for (a stream's status is already 200)
-CODE_STATUS = {"peer_failed": 502, "room_timeout": 504, "engine_error": 500, "internal_error": 500,
-               "engine_unavailable": 503, "kv_pool_full": 503, "unhealthy": 503, "server_overloaded": 503,
-               "draining": 503, "drain_timeout": 503}
+LEAVING_CODES = blaming(Blame.LEAVING)
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ class Failure:
     @property
     def refused(self) -> bool:
         """The stage took none of the request: busy (503 with Retry-After) or draining."""
-        return self.busy or self.code == "draining"
+        return self.busy or self.code == Code.DRAINING
 
     @property
     def client_fault(self) -> bool:
@@ -102,24 +97,24 @@ def from_event(stage: str, url: str, body: dict) -> Failure:
     message = error.get("message")
     if not isinstance(message, str):
         message = "error event without a message"
-    return Failure(stage, url, CODE_STATUS.get(code or "", 502), message, code, room=_room(error),
+    return Failure(stage, url, _event_status(code), message, code, room=_room(error),
                    image_key=_text(error, "image_key"), peer_code=_text(error, "peer_code"))
 
 
 def unreachable(stage: str, url: str, detail: str) -> Failure:
-    return Failure(stage, url, 502, f"{url} could not be reached or went away: {detail}", "upstream_unavailable",
+    return Failure(stage, url, 502, f"{url} could not be reached or went away: {detail}", Code.UPSTREAM_UNAVAILABLE,
                    unreachable=True)
 
 
 def timed_out(stage: str, url: str, deadline_s: float, flag: str) -> Failure:
-    return Failure(stage, url, 504, f"{url} did not answer within {deadline_s:g} s ({flag})", "upstream_timeout")
+    return Failure(stage, url, 504, f"{url} did not answer within {deadline_s:g} s ({flag})", Code.UPSTREAM_TIMEOUT)
 
 
 def idle(stage: str, url: str, idle_s: float) -> Failure:
     """An open stream that sent no byte, keep-alives included, for ``idle_s``: the stage (or its host)
     is stalled or gone. Marked unreachable: the worker is unhealthy until its /health answers again."""
     return Failure(stage, url, 504, f"{url} sent nothing for {idle_s:g} s on an open stream, keep-alives included "
-                                    "(--stream-idle-timeout-s)", "upstream_idle_timeout", unreachable=True)
+                                    "(--stream-idle-timeout-s)", Code.UPSTREAM_IDLE_TIMEOUT, unreachable=True)
 
 
 def blame(answer: Failure, partner: tuple[str, str] | None) -> Failure:
@@ -161,17 +156,24 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     key = failure.image_key
     if key is None or key not in images:
         return failure
-    if failure.code == "encode_abandoned":
+    if failure.code == Code.ENCODE_ABANDONED:
         return Failure("encoder", "", 503, f"the {failure.stage} stage reports: {failure.message}", failure.code,
                        retry_after=failure.retry_after or "1", room=failure.room, image_key=key)
-    if failure.code == "image_not_cached" and not images[key]:
+    if failure.code == Code.IMAGE_NOT_CACHED and not images[key]:
         return Failure("encoder", "", 503, f"the encode of image {key} that this request waited for (under way for "
                        f"another request) ended without an entry before the {failure.stage} looked. Nothing is wrong "
-                       "with the image; retry after 1 s.", "encode_abandoned", retry_after="1", room=failure.room,
+                       "with the image; retry after 1 s.", Code.ENCODE_ABANDONED, retry_after="1", room=failure.room,
                        image_key=key)
     return Failure("encoder", images[key], max(failure.status, 502),
                    f"the {failure.stage} stage reports: {failure.message}", failure.code, room=failure.room,
                    image_key=key)
+
+
+def _event_status(code: str | None) -> int:
+    """The HTTP status an in-band error event's code stands for (a stream's status is already 200):
+    the code's own when it is a 5xx (``contract.errors``), else 502."""
+    rule = rule_of(code)
+    return rule.status if rule is not None and rule.status >= 500 else 502
 
 
 def _text(error: dict, name: str) -> str | None:

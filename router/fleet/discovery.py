@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from contract.paths import HEALTH_PATH, OPENAPI_PATH, SERVER_INFO_PATH
 from router.config import RouterConfig
 from router.plan.limits import published
 from router.openapi import chat_part
@@ -55,11 +56,11 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
     models = await _get_json(session, worker.url + "/v1/models", timeout_s)
     cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
     fingerprint, bootstrap = None, None
-    info = await _get_json(session, worker.url + "/server_info", timeout_s)
+    info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
     if worker.role in ("prefill", "decode"):
         if info.get("switchable") is True and info.get("role") != worker.role:
             await _assign_role(session, worker, timeout_s, token)
-            info = await _get_json(session, worker.url + "/server_info", timeout_s)
+            info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
         if info.get("role") != worker.role:
             raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --{worker.role}")
         fingerprint = info.get("fingerprint")
@@ -78,7 +79,7 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
 
 async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> None:
     """An encoder has no ``/v1/models``: its ``/server_info`` names its model, id and vision fingerprint."""
-    info = await _get_json(session, worker.url + "/server_info", timeout_s)
+    info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
     if info.get("role") != "encoder":
         raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --encoder")
     names = ("model", "encoder_id", "vision_fingerprint")
@@ -95,7 +96,7 @@ async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_
 async def read_chat_schema(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> dict:
     """The chat route's request and answer schemas in ``worker``'s ``/openapi.json``
     (``router.openapi.chat_part``). Raises InfoError, aiohttp.ClientError or TimeoutError."""
-    document = await _get_json(session, worker.url + "/openapi.json", timeout_s)
+    document = await _get_json(session, worker.url + OPENAPI_PATH, timeout_s)
     try:
         return chat_part(document)
     except (KeyError, TypeError, AttributeError) as exc:
@@ -131,7 +132,7 @@ async def check(session: aiohttp.ClientSession, worker: Worker, config: RouterCo
     Returns the InfoError if it answered but not as a stage of its role does."""
     misfit = None
     try:
-        async with session.get(worker.url + "/health",
+        async with session.get(worker.url + HEALTH_PATH,
                                timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
             ok = response.status == 200
             reason = f"/health answered HTTP {response.status}"

@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from contract.errors import Code
+from contract.paths import HEALTH_PATH
 from router.config import RouterConfig, check_worker_url
 from router.fleet.discovery import InfoError, read_info
 from router.errors import RouterError
@@ -74,7 +76,7 @@ class Membership:
     async def _admit(self, worker: Worker) -> None:
         session, config = self.upstream.session, self.config
         try:
-            async with session.get(worker.url + "/health",
+            async with session.get(worker.url + HEALTH_PATH,
                                    timeout=aiohttp.ClientTimeout(total=config.health_timeout_s)) as response:
                 if response.status != 200:
                     raise RouterError(409, f"{worker.url}/health answered HTTP {response.status}; add it once it is "
@@ -188,7 +190,7 @@ class Membership:
             if not await self._idle(worker, config.drain_timeout_s):
                 raise RouterError(504, f"{worker.id} still had {worker.outstanding} request(s) in flight after "
                                   f"{config.drain_timeout_s:g} s (--drain-timeout-s); it keeps its role",
-                                  code="drain_timeout")
+                                  code=Code.DRAIN_TIMEOUT)
             self.registry.move(worker, role)
             try:
                 await self._tell_role(worker, started + config.drain_timeout_s)

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 import httptools  # llhttp, the C HTTP/1.1 parser (uvicorn's fast path too)
 
+from contract.errors import Code
 from router.errors import RouterError, bad_request, body_too_large
 from router.http.request import Headers, Request
 from router.http.response import Response, StreamResponse, error_response, head
@@ -201,7 +202,7 @@ class Connection(WriteFlow, asyncio.Protocol):
         except Exception as exc:
             log.exception("unhandled error on %s %s", request.method, request.path)
             response = error_response(RouterError(500, f"Internal router error: {type(exc).__name__}",
-                                                  code="internal_error"))
+                                                  code=Code.INTERNAL_ERROR))
         self.task = None
         if self.lost:
             return

@@ -39,6 +39,8 @@ import msgspec
 
 from cache.errors import CacheUnavailable
 from cache.store import EmbeddingCache, Lookup
+from contract.encode import AbortRequest
+from contract.paths import ABORT_PATH, ENCODE_PATH
 from router.config import RouterConfig
 from router.errors import no_worker
 from router.plan.image_refs import encode_body, with_refs
@@ -47,8 +49,6 @@ from router.upstream.client import JSON_HEADERS, Upstream
 from router.fleet.workers import Pool, Worker
 
 log = logging.getLogger(__name__)
-ENCODE_PATH = "/v1/encode"
-ABORT_PATH = "/v1/abort"
 
 
 class EPDPlanner:
@@ -144,7 +144,7 @@ class EPDPlanner:
     async def _post_abort(self, room: int, worker: Worker) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
         try:
-            async with self.upstream.session.post(worker.url + ABORT_PATH, data=msgspec.json.encode({"room": room}),
+            async with self.upstream.session.post(worker.url + ABORT_PATH, data=msgspec.json.encode(AbortRequest(room)),
                                                   headers=JSON_HEADERS, timeout=timeout) as response:
                 await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -12,7 +12,8 @@ import base64
 
 import aiohttp
 
-from cache.image_bytes import IMAGE_FETCH_FAILED, ImageBounds, too_many_bytes, url_scheme
+from cache.image_bytes import ImageBounds, too_many_bytes, url_scheme
+from contract.errors import Code
 from router.config import RouterConfig
 from router.errors import RouterError, bad_request
 from router.plan.images import ImagePart, check_count, check_remote, image_parts, refusal
@@ -64,7 +65,7 @@ class ImageFetcher:
             async with self._client().get(part.url, allow_redirects=False) as response:
                 if response.status != 200:
                     raise bad_request(f"Fetching the image URL answered HTTP {response.status}.", part.param,
-                                      IMAGE_FETCH_FAILED)
+                                      Code.IMAGE_FETCH_FAILED)
                 if response.content_length is not None and response.content_length > limit:
                     raise _too_large(response.content_length, limit, part.param)
                 data = bytearray()
@@ -75,10 +76,10 @@ class ImageFetcher:
                 media = response.content_type if response.content_type.startswith("image/") else "image/unknown"
         except TimeoutError:
             raise bad_request(f"Fetching the image URL took longer than {self.config.image_fetch_timeout_s:g} s "
-                              "(--image-fetch-timeout-s).", part.param, IMAGE_FETCH_FAILED) from None
+                              "(--image-fetch-timeout-s).", part.param, Code.IMAGE_FETCH_FAILED) from None
         except aiohttp.ClientError as exc:
             raise bad_request(f"Fetching the image URL failed: {type(exc).__name__}: {exc}", part.param,
-                              IMAGE_FETCH_FAILED) from None
+                              Code.IMAGE_FETCH_FAILED) from None
         return f"data:{media};base64,{base64.b64encode(bytes(data)).decode()}"
 
 

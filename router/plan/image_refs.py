@@ -21,6 +21,7 @@ import msgspec
 
 from cache.image_bytes import ImageBounds, data_url_bytes, header_size
 from cache.keys import image_key
+from contract.encode import EncodeImage, EncodeRequest
 from router.plan.images import ImagePart, as_router_error
 
 _encode = msgspec.json.Encoder().encode
@@ -70,4 +71,4 @@ def with_refs(body: dict, images: Sequence[RefImage]) -> dict:
 def encode_body(room: int, images: Iterable[RefImage]) -> bytes:
     """An encoder's ``POST /v1/encode`` body (``docs/protocol.md``): each image once, with its key."""
     unique = {image.key: image for image in images}
-    return _encode({"room": room, "images": [{"key": key, "url": image.url} for key, image in unique.items()]})
+    return _encode(EncodeRequest(room, [EncodeImage(key=key, url=image.url) for key, image in unique.items()]))

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from cache.image_bytes import IMAGE_HOST_NOT_ALLOWED, INVALID_IMAGE_URL, TOO_MANY_IMAGES, ImageRefused
+from cache.image_bytes import ImageRefused
+from contract.errors import Code
 from router.errors import RouterError, bad_request
 from router.plan.limits import too_many_images
 
@@ -59,7 +60,7 @@ def check_count(count: int, own: int, stages: int | None) -> None:
         raise too_many_images(count, stages)
     if count > own:
         raise bad_request(f"The request has {count} images; this router accepts at most {own} "
-                          "(--max-images-per-request).", "messages", TOO_MANY_IMAGES)
+                          "(--max-images-per-request).", "messages", Code.TOO_MANY_IMAGES)
 
 
 def check_remote(url: str, allowed: tuple[str, ...], param: str) -> None:
@@ -68,14 +69,14 @@ def check_remote(url: str, allowed: tuple[str, ...], param: str) -> None:
         parts = urlsplit(url)
         port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
     except ValueError:
-        raise bad_request(f"The image URL is not a valid URL: {url[:100]!r}.", param, INVALID_IMAGE_URL) from None
+        raise bad_request(f"The image URL is not a valid URL: {url[:100]!r}.", param, Code.INVALID_IMAGE_URL) from None
     host = (parts.hostname or "").lower()
     if parts.scheme.lower() not in DEFAULT_PORTS or not host:
-        raise bad_request("image_url must be a data: URL or an http(s) URL.", param, INVALID_IMAGE_URL)
+        raise bad_request("image_url must be a data: URL or an http(s) URL.", param, Code.INVALID_IMAGE_URL)
     if not any(_matches(entry, host, port) for entry in allowed):
         raise RouterError(400, f"Image URLs on host {host!r} are not fetched by this router; add it to "
                           "--allowed-image-hosts or send the image as a data: URL.", param=param,
-                          code=IMAGE_HOST_NOT_ALLOWED)
+                          code=Code.IMAGE_HOST_NOT_ALLOWED)
 
 
 def as_router_error(param: str, parse: Callable[..., T], *args: Any) -> T:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cache.image_bytes import TOO_MANY_IMAGES
+from contract.errors import Code
 from router.errors import RouterError, bad_request
 
 ENFORCED = ("max_body_bytes", "max_images_per_request", "max_model_len", "chars_per_token")
@@ -54,13 +54,13 @@ def tightest(each: Iterable[dict[str, int]]) -> StageLimits:
 def too_many_images(count: int, limit: int) -> RouterError:
     """A stage's 400 for more than ``--max-images-per-request`` images, given by the router."""
     return bad_request(f"The request has {count} images; the stages behind this router accept at most {limit} "
-                       "per request (their --max-images-per-request).", "messages", TOO_MANY_IMAGES)
+                       "per request (their --max-images-per-request).", "messages", Code.TOO_MANY_IMAGES)
 
 
 def body_too_large(size: int | str, limit: int) -> RouterError:
     """A stage's 413 for a body over its ``--max-body-mb``, given by the router."""
     return RouterError(413, f"The request body is {size} bytes; the stages behind this router accept at most "
-                       f"{limit} bytes (their --max-body-mb).", code="request_too_large")
+                       f"{limit} bytes (their --max-body-mb).", code=Code.REQUEST_TOO_LARGE)
 
 
 def prompt_too_long(body: dict, limits: StageLimits) -> RouterError | None:
@@ -76,7 +76,7 @@ def prompt_too_long(body: dict, limits: StageLimits) -> RouterError | None:
     return bad_request(f"This model's maximum context length is {limits.max_model_len} tokens. However, your "
                        f"messages hold {chars} characters of text, at least {-(-chars // limits.chars_per_token)} "
                        f"tokens (a token covers at most {limits.chars_per_token} characters). Please reduce the "
-                       "length of the messages.", "messages", "context_length_exceeded")
+                       "length of the messages.", "messages", Code.CONTEXT_LENGTH_EXCEEDED)
 
 
 def prompt_chars(messages: object) -> int:

@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from contract.bootstrap import BOOTSTRAP_FIELDS
+from contract.paths import CHAT_PATH
 from router.errors import no_allowed_pair, no_worker
 from router.fleet.pairing import Pairing
 from router.plan.prefix_tree import Prefix, chat_units, prompt_units
-from router.upstream.client import CHAT_PATH
 from router.fleet.workers import Pool, Worker, compatible, has_pair, pick_pair
 
 if TYPE_CHECKING:
     from router.plan.image_refs import RefImage
 
-BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 NO_IMAGES: Mapping[str, str] = MappingProxyType({})  # a plan's ``images`` without any (read-only: shared)
 _encode = msgspec.json.Encoder().encode
 
@@ -140,7 +140,7 @@ def pd_bodies(call: Call, host: str, port: int, room: int) -> tuple[bytes, bytes
     raw = call.raw
     if raw is None or any(k in body for k in BOOTSTRAP_FIELDS):
         fields = {k: v for k, v in body.items() if k not in BOOTSTRAP_FIELDS}
-        fields.update(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room)
+        fields.update(zip(BOOTSTRAP_FIELDS, (host, port, room)))
         decode_body = _encode(fields)
         if body.get("stream", False) is False and "stream_options" not in body and "stream" in body:
             return decode_body, decode_body
@@ -156,7 +156,7 @@ def pd_bodies(call: Call, host: str, port: int, room: int) -> tuple[bytes, bytes
         if body["stream"] is False:
             return decode_body, decode_body
     prefill = {k: v for k, v in body.items() if k != "stream_options"}
-    prefill.update(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room, stream=False)
+    prefill.update(zip(BOOTSTRAP_FIELDS, (host, port, room)), stream=False)
     return decode_body, _encode(prefill)
 
 

@@ -36,13 +36,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from contract.paths import CHAT_PATH
 from router.config import RouterConfig
 from router.upstream.connection import CUT, SLICE_BYTES, TIMER, AnswerHeaders, Response, StageConnection, fire, probing_sockets
 from router.dispatch.verdict import Failure, idle, timed_out, unreachable
 from router.fleet.workers import Worker
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"  # OpenAI's legacy completions: text prompts, routed as chat is
 JSON_HEADERS = {"Content-Type": "application/json"}
 # idle connections are dropped before the stages' own keep-alive ends (uvicorn: 5 s), so a request is
 # never sent on a connection the stage is closing at that moment

@@ -11,12 +11,13 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contract.errors import Code
 from stages.api.errors import APIError, bad_request
 
 
 def body_too_large(size: int | str, max_bytes: int) -> APIError:
     return APIError(413, f"The request body is {size} bytes; this server accepts at most {max_bytes} bytes "
-                    "(--max-body-mb).", code="request_too_large")
+                    "(--max-body-mb).", code=Code.REQUEST_TOO_LARGE)
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes | bytearray:

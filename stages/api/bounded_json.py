@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import msgspec
 
+from contract.errors import Code
 from stages.api.errors import APIError, bad_request
 from stages.api.json_depth import check_json_depth
 
@@ -33,7 +34,7 @@ def decode_shape(raw: bytes | bytearray, shape: type[S]) -> S:
     except msgspec.ValidationError as exc:
         raise shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code="invalid_json") from None
+        raise bad_request(f"The request body is not valid JSON: {exc}", param=None, code=Code.INVALID_JSON) from None
 
 
 def shape_error(message: str, prefix: str = "") -> APIError:
@@ -43,7 +44,7 @@ def shape_error(message: str, prefix: str = "") -> APIError:
     what, path = (match["what"], match["path"]) if match else (message, "")
     param = prefix + path if prefix or path else None
     where = f"Invalid value for '{param}': " if param else "Invalid request body: "
-    return bad_request(where + what, param=param, code="invalid_value")
+    return bad_request(where + what, param=param, code=Code.INVALID_VALUE)
 
 
 def more_items(raw: memoryview, bound: int) -> bool:
@@ -68,10 +69,10 @@ def check_map(raw: bytes | memoryview, name: str, bound: int) -> None:
     building it) or not a map of scalars (a scalar passes: the schema's validation names it)."""
     view = memoryview(raw)
     if view[:1] == b"{" and more_items(view, bound):
-        raise bad_request(f"Invalid value for '{name}': Expected `object` of length <= {bound}", name, "invalid_value")
+        raise bad_request(f"Invalid value for '{name}': Expected `object` of length <= {bound}", name, Code.INVALID_VALUE)
     try:
         msgspec.json.decode(view, type=dict[str, Scalar] | Scalar)
     except msgspec.ValidationError as exc:
         match = MSGSPEC_ERROR.fullmatch(str(exc))
         raise bad_request(f"Invalid value for '{name}': {match['what'] if match else exc}", name,
-                          "invalid_value") from None
+                          Code.INVALID_VALUE) from None

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from jinja2 import TemplateError
 from PIL import Image
 
-from cache.image_bytes import INVALID_IMAGE, TOO_MANY_IMAGES
 from cache.keys import image_key
+from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.sampling import sampling_params as shared_sampling_params
@@ -98,7 +98,7 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
                 hf["tool_calls"] = template_tool_calls([call.model_dump() for call in message.tool_calls])
             except ValueError as exc:
                 raise bad_request(f"Invalid value for 'messages[{i}]': {exc}", f"messages[{i}].tool_calls",
-                                  "invalid_value") from None
+                                  Code.INVALID_VALUE) from None
         messages.append(hf)
     return messages
 
@@ -168,7 +168,7 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
     parts = image_parts(request)
     if len(parts) > limits.max_images:
         raise bad_request(f"The request has {len(parts)} images; this server accepts at most "
-                          f"{limits.max_images} per request.", "messages", TOO_MANY_IMAGES)
+                          f"{limits.max_images} per request.", "messages", Code.TOO_MANY_IMAGES)
     wanted = "image_ref" if mode is ImageMode.REFS else "image_url"
     wrong = next((param for part, param in parts if part.type != wanted), None)
     if wrong is not None and mode is ImageMode.REFS:
@@ -223,7 +223,7 @@ class Preparer:
         except ValueError as exc:
             too_long = len(prompt.token_ids) + params.max_tokens > engine.max_model_len
             raise bad_request(str(exc), "messages" if too_long else "max_tokens",
-                              "context_length_exceeded" if too_long else "invalid_value") from None
+                              Code.CONTEXT_LENGTH_EXCEEDED if too_long else Code.INVALID_VALUE) from None
         return prompt, params
 
     def _build(self, request: ChatCompletionRequest, messages: list[dict], images: list[Image.Image] | None,
@@ -250,4 +250,4 @@ class Preparer:
                 self.prompts.num_image_tokens(width, height)
             except ValueError as exc:
                 raise bad_request(f"The image's size ({width}x{height}) is refused by this model's image "
-                                  f"processor: {exc}", f"{param}.{part.type}", INVALID_IMAGE) from None
+                                  f"processor: {exc}", f"{param}.{part.type}", Code.INVALID_IMAGE) from None

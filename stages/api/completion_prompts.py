@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract.errors import Code
 from stages.api.chat import EngineLimits
 from stages.api.completion_schema import CompletionRequest
 from stages.api.errors import bad_request
@@ -37,10 +38,10 @@ def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: Engin
         else:
             ids, text = list(given), None
         if not ids:
-            raise bad_request("The prompt makes no tokens.", param, "invalid_value")
+            raise bad_request("The prompt makes no tokens.", param, Code.INVALID_VALUE)
         if (bad := next((t for t in ids if not 0 <= t < engine.vocab_size), None)) is not None:
             raise bad_request(f"Token id {bad} is outside the model's vocabulary (0 to {engine.vocab_size - 1}).",
-                              param, "invalid_value")
+                              param, Code.INVALID_VALUE)
         prompts.append(Prompt(token_ids=ids))
         texts.append(text if text is not None else tokenizer.decode(ids))
     params = sampling_params(request, engine.vocab_size)
@@ -52,7 +53,7 @@ def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: Engin
             raise bad_request(str(exc).replace("in the messages", "in the prompt"),
                               "max_tokens" if too_long and len(prompt.token_ids) < engine.max_model_len else
                               "prompt" if len(prompts) == 1 else f"prompt[{i}]",
-                              "context_length_exceeded" if too_long else "invalid_value") from None
+                              Code.CONTEXT_LENGTH_EXCEEDED if too_long else Code.INVALID_VALUE) from None
     return Prepared(prompts, texts, params)
 
 

@@ -21,13 +21,15 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from contract.bootstrap import ROOM_MAX
+from contract.errors import Code
 from stages.api.chat_response import Usage
 from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.bounded_json import Scalar, check_map, decode_shape, more_items, shape_error
 from stages.api.parse import STOP_LIST_BOUND
 from stages.api.common_schemas import StrictModel
 from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P,
-                                ROOM_MAX, SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel,
+                                SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel,
                                 StopAndStreamFields, StopString, StreamOptions, TokenCount)
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
@@ -147,7 +149,7 @@ class CompletionRequest(StopAndStreamFields, RequestModel):
     def _best_of_within_n(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of > (self.n or 1):
             raise APIError(400, f"Invalid value for 'best_of': best_of ({self.best_of}) above n ({self.n or 1}) is "
-                           "not supported by this server.", param="best_of", code="invalid_value")
+                           "not supported by this server.", param="best_of", code=Code.INVALID_VALUE)
         return self
 
     @property
@@ -191,7 +193,7 @@ def _prompt(raw: Raw | UnsetType) -> object:
     nested = start[:1] == b"[" and start[1:].lstrip(_WHITESPACE)[:1] == b"["
     if nested and more_items(view, MAX_PROMPTS):
         raise bad_request(f"Invalid value for 'prompt': Expected `array` of length <= {MAX_PROMPTS}", "prompt",
-                          "invalid_value")
+                          Code.INVALID_VALUE)
     try:
         return msgspec.json.decode(view, type=_Prompts if nested else _Prompt)
     except msgspec.ValidationError as exc:
@@ -207,7 +209,7 @@ def _check_text_fits(prompt: object, bound: TextBound) -> None:
             raise bad_request(f"This model's maximum context length is {bound.max_model_len} tokens. However, "
                               f"prompt {i} holds {len(text)} characters, at least {bound.min_tokens(len(text))} "
                               f"tokens (a token covers at most {bound.chars_per_token} characters). Please reduce "
-                              "the length of the prompt.", "prompt", "context_length_exceeded")
+                              "the length of the prompt.", "prompt", Code.CONTEXT_LENGTH_EXCEEDED)
 
 
 # --- responses: what ``stages.api.completion_bodies`` builds, for /openapi.json -----------------------

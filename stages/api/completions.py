@@ -24,6 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from contract.errors import Code
+from contract.paths import COMPLETIONS_PATH
 from stages.api import openapi
 from stages.api.completion_openapi import COMPLETIONS_ROUTE
 from stages.api.admission import Admission
@@ -42,7 +44,6 @@ from stages.metrics import Metrics, RequestTimer
 from stages.text_bound import TextBound
 
 
-COMPLETIONS_PATH = "/v1/completions"
 
 
 def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, generate: Generate, gate: Admission,
@@ -62,10 +63,10 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
         body = await run_in_threadpool(parse_completion_request, await read_body(request, max_body_bytes), bound)
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
-                           param="model", code="model_not_found")
+                           param="model", code=Code.MODEL_NOT_FOUND)
         if len(body.prompts) > 1 and body.bootstrap_room is not None:
             raise bad_request("A prefill or decode server takes one prompt per request (one bootstrap room); "
-                              f"this request has {len(body.prompts)}.", "prompt", "invalid_value")
+                              f"this request has {len(body.prompts)}.", "prompt", Code.INVALID_VALUE)
         if not engine.alive:
             raise engine_unavailable()
         tokenizer = prepare.prompts.tokenizer
@@ -163,7 +164,7 @@ class _Run:
             last = state.last
             if last is not None and (last.error is not None or last.finish_reason is FinishReason.ABORT):
                 return APIError(500, f"The engine failed on this request: {last.error or 'it was aborted'}",
-                                code="engine_error")
+                                code=Code.ENGINE_ERROR)
         return None
 
     def record(self, finished: bool) -> None:
@@ -192,7 +193,7 @@ async def _whole(run: _Run, outputs: AsyncGenerator[tuple[int, RequestOutput], N
     unfinished = [s for s in run.choices.values() if s.last is None or s.last.finish_reason is None]
     if len(run.choices) != run.expected_choices() or unfinished:
         raise APIError(500, "The engine failed on this request: it ended without finishing every choice",
-                       code="engine_error")
+                       code=Code.ENGINE_ERROR)
     choices = [choice(index, "".join(state.pieces), joined(state.logprobs) if run.body.logprobs is not None else None,
                       state.last.finish_reason.value if state.last and state.last.finish_reason else None)
                for index, state in run.choices.items()]

@@ -29,19 +29,18 @@ from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contract.errors import TYPED_FIELDS, Code
+
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
           413: "invalid_request_error", 500: "server_error", 503: "server_error"}
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's union member tags
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}  # the framework's own
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: Code.REQUEST_TOO_LARGE}  # the framework's own
 _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another type: the least useful error
 
 
-# the typed fields an error body may carry inside ``error`` besides the OpenAI four; the router's
-# reader names the same (``router.dispatch.verdict.TYPED_FIELDS``, held equal by tests/stages/api/test_error_fields.py)
-TYPED_FIELDS = ("stage", "room", "image_key", "peer_code")
 # a server's role for the ``stage`` field: fixed, or read at each error (``stage serve pd``: none until
 # the router assigns one)
 Stage = str | Callable[[], str | None] | None
@@ -86,18 +85,18 @@ def too_large(message: str, param: str | None, code: str) -> APIError:
 
 
 def engine_unavailable() -> APIError:
-    return APIError(503, "The engine is not running; this server cannot take requests.", code="engine_unavailable")
+    return APIError(503, "The engine is not running; this server cannot take requests.", code=Code.ENGINE_UNAVAILABLE)
 
 
 def overloaded(limit: int, retry_after_s: int = 1) -> APIError:
     return APIError(503, f"The server is at its limit of {limit} requests in flight (--max-num-seqs + --max-waiting); "
-                    f"retry after {retry_after_s} s.", code="server_overloaded",
+                    f"retry after {retry_after_s} s.", code=Code.SERVER_OVERLOADED,
                     headers={"Retry-After": str(retry_after_s)})
 
 
 def unhealthy(failures: dict[str, str]) -> APIError:
     names = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
-    return APIError(503, f"This server is unhealthy and should be restarted: {names}", code="unhealthy")
+    return APIError(503, f"This server is unhealthy and should be restarted: {names}", code=Code.UNHEALTHY)
 
 
 def param_name(loc: tuple) -> str | None:
@@ -115,18 +114,18 @@ def validation_error(errors: Sequence[ErrorDetails]) -> APIError:
     """The most specific of pydantic's errors: a union reports one per member, and the useful one is the
     deepest, and at equal depth the one from the member whose type matched."""
     if not errors:
-        return bad_request("Invalid request body.", None, "invalid_value")
+        return bad_request("Invalid request body.", None, Code.INVALID_VALUE)
     first = errors[0]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
-        return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), param=None, code="invalid_json")
+        return bad_request(f"The request body is not valid JSON: {detail}".rstrip(": "), param=None, code=Code.INVALID_JSON)
     error = max(errors, key=lambda e: (len(e.get("loc", ())), not _MISMATCH.fullmatch(e.get("type", ""))))
     param = param_name(tuple(error.get("loc", ())))
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     if error.get("type") == "missing" and param:
         return bad_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     where = f"Invalid value for '{param}': " if param else "Invalid request body: "
-    return bad_request(where + message, param=param, code="invalid_value")
+    return bad_request(where + message, param=param, code=Code.INVALID_VALUE)
 
 
 def stamped(error: APIError, stage: Stage) -> APIError:
@@ -182,6 +181,6 @@ class CatchAll:
             if started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            crash = stamped(APIError(500, f"Internal server error: {type(exc).__name__}", code="internal_error"),
+            crash = stamped(APIError(500, f"Internal server error: {type(exc).__name__}", code=Code.INTERNAL_ERROR),
                             self.stage)
             await crash.response()(scope, receive, send)

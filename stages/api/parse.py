@@ -24,6 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 from pydantic import ValidationError
 
+from contract.errors import Code
 from stages.api.bounded_json import Scalar, check_map, decode_shape
 from stages.api.errors import bad_request, validation_error
 from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
@@ -197,7 +198,7 @@ def _check_schemas(shape: _Request) -> None:
         if total > MAX_SCHEMA_BYTES:
             raise bad_request(f"Invalid value for '{param}': the request's JSON schemas (tools' parameters and "
                               f"response_format's schema) hold more than {MAX_SCHEMA_BYTES} bytes of JSON together.",
-                              param, "invalid_value")
+                              param, Code.INVALID_VALUE)
 
 
 def _check_unsupported(shape: _Request) -> None:
@@ -221,7 +222,7 @@ def _check_text_fits(shape: _Request, bound: TextBound) -> None:
         raise bad_request(f"This model's maximum context length is {bound.max_model_len} tokens. However, your "
                           f"messages hold {chars} characters of text, at least {bound.min_tokens(chars)} tokens "
                           f"(a token covers at most {bound.chars_per_token} characters). Please reduce the length "
-                          "of the messages.", "messages", "context_length_exceeded")
+                          "of the messages.", "messages", Code.CONTEXT_LENGTH_EXCEEDED)
 
 
 def _texts(message: _Message) -> list:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from contract.errors import Code
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
@@ -111,7 +112,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes), bound)
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
-                           param="model", code="model_not_found")
+                           param="model", code=Code.MODEL_NOT_FOUND)
         if not engine.alive:
             raise engine_unavailable()
         prompt, params = await run_in_threadpool(prepare, body)
@@ -165,7 +166,7 @@ def _failed(output: RequestOutput) -> bool:
 
 def _engine_error(output: RequestOutput | None) -> APIError:
     reason = (output.error if output else None) or "the request was aborted"
-    return APIError(500, f"The engine failed on this request: {reason}", code="engine_error")
+    return APIError(500, f"The engine failed on this request: {reason}", code=Code.ENGINE_ERROR)
 
 
 async def _complete(call: _Call, choices: Choices, outputs: AsyncGenerator[RequestOutput, None]) -> JSONResponse:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.schemas import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 from stages.engine.guide import Guide
@@ -59,7 +60,7 @@ def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int
             guide=guide,
         )
     except ValueError as exc:
-        raise bad_request(str(exc), None, "invalid_value") from None
+        raise bad_request(str(exc), None, Code.INVALID_VALUE) from None
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
@@ -69,6 +70,6 @@ def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
         token = int(key) if key.isascii() and key.isdigit() else -1
         if not 0 <= token < vocab_size:
             raise bad_request(f"Invalid key in 'logit_bias': {key[:32]}. This model's token ids are 0 to "
-                              f"{vocab_size - 1}.", "logit_bias", "invalid_value")
+                              f"{vocab_size - 1}.", "logit_bias", Code.INVALID_VALUE)
         pairs.append((token, value))
     return tuple(pairs)

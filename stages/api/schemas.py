@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationInfo,
                       field_validator, model_validator)
 
+from contract.bootstrap import ROOM_MAX
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 
 MAX_MESSAGES = 2048  # as OpenAI's API
@@ -24,7 +25,6 @@ MIN_TEMPERATURE = 0.01  # a sampled temperature below this is raised to it (smal
 MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most likely token)
 MIN_REPETITION_PENALTY = 0.01  # a repetition_penalty below this is raised to it (smaller ones overflow the logits)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-ROOM_MAX = 2**63 - 1
 MAX_HOST_CHARS = 255  # a DNS name's limit
 MAX_IMAGE_SIDE = 2**31 - 1  # an image_ref's width or height (its pixel count is bounded by --max-image-pixels)
 MAX_TOOLS = 128  # as OpenAI's API

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 
+from contract.errors import Code
 from stages.api.errors import APIError
 from stages.api.json_depth import check_json_depth
 from process.addresses import host_port
@@ -52,14 +53,14 @@ def add_bootstrap_route(app: FastAPI, token: str | None, allow: Callable[[], All
         body = await read_json(request)
         host, port = body.get("host"), body.get("port")
         if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-            raise APIError(400, 'allowing a prefill takes {"host": str, "port": 1-65535}', code="invalid_value")
+            raise APIError(400, 'allowing a prefill takes {"host": str, "port": 1-65535}', code=Code.INVALID_VALUE)
         allow_list = allow()
         if allow_list.allows(host, port):
             return {"added": False, "allowed": list(allow_list.patterns())}
         try:
             allow_list.add(host_port(host, port))
         except ValueError as exc:
-            raise APIError(400, str(exc), param="host", code="invalid_value") from None
+            raise APIError(400, str(exc), param="host", code=Code.INVALID_VALUE) from None
         return {"added": True, "allowed": list(allow_list.patterns())}
 
 
@@ -70,7 +71,7 @@ async def read_json(request: Request) -> dict:
     try:
         body = json.loads(raw)
     except ValueError:
-        raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+        raise APIError(400, "The request body is not valid JSON.", code=Code.INVALID_JSON) from None
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise APIError(400, "The request body must be a JSON object.", code=Code.INVALID_JSON)
     return body

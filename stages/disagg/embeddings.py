@@ -32,6 +32,7 @@ import torch
 
 from cache.errors import CacheUnavailable, EncodeAbandoned, EncodeFailed, NotPending, ReadyTimeout
 from cache.store import CachedEmbedding, EmbeddingCache
+from contract.errors import Code
 from stages.api.schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
@@ -120,7 +121,7 @@ class ImageInputs:
                 await self._drop(ref.key)
                 raise DisaggError(502, f"The cached embedding of image {ref.key} does not fit this request: {exc}; "
                                   "the entry was dropped. Check the reference's width and height, and that the "
-                                  "encoder serves the same model as this prefill.", "embedding_mismatch",
+                                  "encoder serves the same model as this prefill.", Code.EMBEDDING_MISMATCH,
                                   param, image_key=ref.key) from None
         prompt.embeddings = embeddings
 
@@ -130,21 +131,21 @@ class ImageInputs:
             if hit is None:
                 hit = await self.cache.wait_ready(key, max(0.0, deadline - time.monotonic()))
         except CacheUnavailable as exc:
-            raise DisaggError(503, f"The embedding cache is unavailable: {exc}", "cache_unavailable") from None
+            raise DisaggError(503, f"The embedding cache is unavailable: {exc}", Code.CACHE_UNAVAILABLE) from None
         except NotPending:
             raise DisaggError(400, f"Image {key} is not in the embedding cache and no encoder is encoding it: send "
-                              "it to an encoder first (it may also have been evicted since).", "image_not_cached",
+                              "it to an encoder first (it may also have been evicted since).", Code.IMAGE_NOT_CACHED,
                               f"{param}.key", image_key=key) from None
         except EncodeAbandoned as exc:
             raise DisaggError(503, f"The encode of image {key} that this request waited for was abandoned: "
-                              f"{exc.reason}. Nothing is wrong with the image; retry after 1 s.", "encode_abandoned", param,
+                              f"{exc.reason}. Nothing is wrong with the image; retry after 1 s.", Code.ENCODE_ABANDONED, param,
                               image_key=key, retry_after_s=1) from None
         except EncodeFailed as exc:
-            raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", "encode_failed",
+            raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", Code.ENCODE_FAILED,
                               param, image_key=key) from None
         except ReadyTimeout:
             raise DisaggError(504, f"Image {key} was still being encoded after {self.timeout_s:g} s "
-                              "(--embedding-timeout-s).", "embedding_timeout", param, image_key=key) from None
+                              "(--embedding-timeout-s).", Code.EMBEDDING_TIMEOUT, param, image_key=key) from None
         found[key] = hit
 
     async def _drop(self, key: str) -> None:

@@ -1,6 +1,6 @@
 """Errors of a disaggregated request, each with the HTTP status the stage server answers.
 
-Each kind says what failed, so a client (and the other stage, which gets the message as the
+Each kind says what failed (its code and status: ``contract.errors``), so a client (and the other stage, which gets the message as the
 room's ``KVFailed`` reason, and its code and image key as that message's ``code`` and ``image_key``)
 can tell a dead or slow peer from this stage's own failure:
 
@@ -15,6 +15,9 @@ can tell a dead or slow peer from this stage's own failure:
 """
 
 from __future__ import annotations
+
+from contract.bootstrap import BOOTSTRAP_HOST
+from contract.errors import Code
 
 
 class DisaggError(RuntimeError):
@@ -38,31 +41,32 @@ class DisaggError(RuntimeError):
 def bad_gateway(message: str, *, peer_code: str | None = None, image_key: str | None = None) -> DisaggError:
     """The other stage failed or went away; ``peer_code`` and ``image_key``: the other stage's own
     code and image for its failure, when it sent them (the room's ``KVFailed`` / ``Rejected``)."""
-    return DisaggError(502, message, "peer_failed", image_key=image_key, peer_code=peer_code)
+    return DisaggError(Code.PEER_FAILED.status, message, Code.PEER_FAILED, image_key=image_key, peer_code=peer_code)
 
 
 def transfer_failed(room: int, reason: str) -> DisaggError:
     """The KV write of ``room`` into the decode's blocks failed; ``reason`` is the transfer backend's."""
-    return DisaggError(502, f"bootstrap room {room}: KV transfer failed: {reason}", "kv_transfer_failed")
+    return DisaggError(Code.KV_TRANSFER_FAILED.status, f"bootstrap room {room}: KV transfer failed: {reason}",
+                       Code.KV_TRANSFER_FAILED)
 
 
 def timed_out(message: str) -> DisaggError:
-    return DisaggError(504, message, "room_timeout")
+    return DisaggError(Code.ROOM_TIMEOUT.status, message, Code.ROOM_TIMEOUT)
 
 
 def conflict(message: str) -> DisaggError:
-    return DisaggError(409, message, "room_conflict")
+    return DisaggError(Code.ROOM_CONFLICT.status, message, Code.ROOM_CONFLICT)
 
 
 def unavailable(message: str) -> DisaggError:
-    return DisaggError(503, message, "kv_pool_full", retry_after_s=1)
+    return DisaggError(Code.KV_POOL_FULL.status, message, Code.KV_POOL_FULL, retry_after_s=1)
 
 
 def internal(message: str) -> DisaggError:
     """This stage failed for a reason of its own; ``message`` names the exception class and its text."""
-    return DisaggError(500, message, "internal_error")
+    return DisaggError(Code.INTERNAL_ERROR.status, message, Code.INTERNAL_ERROR)
 
 
 def not_allowed(message: str) -> DisaggError:
     """The request names a prefill this decode may not dial; nothing was dialed or reserved."""
-    return DisaggError(403, message, "bootstrap_not_allowed", param="bootstrap_host")
+    return DisaggError(Code.BOOTSTRAP_NOT_ALLOWED.status, message, Code.BOOTSTRAP_NOT_ALLOWED, param=BOOTSTRAP_HOST)

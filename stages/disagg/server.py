@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from contract.bootstrap import BOOTSTRAP_FIELDS
 from stages.api.chat import ImageMode, Preparer, image_refs
 from stages.disagg.admin import add_bootstrap_route
 from stages.api.errors import APIError, bad_request
@@ -45,8 +46,6 @@ from stages.timeline import RoomTimeline, add_room_route
 if TYPE_CHECKING:  # imported where used (cache: an EPD prefill only)
     from cache.store import EmbeddingCache
     from stages.metrics import Metrics
-
-BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
 def _room(body: AnyRequest) -> tuple[int, str, int]:

@@ -26,6 +26,7 @@ from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
 
+from contract.errors import Code
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.completion_schema import AnyRequest
@@ -195,7 +196,7 @@ def build(config: ServerConfig) -> FastAPI:
         role = (await read_json(request)).get("role")
         if role not in ROLES:
             raise APIError(400, f"role must be one of {list(ROLES)}, got {role!r}", param="role",
-                           code="invalid_value")
+                           code=Code.INVALID_VALUE)
         return {"role": role, "previous": await slot.switch(role)}
 
     add_room_route(app, slot.timeline, "pd")

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 
 from cache.errors import CacheUnavailable, EntryTooLarge
 from cache.store import EmbeddingCache
+from contract.encode import ENCODED, PENDING_ELSEWHERE
+from contract.errors import Code
 from stages.config import EncoderConfig
 from stages.encoder.batcher import Batcher, Job
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 
 log = logging.getLogger(__name__)
-ENCODED, PENDING_ELSEWHERE = "encoded", "pending_elsewhere"
 _CANCELLED = "cancelled: every request waiting for this image went away (room aborted or deadline passed)"
 SHUTDOWN_GRACE_S = 3.0  # at shutdown, how long flights get to report their end before they are abandoned
 
@@ -138,7 +139,7 @@ class Flights:
             return
         except Exception as exc:  # a bug: fail this image, never leave a flight nobody ends
             log.exception("starting the encode of image %s failed", key)
-            self._end(flight, Failure(500, f"Internal error: {type(exc).__name__}: {exc}", "internal_error"))
+            self._end(flight, Failure(500, f"Internal error: {type(exc).__name__}: {exc}", Code.INTERNAL_ERROR))
             return
         if not owned:
             self._end(flight, PENDING_ELSEWHERE)
@@ -172,7 +173,7 @@ class Flights:
         finally:
             await self._quietly("release the claim", self.cache.release(key, self.encoder_id))
             self._end(flight, outcome or Failure(500, "The encoder stopped before this image was encoded.",
-                                                 "encode_failed"))
+                                                 Code.ENCODE_FAILED))
 
     async def _store(self, key: str, embedding: ImageEmbedding) -> str | Failure:
         tensors = {"embeds": embedding.embeds}
@@ -185,7 +186,7 @@ class Flights:
             await self._quietly("report the failure", self.cache.publish_failed(key, f"cache write failed: {exc}"))
             if isinstance(exc, CacheUnavailable):
                 return redis_failure(exc)
-            return Failure(500, f"The embedding could not be cached: {exc}", "cache_entry_too_large")
+            return Failure(500, f"The embedding could not be cached: {exc}", Code.CACHE_ENTRY_TOO_LARGE)
         return ENCODED
 
     def _end(self, flight: Flight, outcome: str | Failure) -> None:
@@ -202,15 +203,15 @@ class Flights:
 
 
 def redis_failure(exc: CacheUnavailable) -> Failure:
-    return Failure(503, f"The embedding cache is unavailable: {exc}", "cache_unavailable")
+    return Failure(503, f"The embedding cache is unavailable: {exc}", Code.CACHE_UNAVAILABLE)
 
 
 def _encode_failure(reason: str, cancelled: bool) -> Failure:
     if cancelled:
-        return Failure(409, f"The encode was {reason}.", "room_aborted")
+        return Failure(409, f"The encode was {reason}.", Code.ROOM_ABORTED)
     if reason.startswith("not encoded within"):
-        return Failure(504, f"The image was {reason}.", "encode_timeout")
-    return Failure(500, f"The image could not be encoded: {reason}", "encode_failed")
+        return Failure(504, f"The image was {reason}.", Code.ENCODE_TIMEOUT)
+    return Failure(500, f"The image could not be encoded: {reason}", Code.ENCODE_FAILED)
 
 
 def _set(future: asyncio.Future, value: object) -> None:

@@ -7,18 +7,17 @@ arguments of each route's decorator; the request models they name (``EncodeReque
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
 
+from contract.encode import ImageStatus
 from stages.api.openapi import INTERNAL_ERROR, REF, RETRY_AFTER, error
 
 
 class EncodedImage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     key: str
-    status: Literal["encoded", "cached", "pending_elsewhere"]
-    num_tokens: int
+    status: ImageStatus
+    num_tokens: int | None
     seconds: float
 
 

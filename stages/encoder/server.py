@@ -19,14 +19,18 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from cache.image_bytes import TOO_MANY_IMAGES
 from cache.keys import check_key, image_key
+from contract.bootstrap import ROOM_MAX
+from contract.encode import CACHED, ENCODED, AbortAnswer, EncodeAnswer, EncodedImage
+from contract.errors import Code
+from contract.paths import ABORT_PATH, ENCODE_PATH, HEALTH_PATH, SERVER_INFO_PATH
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, unhealthy,
@@ -40,7 +44,6 @@ from stages.encoder.service import EncodeService, ImageResult, Upload
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
-MAX_ROOM = (1 << 63) - 1
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -62,13 +65,13 @@ class ImagePart(BaseModel):
 
 class EncodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    room: int = Field(ge=0, le=MAX_ROOM)
+    room: int = Field(ge=0, le=ROOM_MAX)
     images: list[ImagePart]
 
 
 class AbortRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    room: int = Field(ge=0, le=MAX_ROOM)
+    room: int = Field(ge=0, le=ROOM_MAX)
 
 
 def new_encoder_id() -> str:
@@ -144,14 +147,14 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     app.add_middleware(ReleaseMemory)
     install(app, (EncodeRequest, AbortRequest))
 
-    @app.get("/health", **HEALTH_ROUTE)
+    @app.get(HEALTH_PATH, **HEALTH_ROUTE)
     async def health() -> dict:
         failures = supervisor.failures()
         if failures:
             raise unhealthy(failures)
         return {"status": "ok"}
 
-    @app.get("/server_info", **SERVER_INFO_ROUTE)
+    @app.get(SERVER_INFO_PATH, **SERVER_INFO_ROUTE)
     async def server_info() -> dict:
         return {**info, "rss_bytes": rss_bytes(), "instance_id": instance_id()}
 
@@ -159,7 +162,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
     async def prometheus() -> Response:
         return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/encode", **ENCODE_ROUTE)
+    @app.post(ENCODE_PATH, **ENCODE_ROUTE)
     async def encode(request: Request) -> dict:
         if not gate.enter():
             raise overloaded(gate.limit)
@@ -167,7 +170,7 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
             body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
             if len(body.images) > config.limits.max_images:
                 raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
-                                  f"{config.limits.max_images} per request.", "images", TOO_MANY_IMAGES)
+                                  f"{config.limits.max_images} per request.", "images", Code.TOO_MANY_IMAGES)
             timeline.mark(body.room, "queued", images=len(body.images))
             try:
                 uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
@@ -178,15 +181,15 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
         finally:
             gate.leave()
         _mark_results(timeline, body.room, results)
-        return {"room": body.room, "images": [
-            {"key": r.key, "status": r.status, "num_tokens": r.num_tokens, "seconds": r.seconds} for r in results]}
+        return msgspec.to_builtins(EncodeAnswer(body.room, [
+            EncodedImage(r.key, r.status, r.num_tokens, r.seconds) for r in results]))
 
     add_room_route(app, timeline, "encoder")
 
-    @app.post("/v1/abort", **ABORT_ROUTE)
+    @app.post(ABORT_PATH, **ABORT_ROUTE)
     async def abort(request: Request) -> dict:
         body = _parse(AbortRequest, await read_body(request, config.max_body_bytes))
-        return {"room": body.room, "cancelled": service.abort(body.room)}
+        return msgspec.to_builtins(AbortAnswer(body.room, service.abort(body.room)))
 
     return app
 
@@ -196,8 +199,8 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
     was cached, the others now."""
     queued = timeline.events(room)
     start, now = (queued[0]["t"] if queued else time.time()), time.time()
-    marks = sorted(((start + r.seconds, "encoded", r) if r.status == "encoded" else
-                    (now, "cache_hit" if r.status == "cached" else r.status, r) for r in results),
+    marks = sorted(((start + r.seconds, "encoded", r) if r.status == ENCODED else
+                    (now, "cache_hit" if r.status == CACHED else r.status, r) for r in results),
                    key=lambda mark: mark[0])
     for at, event, r in marks:
         fields = {"key": r.key, "num_tokens": r.num_tokens} if event == "encoded" else {"key": r.key}

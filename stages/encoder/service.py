@@ -29,18 +29,17 @@ from typing import Any
 from PIL import Image
 
 from cache.errors import CacheUnavailable
-from cache.image_bytes import INVALID_IMAGE
+from contract.encode import CACHED, ENCODED, ImageStatus
+from contract.errors import Code
 from stages.api.errors import APIError, bad_request
 from stages.api.images import open_image
 from stages.config import EncoderConfig, ImageLimits
 from stages.encoder.batcher import RecentRooms
-from stages.encoder.flights import ENCODED, Failure, Flight, Flights, redis_failure
+from stages.encoder.flights import Failure, Flight, Flights, redis_failure
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageInput
 from stages.prompt import preprocess_image
 from stages.supervisor import Supervisor
-
-CACHED = "cached"
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class Upload:
 @dataclass(frozen=True)
 class ImageResult:
     key: str
-    status: str  # "encoded" | "cached" | "pending_elsewhere"
+    status: ImageStatus
     num_tokens: int | None  # the embedding's rows, for "encoded"
     seconds: float  # request arrival -> the embedding is in the cache, for "encoded"
 
@@ -96,7 +95,7 @@ class EncodeService:
                 return await self._encode(serial, room, uploads, start)
         except TimeoutError:
             raise APIError(504, f"The images were not encoded within {self.config.encode_timeout_s:g} s "
-                           "(--encode-timeout-s).", code="encode_timeout", room=room) from None
+                           "(--encode-timeout-s).", code=Code.ENCODE_TIMEOUT, room=room) from None
         finally:
             del self._requests[serial]
             self.flights.forget(lambda s, _room: s == serial)
@@ -169,11 +168,11 @@ class EncodeService:
 
 
 def room_aborted(room: int) -> APIError:
-    return APIError(409, f"Room {room} was aborted on this encoder.", param="room", code="room_aborted", room=room)
+    return APIError(409, f"Room {room} was aborted on this encoder.", param="room", code=Code.ROOM_ABORTED, room=room)
 
 
 def _preprocess(image_processor: Any, adapter: ModelAdapter, image: Image.Image, param: str) -> ImageInput:
     try:
         return preprocess_image(image_processor, adapter, image)
     except ValueError as exc:  # e.g. an aspect ratio the processor refuses
-        raise bad_request(f"The image processor refused the image: {exc}", param, INVALID_IMAGE) from None
+        raise bad_request(f"The image processor refused the image: {exc}", param, Code.INVALID_IMAGE) from None

@@ -1,29 +1,24 @@
 """``cache.image_bytes``, the one image parser (pure): data URLs, base64, non-image bytes, truncated
-headers, huge dimensions, the pixel limit read from the header alone; and the image error codes are
-named there only (the router, the API layer and the encoder take them from it)."""
+headers, huge dimensions, the pixel limit read from the header alone. Its refusals' codes are the
+contract's (``contract.errors.Code``; tests/contract checks that no module spells one)."""
 
 from __future__ import annotations
 
-import ast
 import base64
 import io
-from pathlib import Path
 
 import pytest
 from PIL import Image, ImageFile
 
-from cache import image_bytes
-from cache.image_bytes import (IMAGE_TOO_LARGE, INVALID_BASE64, INVALID_IMAGE, INVALID_IMAGE_URL, REMOTE_IMAGE_URL,
-                               ImageBounds, ImageRefused, base64_bytes, check_size, data_url_bytes, decoded_image,
+from cache.image_bytes import (ImageBounds, ImageRefused, base64_bytes, check_size, data_url_bytes, decoded_image,
                                header_size, too_many_bytes)
+from contract.errors import Code
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.plan.image_fetch import ImageFetcher
 from tests.support.stage_api import data_url, png, png_header_only
 
-REPO = Path(__file__).resolve().parents[2]
 BOUNDS = ImageBounds(max_bytes=4_000, max_pixels=10_000)
-CODES = {value for name, value in vars(image_bytes).items() if name.isupper() and isinstance(value, str)}
 
 
 def refused(fn, *args) -> ImageRefused:
@@ -47,19 +42,19 @@ def test_a_data_url_gives_the_files_bytes():
 
 
 @pytest.mark.parametrize("url, status, code, message", [
-    ("https://example.com/cat.png", 400, REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; "
+    ("https://example.com/cat.png", 400, Code.REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; "
      "send the image as a data: URL (base64), or send the request through the router, which fetches allowed URLs."),
-    ("HTTP://example.com/cat.png", 400, REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; "
+    ("HTTP://example.com/cat.png", 400, Code.REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; "
      "send the image as a data: URL (base64), or send the request through the router, which fetches allowed URLs."),
-    ("ftp://example.com/cat.png", 400, INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...)."),
-    ("cat.png", 400, INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...)."),
-    ("data:image/png,rawbytes", 400, INVALID_IMAGE_URL,
+    ("ftp://example.com/cat.png", 400, Code.INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...)."),
+    ("cat.png", 400, Code.INVALID_IMAGE_URL, "image_url must be a data: URL (data:image/...;base64,...)."),
+    ("data:image/png,rawbytes", 400, Code.INVALID_IMAGE_URL,
      "Image data URLs must be base64 encoded (data:image/...;base64,...)."),
-    ("data:image/png;base64", 400, INVALID_IMAGE_URL,
+    ("data:image/png;base64", 400, Code.INVALID_IMAGE_URL,
      "Image data URLs must be base64 encoded (data:image/...;base64,...)."),
-    ("data:image/png;base64,@@not*base64@@", 400, INVALID_BASE64, "The image data URL is not valid base64."),
-    ("data:image/png;base64,abc", 400, INVALID_BASE64, "The image data URL is not valid base64."),  # bad padding
-    ("data:image/png;base64,aGk=\n", 400, INVALID_BASE64, "The image data URL is not valid base64."),  # not strict
+    ("data:image/png;base64,@@not*base64@@", 400, Code.INVALID_BASE64, "The image data URL is not valid base64."),
+    ("data:image/png;base64,abc", 400, Code.INVALID_BASE64, "The image data URL is not valid base64."),  # bad padding
+    ("data:image/png;base64,aGk=\n", 400, Code.INVALID_BASE64, "The image data URL is not valid base64."),  # not strict
 ], ids=["https", "HTTP", "ftp", "no-scheme", "not-base64-encoded", "no-comma", "bad-characters", "bad-padding",
         "newline"])
 def test_a_bad_data_url_is_refused_with_its_code(url, status, code, message):
@@ -69,7 +64,7 @@ def test_a_bad_data_url_is_refused_with_its_code(url, status, code, message):
 
 def test_bad_plain_base64_is_refused():
     error = refused(base64_bytes, "not base64!", BOUNDS)
-    assert (error.status, error.code, error.message) == (400, INVALID_BASE64, "The image data is not valid base64.")
+    assert (error.status, error.code, error.message) == (400, Code.INVALID_BASE64, "The image data is not valid base64.")
 
 
 def test_the_byte_limit_is_exact_and_names_who_holds_it():
@@ -77,7 +72,7 @@ def test_the_byte_limit_is_exact_and_names_who_holds_it():
     assert len(data_url_bytes(data_url(b"x" * 3_000), exact)) == 3_000
     error = refused(data_url_bytes, data_url(b"x" * 3_001), exact)
     assert (error.status, error.code, error.message) == (
-        413, IMAGE_TOO_LARGE, "The image is 3001 bytes; this server accepts at most 3000 bytes per image "
+        413, Code.IMAGE_TOO_LARGE, "The image is 3001 bytes; this server accepts at most 3000 bytes per image "
         "(--max-image-bytes).")
     router = ImageBounds(max_bytes=3_000, holder="router")
     assert refused(base64_bytes, base64.b64encode(b"x" * 3_001).decode(), router).message == (
@@ -90,7 +85,7 @@ def test_a_payload_far_over_the_limit_is_refused_before_decoding():
     even looked at (413, not the 400 decoding would give)."""
     error = refused(data_url_bytes, "data:image/png;base64," + "*" * 40_000, BOUNDS)
     assert (error.status, error.code, error.message) == (
-        413, IMAGE_TOO_LARGE, "The image is 30000 bytes; this server accepts at most 4000 bytes per image "
+        413, Code.IMAGE_TOO_LARGE, "The image is 30000 bytes; this server accepts at most 4000 bytes per image "
         "(--max-image-bytes).")
 
 
@@ -109,7 +104,7 @@ def test_bytes_that_are_no_image_are_invalid_image(data):
     for read in (header_size, decoded_image):
         error = refused(read, data, BOUNDS)
         assert (error.status, error.code, error.message) == (
-            400, INVALID_IMAGE, "The image data is not an image in a supported format.")
+            400, Code.INVALID_IMAGE, "The image data is not an image in a supported format.")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # PIL warns of TIFF's truncated EXIF while it reads
@@ -124,7 +119,7 @@ def test_every_truncation_of_a_file_gives_its_true_size_or_invalid_image(fmt):
             try:
                 result = read(data[:end], BOUNDS)
             except ImageRefused as error:
-                assert (error.status, error.code) == (400, INVALID_IMAGE), (end, read.__name__, error.message)
+                assert (error.status, error.code) == (400, Code.INVALID_IMAGE), (end, read.__name__, error.message)
                 refusals += 1
                 continue
             assert (result if read is header_size else result.size) == (37, 23), (end, read.__name__)
@@ -136,7 +131,7 @@ def test_a_truncated_file_has_its_size_from_the_header_but_does_not_decode():
     cut = whole[:len(whole) // 2]
     assert header_size(cut, BOUNDS) == (64, 64)
     error = refused(decoded_image, cut, BOUNDS)
-    assert (error.status, error.code) == (400, INVALID_IMAGE)
+    assert (error.status, error.code) == (400, Code.INVALID_IMAGE)
     assert error.message.startswith("The image could not be decoded: ")
 
 
@@ -150,7 +145,7 @@ def test_the_pixel_limit_is_read_from_the_header_without_decoding_a_pixel(monkey
                "(--max-image-pixels).")
     for read in (header_size, decoded_image):  # the decode refuses before it would load
         error = refused(read, png_header_only(200, 100), BOUNDS)
-        assert (error.status, error.code, error.message) == (413, IMAGE_TOO_LARGE, message)
+        assert (error.status, error.code, error.message) == (413, Code.IMAGE_TOO_LARGE, message)
     assert header_size(png_header_only(100, 100), BOUNDS) == (100, 100)  # exactly at the limit is fine
 
 
@@ -160,7 +155,7 @@ def test_a_decompression_bomb_header_is_413_from_the_header(max_pixels):
     bounds = ImageBounds(max_bytes=4_000, max_pixels=max_pixels)
     for read in (header_size, decoded_image):
         error = refused(read, png_header_only(100_000, 100_000), bounds)
-        assert (error.status, error.code) == (413, IMAGE_TOO_LARGE)
+        assert (error.status, error.code) == (413, Code.IMAGE_TOO_LARGE)
         assert error.message == ("The image is too large to decode safely: its header claims more than "
                                  f"{2 * Image.MAX_IMAGE_PIXELS} pixels.")
 
@@ -174,7 +169,7 @@ def test_huge_dimensions_under_pils_guard_are_held_by_the_pixel_limit_alone():
 def test_check_size():
     check_size(100, 100, BOUNDS)
     empty = refused(check_size, 0, 5, BOUNDS)
-    assert (empty.status, empty.code, empty.message) == (400, INVALID_IMAGE, "The image is empty.")
+    assert (empty.status, empty.code, empty.message) == (400, Code.INVALID_IMAGE, "The image is empty.")
     assert refused(check_size, 101, 100, BOUNDS).status == 413
     check_size(10**6, 10**6, ImageBounds(max_bytes=1))  # no pixel limit
 
@@ -200,18 +195,6 @@ async def test_the_router_refuses_a_url_it_would_not_fetch_before_dialing(url, m
         await fetcher.resolve(body)
     error = info.value
     assert (error.status, error.code, error.param, error.message) == (
-        400, INVALID_IMAGE_URL, "messages[0].content[1].image_url", message)
+        400, Code.INVALID_IMAGE_URL, "messages[0].content[1].image_url", message)
     assert fetcher._session is None
 
-
-# --- one set of codes --------------------------------------------------------------------------
-def test_the_image_codes_are_named_in_cache_image_bytes_only():
-    """No module of the router or the stages spells an image code as a string: they import it."""
-    assert {"invalid_image_url", "remote_image_url", "invalid_base64", "invalid_image", "image_too_large",
-            "too_many_images", "image_host_not_allowed", "image_fetch_failed"} == CODES
-    spelled = [f"{path.relative_to(REPO)}:{node.lineno} {node.value!r}"
-               for root in ("stages", "router", "cache", "transfer") for path in sorted((REPO / root).rglob("*.py"))
-               if path.name != "image_bytes.py"
-               for node in ast.walk(ast.parse(path.read_text(), str(path)))
-               if isinstance(node, ast.Constant) and node.value in CODES]
-    assert spelled == []

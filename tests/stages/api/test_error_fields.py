@@ -1,9 +1,8 @@
 """The typed fields of an error body (docs/protocol.md, Typed error fields): the stages write them and
 the router reads them by the same names, and nothing the router decides depends on the message.
 
-The router imports nothing of ``stages``, so each side names the fields (``stages.api.errors.
-TYPED_FIELDS``, ``router.dispatch.verdict.TYPED_FIELDS``) and this test holds the names equal and reads what
-the stages' own error type writes with the router's reader. Real servers' answers are read the same
+Both sides name the fields from the contract (``contract.errors.TYPED_FIELDS``, tests/contract); this
+test reads what the stages' own error type writes with the router's reader. Real servers' answers are read the same
 way in ``tests/stages/disagg/test_epd_cache.py`` (a failed encode, an image not cached: HTTP and in-band) and
 ``tests/stages/api/test_json_depth.py`` (every role's ``stage``).
 """
@@ -15,10 +14,9 @@ import json
 import msgspec
 import pytest
 
+from contract.errors import TYPED_FIELDS
 from router.errors import stage_failed
-from router.dispatch.verdict import TYPED_FIELDS as READ
 from router.dispatch.verdict import blame, blame_encoder, from_answer, from_event
-from stages.api.errors import TYPED_FIELDS as WRITTEN
 from stages.api.errors import APIError, stamped
 from stages.disagg.errors import DisaggError, bad_gateway
 from stages.disagg.server import _api_error
@@ -27,14 +25,10 @@ KEY, OTHER = "ab" * 32, "cd" * 32
 OPENAI = ("message", "type", "param", "code")
 
 
-def test_the_router_reads_the_names_the_stages_write():
-    assert READ == WRITTEN == ("stage", "room", "image_key", "peer_code")
-
-
 def test_a_stage_error_body_is_the_openai_four_then_the_fields_it_knows():
     error = APIError(502, "The encoder failed", param="messages[0].content[0].image_ref", code="peer_failed",
                      stage="decode", room=7, image_key=KEY, peer_code="encode_failed")
-    assert list(error.body()["error"]) == [*OPENAI, *WRITTEN]
+    assert list(error.body()["error"]) == [*OPENAI, *TYPED_FIELDS]
     bare = APIError(400, "bad", code="invalid_value")
     assert list(bare.body()["error"]) == list(OPENAI)  # unknown fields are absent, never null
     assert stamped(bare, "decode").body()["error"]["stage"] == "decode"

@@ -1,18 +1,17 @@
 """JSON nested deeper than 64 levels of arrays and objects is a 400 ``invalid_json`` on every stage,
 wherever the nesting is (was: 500 RecursionError at ~1000 levels on colocated, prefill and decode).
-Brackets inside strings are text; 64 levels are accepted."""
+Brackets inside strings are text; 64 levels are accepted. The rule itself: tests/contract/test_json_depth.py."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from stages.api.json_depth import MAX_JSON_DEPTH, too_deep
+from contract.json_depth import TOO_DEEP
 from process.ports import free_port
 from tests.support.redis_fixtures import redis_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
-MESSAGE = "The request body is nested deeper than 64 levels of JSON arrays and objects."
 
 
 def nested(levels: int) -> str:
@@ -46,7 +45,7 @@ def body(place: tuple[str, int], depth: int) -> bytes:
 
 def assert_too_deep(response: httpx.Response, stage: str) -> None:
     assert response.status_code == 400, response.text
-    assert response.json() == {"error": {"message": MESSAGE, "type": "invalid_request_error", "param": None,
+    assert response.json() == {"error": {"message": TOO_DEEP, "type": "invalid_request_error", "param": None,
                                          "code": "invalid_json", "stage": stage}}
 
 
@@ -58,16 +57,6 @@ def stages(start_server, tiny_model, redis_server):  # noqa: F811
                                     "--bootstrap-port", str(free_port())),
             "decode": start_server("decode", "--model", model, "--kv-cache-mib", "16"),
             "encoder": start_server("encoder", "--model", model, "--redis-url", redis_server.url)}
-
-
-# --- pure logic ---------------------------------------------------------------------------------
-def test_the_bound_counts_arrays_and_objects_outside_strings():
-    assert MAX_JSON_DEPTH == 64
-    assert not too_deep(nested(64).encode()) and too_deep(nested(65).encode())
-    assert not too_deep(b'{"text": "' + b"[{" * 5000 + b'"}')  # text, not nesting
-    assert not too_deep(b'{"a": "\\"[[[", "b": ' + nested(63).encode() + b"}")  # an escaped quote ends no string
-    assert too_deep(b'{"a": "\\\\", "b": ' + nested(64).encode() + b"}")  # an escaped backslash does
-    assert not too_deep(b"[" + b"[]," * 100_000 + b"[]]")  # many arrays, two levels
 
 
 # --- real servers -------------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""The bootstrap fields (``contract.bootstrap``): the router writes them into both bodies of a pd request,
+the stages' request models take them with the contract's room bound."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contract.bootstrap import BOOTSTRAP_FIELDS, ROOM_MAX
+from contract.paths import CHAT_PATH
+from router.plan.modes import Call, pd_bodies
+from stages.api.completion_schema import CompletionRequest
+from stages.api.schemas import ChatCompletionRequest
+
+
+def test_the_fields_and_the_room_bound():
+    assert BOOTSTRAP_FIELDS == ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+    assert ROOM_MAX == 2**63 - 1
+
+
+def test_the_router_replaces_any_the_client_sent():
+    body = {"messages": [{"role": "user", "content": "hi"}], "bootstrap_room": {}, "bootstrap_host": "evil"}
+    decode, prefill = pd_bodies(Call(body, False, None, 0.0, path=CHAT_PATH), "10.0.0.1", 8998, ROOM_MAX)
+    for raw in (decode, prefill):
+        sent = msgspec.json.decode(raw)
+        assert [sent[name] for name in BOOTSTRAP_FIELDS] == ["10.0.0.1", 8998, ROOM_MAX]
+
+
+def test_the_stages_request_models_take_the_fields():
+    for model in (ChatCompletionRequest, CompletionRequest):
+        fields = model.model_json_schema()["properties"]
+        assert set(BOOTSTRAP_FIELDS) <= set(fields), model
+        room = fields["bootstrap_room"]["anyOf"][0]
+        assert (room["minimum"], room["maximum"]) == (0, ROOM_MAX), model

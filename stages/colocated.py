@@ -17,7 +17,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.api.chat import ImageMode, Preparer
     from stages.api.lifetime import run_whole
     from stages.api.routes import create_app
-    from stages.api.token_text import TokenText
+    from stages.api.app_config import AppParts, app_config
     from stages.engine.async_engine import AsyncEngine
     from stages.faults.seams import seams_for
     from stages.loading import load_engine
@@ -38,13 +38,10 @@ def build(config: ServerConfig) -> FastAPI:
             await supervisor.stop()
             async_engine.shutdown()
 
-    app = create_app(async_engine, model_name=config.model_name,
-                     prepare=Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS), metrics=metrics,
-                     generate=seams.generate(run_whole(async_engine)),
-                     lifespan=lifespan, max_body_bytes=config.max_body_bytes, max_in_flight=config.max_in_flight,
-                     stream_keepalive_s=config.stream_keepalive_s,
-                     supervisor=supervisor, chars_per_token=prompts.chars_per_token,
-                     stage="colocated", token_text=TokenText(prompts.tokenizer))
+    parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS),
+                     generate=seams.generate(run_whole(async_engine)), metrics=metrics, supervisor=supervisor,
+                     lifespan=lifespan, tokenizer=prompts.tokenizer)
+    app = create_app(parts, app_config(config, prompts, "colocated"))
     seams.install(app)
 
     @app.get("/server_info")

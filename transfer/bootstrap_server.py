@@ -23,7 +23,6 @@ from transfer.messages import (
     KVFailed,
     KVReady,
     KVRequest,
-    Logprob,
     Message,
     Ping,
     Pong,
@@ -139,16 +138,9 @@ class BootstrapServer:
             self._events.put_nowait(None)  # wake the next waiter too
         raise BootstrapClosed(f"bootstrap server {self.address} is closed")
 
-    async def send_ready(self, room: int, *, first_token: int, rope_delta: int, prompt_tokens: int,
-                         cached_tokens: int = 0, first_tokens: list[int] | None = None,
-                         first_logprobs: list[Logprob] | None = None,
-                         prompt_logprobs: list[Logprob | None] | None = None) -> bool:
-        """Tell D its KV for ``room`` is in place. False if D is gone or the room is unknown. The
-        optional fields are ``KVReady``'s (all n first tokens, their logprobs, the prompt's)."""
-        msg = KVReady(room=room, first_token=first_token, rope_delta=rope_delta, prompt_tokens=prompt_tokens,
-                      cached_tokens=cached_tokens, first_tokens=first_tokens or [],
-                      first_logprobs=first_logprobs, prompt_logprobs=prompt_logprobs)
-        return await self._answer(room, msg)
+    async def send_ready(self, ready: KVReady) -> bool:
+        """Tell D its KV for ``ready.room`` is in place. False if D is gone or the room is unknown."""
+        return await self._answer(ready.room, ready)
 
     async def send_failed(self, room: int, reason: str, *, code: str | None = None,
                           image_key: str | None = None) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stages.api.chat_response import TokenText, usage
+from stages.api.chat_response import TokenText
 from stages.engine.logprobs import TokenLogprob
 
 FLOOR = -9999.0  # vLLM's floor for a logprob in JSON
@@ -57,12 +57,10 @@ def choice(index: int, text: str, logprobs: dict | None, finish_reason: str | No
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def completion(request_id: str, created: int, model: str, choices: list[dict], prompt_tokens: int,
-               completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """The non-stream answer: ``choices`` in index order, usage over every prompt and choice."""
+def completion(request_id: str, created: int, model: str, choices: list[dict], usage_body: dict) -> dict:
+    """The non-stream answer: ``choices`` in index order, ``usage_body`` over every prompt and choice."""
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": sorted(choices, key=lambda c: c["index"]),
-            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+            "choices": sorted(choices, key=lambda c: c["index"]), "usage": usage_body}
 
 
 def chunk(request_id: str, created: int, model: str, choices: list[dict], usage_body: dict | None = None) -> dict:

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,6 +28,7 @@ from contract.paths import COMPLETIONS_PATH
 from stages.api import openapi
 from stages.api.completion_openapi import COMPLETIONS_ROUTE
 from stages.api.admission import Admission
+from stages.api.app_config import AppConfig, AppParts
 from stages.api.body import read_body
 from stages.api.completion_bodies import TokenText, chunk, choice, completion, joined, legacy_logprobs
 from stages.api.completion_prompts import Prepared, prepare_completion
@@ -37,21 +37,20 @@ from stages.api.errors import APIError, Stage, bad_request, engine_unavailable, 
 from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, sse_event, ticking,
                                  unless_disconnected)
 from stages.api.chat_response import usage
-from stages.engine.async_engine import AsyncEngine, EngineUnavailable
+from stages.engine.async_engine import EngineUnavailable
 from stages.engine.engine import RequestOutput
 from stages.engine.request import FinishReason
-from stages.metrics import Metrics, RequestTimer
+from stages.metrics import RequestTimer
 from stages.text_bound import TextBound
 
 
 
 
-def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, generate: Generate, gate: Admission,
-                         metrics: Metrics, *, model_name: str, max_body_bytes: int, bound: TextBound | None,
-                         stage: Stage, stream_keepalive_s: float, token_text: TokenText) -> None:
-    """Add the route to ``app`` (``create_app``'s own arguments and gate). The tokenizer that reads
-    text prompts is ``prepare.prompts.tokenizer`` (the chat preparer's prompt builder), read per
-    request; ``token_text`` names the tokens in logprobs."""
+def add_completion_route(app: FastAPI, parts: AppParts, config: AppConfig, generate: Generate, gate: Admission,
+                         bound: TextBound | None) -> None:
+    """Add the route to ``app`` (``create_app``'s own parts, config, generate, gate and bound);
+    ``parts.tokenizer`` reads text prompts and names the tokens in logprobs."""
+    engine, metrics, model_name, token_text = parts.engine, parts.metrics, config.model_name, parts.token_text()
     openapi.install(app, (CompletionRequest,))
 
     @app.post(COMPLETIONS_PATH, **COMPLETIONS_ROUTE)
@@ -60,7 +59,7 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
 
     async def _complete(request: Request) -> Response:
         timer = metrics.timer()
-        body = await run_in_threadpool(parse_completion_request, await read_body(request, max_body_bytes), bound)
+        body = await run_in_threadpool(parse_completion_request, await read_body(request, config.max_body_bytes), bound)
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code=Code.MODEL_NOT_FOUND)
@@ -69,8 +68,7 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
                               f"this request has {len(body.prompts)}.", "prompt", Code.INVALID_VALUE)
         if not engine.alive:
             raise engine_unavailable()
-        tokenizer = prepare.prompts.tokenizer
-        prepared = await run_in_threadpool(prepare_completion, body, tokenizer, engine)
+        prepared = await run_in_threadpool(prepare_completion, body, parts.tokenizer, engine)
         run = _Run(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer, body, prepared,
                    token_text)
         streams: list[AsyncGenerator[RequestOutput, None]] = []
@@ -88,7 +86,7 @@ def add_completion_route(app: FastAPI, engine: AsyncEngine, prepare: Any, genera
             raise
         outputs = _merged(streams)
         if body.stream:
-            return event_stream(_sse(run, ticking(outputs, stream_keepalive_s), stage))
+            return event_stream(_sse(run, ticking(outputs, config.stream_keepalive_s), config.stage))
         return await unless_disconnected(request, _whole(run, outputs))
 
 
@@ -197,8 +195,7 @@ async def _whole(run: _Run, outputs: AsyncGenerator[tuple[int, RequestOutput], N
     choices = [choice(index, "".join(state.pieces), joined(state.logprobs) if run.body.logprobs is not None else None,
                       state.last.finish_reason.value if state.last and state.last.finish_reason else None)
                for index, state in run.choices.items()]
-    return JSONResponse(completion(run.id, run.created, run.model, choices, run.prompt_tokens, run.completion_tokens,
-                                   sum(run.cached.values())))
+    return JSONResponse(completion(run.id, run.created, run.model, choices, run.usage()))
 
 
 async def _sse(run: _Run, outputs: AsyncGenerator[tuple[int, RequestOutput] | None, None],

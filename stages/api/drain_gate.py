@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import Code
 from contract.paths import CHAT_PATH, ENCODE_PATH
-from stages.api.errors import APIError
+from stages.api.errors import APIError, ErrorFields
 from stages.drain import Drain
 
 WORK_PATHS = frozenset({CHAT_PATH, ENCODE_PATH})
@@ -34,12 +34,13 @@ DRAINING_HEALTH = b'{"status":"draining"}'
 
 def draining_error(stage: str | None) -> APIError:
     return APIError(503, "This server is shutting down and takes no new requests; send it to another worker.",
-                    code=Code.DRAINING, stage=stage)
+                    code=Code.DRAINING, fields=ErrorFields(stage=stage))
 
 
 def drain_timeout_error(stage: str | None, grace_s: float) -> APIError:
     return APIError(503, f"This server is shutting down and the request was still running after {grace_s:g} s "
-                         "(--shutdown-grace-s); it was aborted.", code=Code.DRAIN_TIMEOUT, stage=stage)
+                         "(--shutdown-grace-s); it was aborted.", code=Code.DRAIN_TIMEOUT,
+                    fields=ErrorFields(stage=stage))
 
 
 @dataclass

@@ -3,7 +3,7 @@ every non-2xx response (ours, FastAPI's 404/405, pydantic's validation errors, c
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
-plus, inside ``error``, the typed fields (``TYPED_FIELDS``) an error between our servers carries
+plus, inside ``error``, the typed fields (``ErrorFields``) an error between our servers carries
 where it knows them: ``stage`` (the role that answers: prefill, decode, encoder), ``room`` (the
 bootstrap room), ``image_key`` (the image the error is about) and ``peer_code`` (a decode reporting
 its prefill's failure, ``peer_failed``: the prefill's own code). The router reads these, never the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,31 +47,38 @@ _MISMATCH = re.compile(r".*_type|none_required")  # a union member of another ty
 Stage = str | Callable[[], str | None] | None
 
 
-class APIError(Exception):
-    """Raised anywhere under a route; becomes an OpenAI-style error response. ``stage``, ``room``,
-    ``image_key`` and ``peer_code`` (``TYPED_FIELDS``) are in the body when given, in that order
-    after the OpenAI four, and absent when None."""
+@dataclass(frozen=True)
+class ErrorFields:
+    """The typed fields of an error body (``TYPED_FIELDS``, in that order after the OpenAI four), each
+    absent when None."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str,
-                 type: str | None = None, headers: dict[str, str] | None = None, stage: str | None = None,
-                 room: int | None = None, image_key: str | None = None, peer_code: str | None = None) -> None:
+    stage: str | None = None
+    room: int | None = None
+    image_key: str | None = None
+    peer_code: str | None = None
+
+    def body(self) -> dict:
+        return {name: value for name in TYPED_FIELDS if (value := getattr(self, name)) is not None}
+
+
+class APIError(Exception):
+    """Raised anywhere under a route; becomes an OpenAI-style error response: ``type`` follows from
+    ``status``, ``fields`` are the typed fields it knows."""
+
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None, fields: ErrorFields = ErrorFields()) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        self.stage = stage
-        self.room = room
-        self.image_key = image_key
-        self.peer_code = peer_code
+        self.type = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.fields = fields
 
     def body(self) -> dict:
-        values = (self.stage, self.room, self.image_key, self.peer_code)
-        typed = {name: value for name, value in zip(TYPED_FIELDS, values, strict=True) if value is not None}
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
-                          **typed}}
+                          **self.fields.body()}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -131,8 +139,8 @@ def validation_error(errors: Sequence[ErrorDetails]) -> APIError:
 def stamped(error: APIError, stage: Stage) -> APIError:
     """``error`` with ``stage`` (the role now, if a callable) as its ``stage`` field, unless it names
     one already."""
-    if error.stage is None:
-        error.stage = stage() if callable(stage) else stage
+    if error.fields.stage is None:
+        error.fields = replace(error.fields, stage=stage() if callable(stage) else stage)
     return error
 
 

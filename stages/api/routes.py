@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -23,66 +23,47 @@ from starlette.concurrency import run_in_threadpool
 from contract.errors import Code
 from stages.api import openapi
 from stages.api.admission import Admission
+from stages.api.app_config import AppConfig, AppParts
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.completions import add_completion_route
 from stages.api.chat_choices import Choices
-from stages.api.chat_response import TokenText, chunk, completion, usage
+from stages.api.chat_response import chunk, completion, usage
 from stages.api.errors import (APIError, Stage, bad_request, engine_unavailable, install_error_handlers,
                                stamped, unhealthy)
-from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stream, guarded, run_whole, sse_event,
-                                 ticking, unless_disconnected)
+from stages.api.lifetime import (DONE, KEEPALIVE, admitted, event_stream, guarded, run_whole, sse_event, ticking,
+                                 unless_disconnected)
 from stages.api.parse import parse_request
 from stages.api.common_schemas import model_card
 from stages.api.schemas import ChatCompletionRequest
-from stages.api.token_text import token_id_text
 from stages.api.tool_output import ToolOutput
 from stages.api.tools import tool_output
-from stages.engine.async_engine import AsyncEngine, EngineUnavailable
+from stages.engine.async_engine import EngineUnavailable
 from stages.engine.engine import RequestOutput
-from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
-from stages.engine.sampling_params import SamplingParams
-from stages.metrics import Metrics, RequestTimer
-from stages.supervisor import Supervisor
+from stages.metrics import RequestTimer
 from stages.text_bound import TextBound
 
-Prepare = Callable[[ChatCompletionRequest], tuple[Prompt, SamplingParams]]  # stages.api.chat.Preparer and its kin
-
-
-def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
-               metrics: Metrics | None = None, owned_by: str = "epd-stage", generate: Generate | None = None,
-               lifespan=None, max_body_bytes: int = 64 << 20, max_in_flight: int = 512,
-               supervisor: Supervisor | None = None,
-               chars_per_token: int | None = None, stage: Stage = None,
-               stream_keepalive_s: float = 2.0, token_text: TokenText = token_id_text) -> FastAPI:
-    """An app serving ``engine`` under ``model_name``. The caller starts and stops the engine, or
-    passes a ``lifespan`` that does. ``prepare`` turns a request body into the prompt and sampling
-    parameters (on a worker thread; ``stages.api.chat``). ``generate`` is awaited before the response
-    starts: it makes every check that needs no progress of the engine (raising APIError, so that a
-    stream and a non-stream request get the same status and body) and returns the request's outputs,
-    which hold nothing until first iterated (they may be dropped unstarted). Default: the engine runs
-    the request whole; prefill and decode servers pass their room coordinator's instead.
+def create_app(parts: AppParts, config: AppConfig) -> FastAPI:
+    """An app serving ``parts.engine`` as ``config`` says (``stages.api.app_config``). The caller starts
+    and stops the engine, or passes a ``lifespan`` that does. ``generate`` is awaited before the
+    response starts: it raises APIError, so that a stream and a non-stream request get the same
+    status and body, and returns the request's outputs, which hold nothing until first iterated (they
+    may be dropped unstarted).
 
     Admission: at most ``max_in_flight`` chat requests are held at once (from arrival until their
     response ends); beyond that a request gets 503 with ``Retry-After`` before its body is read.
-    Bodies over ``max_body_bytes`` get 413; with ``chars_per_token`` (the prompt builder's), messages
-    whose text cannot fit the context get 400 before they are built (``stages.api.parse``).
-    ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. ``stage``: the
-    server's role, the ``stage`` field of
-    every error it answers (``stages.api.errors.stamped``). A stream that has sent nothing for
-    ``stream_keepalive_s`` (waiting for the KV, a slow step) sends ``KEEPALIVE``, and again each
-    ``stream_keepalive_s`` of silence after it. ``token_text``: how a token id reads in the answer's
-    ``logprobs`` (``stages.api.token_text.TokenText`` of the model's tokenizer; without one,
-    ``token_id:N``)."""
-    metrics = metrics or Metrics()
-    supervisor = supervisor or Supervisor()
+    ``/health`` is 503 while the engine thread or any task of ``supervisor`` is dead. A stream that
+    has sent nothing for ``stream_keepalive_s`` (waiting for the KV, a slow step) sends ``KEEPALIVE``,
+    and again each ``stream_keepalive_s`` of silence after it."""
+    engine, prepare, metrics, supervisor = parts.engine, parts.prepare, parts.metrics, parts.supervisor
+    model_name, stage, token_text = config.model_name, config.stage, parts.token_text()
     supervisor.watch_thread("engine thread", lambda: engine.alive)
-    gate = Admission(max_in_flight)
-    bound = TextBound(engine.max_model_len, chars_per_token) if chars_per_token else None
+    gate = Admission(config.max_in_flight)
+    bound = TextBound(engine.max_model_len, config.chars_per_token) if config.chars_per_token else None
     created = int(time.time())
 
-    generate = generate or run_whole(engine)
-    app = FastAPI(title="epd-stage", version="0.1.0", lifespan=lifespan)
+    generate = parts.generate or run_whole(engine)
+    app = FastAPI(title="epd-stage", version="0.1.0", lifespan=parts.lifespan)
     install_error_handlers(app, stage)
     app.add_middleware(ReleaseMemory)
     openapi.install(app)
@@ -96,7 +77,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
 
     @app.get("/v1/models", **openapi.MODELS_ROUTE)
     async def models() -> dict:
-        return {"object": "list", "data": [model_card(model_name, created, owned_by)]}
+        return {"object": "list", "data": [model_card(model_name, created, config.owned_by)]}
 
     @app.get("/metrics", **openapi.METRICS_ROUTE)
     async def prometheus() -> Response:
@@ -109,7 +90,7 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
 
     async def _chat(request: Request) -> Response:
         timer = metrics.timer()  # from arrival: TTFT includes image decoding and preprocessing
-        body = await run_in_threadpool(parse_request, await read_body(request, max_body_bytes), bound)
+        body = await run_in_threadpool(parse_request, await read_body(request, config.max_body_bytes), bound)
         if body.model is not None and body.model != model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`.",
                            param="model", code=Code.MODEL_NOT_FOUND)
@@ -126,13 +107,11 @@ def create_app(engine: AsyncEngine, *, model_name: str, prepare: Prepare,
         except EngineUnavailable:  # the engine thread ended after the check above
             raise engine_unavailable() from None
         if body.stream:
-            events = _sse(call, choices, ticking(outputs, stream_keepalive_s), body.include_usage, stage)
+            events = _sse(call, choices, ticking(outputs, config.stream_keepalive_s), body.include_usage, stage)
             return event_stream(events)
         return await unless_disconnected(request, _complete(call, choices, outputs))
 
-    add_completion_route(app, engine, prepare, generate, gate, metrics, model_name=model_name,  # stages.api.completions
-                         max_body_bytes=max_body_bytes, bound=bound, stage=stage, stream_keepalive_s=stream_keepalive_s,
-                         token_text=token_text)
+    add_completion_route(app, parts, config, generate, gate, bound)  # stages.api.completions
     return app
 
 

@@ -42,17 +42,17 @@ from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, not_allowed, timed_out, unavailable
 from stages.disagg.hooks import DecodeHooks
 from stages.disagg.ready import read
-from stages.engine.async_engine import AsyncEngine
+from stages.disagg.runtime import StageRuntime
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
+from stages.engine.prefilled import Prefilled
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
 from process.addresses import host_port
-from transfer.base import TransferBackend
 from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import HandshakeError, HandshakeTimeout
-from transfer.messages import Fingerprint, KVRequest
+from transfer.messages import KVRequest
 from transfer.peer_policy import AllowList
 from transfer.rooms import RoomStatus
 
@@ -62,19 +62,20 @@ EVENTS = {RoomStatus.WaitingForInput: "kv_requested", RoomStatus.Success: "kv_re
 
 
 class DecodeCoordinator:
-    def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, hooks: DecodeHooks, timeline: RoomTimeline,
-                 allow: AllowList) -> None:
-        """``allow``: the prefills it may dial (the server's, which the router may add to at runtime);
-        ``hooks``: called at their points in each room's life (``stages.disagg.hooks``); ``timeline``:
-        where each room's events are marked (``stages.timeline``)."""
-        self.engine = engine
-        self.fingerprint = fingerprint
+    def __init__(self, runtime: StageRuntime, config: DisaggConfig, *, supervisor: Supervisor, hooks: DecodeHooks,
+                 timeline: RoomTimeline, allow: AllowList) -> None:
+        """``runtime``: the process's engine, transfer backend and fingerprint; ``allow``: the prefills it
+        may dial (the server's, which the router may add to at runtime); ``hooks``: called at their points
+        in each room's life (``stages.disagg.hooks``); ``timeline``: where each room's events are marked
+        (``stages.timeline``)."""
+        self.engine = runtime.engine
+        self.fingerprint = runtime.fingerprint
         self.config = config
         self.supervisor = supervisor
         self.hooks = hooks
         self.timeline = timeline
-        self.descriptor = backend.descriptor()
+        self.allow = allow
+        self.descriptor = runtime.backend.descriptor()
         self.client = BootstrapClient(allow=allow, max_links=config.max_peer_links,
                                       link_idle_s=config.peer_link_idle_s, on_change=timeline.follow(EVENTS))
         self.decode_id = f"decode-{os.getpid()}"
@@ -92,9 +93,9 @@ class DecodeCoordinator:
     def check(self, room: int, host: str, port: int) -> None:
         """Raise the DisaggError that ``generate`` would raise before reserving anything, now: 403 if
         ``host:port`` is not an allowed prefill, 409 if ``room`` is in flight on this decode. Changes nothing."""
-        if not self.client.allow.allows(host, port):
+        if not self.allow.allows(host, port):
             raise not_allowed(f"prefill {host_port(host, port)} is not allowed by --allowed-bootstrap "
-                              f"(allowed: {self.client.allow})")
+                              f"(allowed: {self.allow})")
         if room in self._rooms:
             raise conflict(f"bootstrap room {room}: room {room} is already in flight on this decode")
 
@@ -142,10 +143,8 @@ class DecodeCoordinator:
             self._free_soon(blocks)
             raise
         finals: dict[int, RequestOutput] = {}  # each sequence's last output
-        async for output in self.engine.generate_prefilled(
-            f"room-{room}", prompt, params, blocks, first.tokens, ready.rope_delta, ready.cached_tokens,
-            first_logprobs=first.logprobs, prompt_logprobs=first.prompt_logprobs,
-        ):
+        prefilled = Prefilled(f"room-{room}", prompt, params, blocks, first, ready.rope_delta, ready.cached_tokens)
+        async for output in self.engine.generate_prefilled(prefilled):
             if not finals:
                 mark(room, "first_token")
             finals[output.index] = output

@@ -50,17 +50,17 @@ from typing import Any
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
 from stages.disagg.hooks import PrefillHooks
-from stages.disagg.ready import ready_fields
-from stages.engine.async_engine import AsyncEngine
+from stages.disagg.ready import ready_message
+from stages.disagg.runtime import StageRuntime
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
-from transfer.base import TransferBackend, TransferError, block_ops
+from transfer.base import TransferError, block_ops
 from transfer.bootstrap_server import BootstrapServer
-from transfer.messages import Abort, Fingerprint, KVRequest
+from transfer.messages import Abort, KVRequest
 from transfer.rooms import DuplicateRoom, Entry, Room, RoomClosed, RoomStatus, RoomTable
 
 log = logging.getLogger(__name__)
@@ -95,17 +95,19 @@ class _Local:
 
 
 class PrefillCoordinator:
-    def __init__(self, engine: AsyncEngine, backend: TransferBackend, fingerprint: Fingerprint,
-                 config: DisaggConfig, *, supervisor: Supervisor, hooks: PrefillHooks, timeline: RoomTimeline) -> None:
-        """``hooks``: called at their points in each room's life (``stages.disagg.hooks``); ``timeline``:
-        where each room's events are marked (``stages.timeline``)."""
-        self.engine = engine
-        self.backend = backend
+    def __init__(self, runtime: StageRuntime, config: DisaggConfig, *, supervisor: Supervisor, hooks: PrefillHooks,
+                 timeline: RoomTimeline) -> None:
+        """``runtime``: the process's engine, transfer backend and fingerprint; ``hooks``: called at their
+        points in each room's life (``stages.disagg.hooks``); ``timeline``: where each room's events are
+        marked (``stages.timeline``)."""
+        self.engine = runtime.engine
+        self.layout = runtime.engine.layout  # the KV pool's shape: fixed at load
+        self.backend = runtime.backend
         self.config = config
         self.supervisor = supervisor
         self.hooks = hooks
         self.timeline = timeline
-        self.server = BootstrapServer(fingerprint, host=config.bootstrap_host, port=config.bootstrap_port,
+        self.server = BootstrapServer(runtime.fingerprint, host=config.bootstrap_host, port=config.bootstrap_port,
                                       heartbeat_s=config.peer_heartbeat_s)
         self.table: RoomTable[_Local, KVRequest] = RoomTable(on_change=timeline.follow(EVENTS))
         self._runs: set[asyncio.Task] = set()  # the runners of paired rooms (``close`` cancels them)
@@ -275,7 +277,7 @@ class PrefillCoordinator:
             mark(room, "kv_written", bytes=moved, seconds=elapsed)
             await self.hooks.before_ready(room)
             _advance(state, RoomStatus.Success)  # before KVReady: the decode's kv_ready may come first
-            await self.server.send_ready(room, **ready_fields(outputs))
+            await self.server.send_ready(ready_message(room, outputs))
             _answer(local, PrefillResult(room, [dataclasses.replace(o, blocks=None) for o in outputs],
                                          moved, elapsed))
         except Exception as exc:
@@ -354,7 +356,7 @@ class PrefillCoordinator:
                 f"{prompt_tokens}; both must get the same request and run the same model and chat template"
             )
         # the bootstrap server checked cached_blocks and the blocks against D's prompt length, equal to ours
-        if remote.cached_blocks + len(remote.block_ids) < blocks_for_tokens(prompt_tokens, self.engine.engine.layout.block_size):
+        if remote.cached_blocks + len(remote.block_ids) < blocks_for_tokens(prompt_tokens, self.layout.block_size):
             raise bad_gateway(f"bootstrap room {room}: the decode reserved too few blocks for {prompt_tokens} tokens")
 
     def _write(self, remote: KVRequest, blocks: list[int]) -> int:
@@ -362,7 +364,7 @@ class PrefillCoordinator:
         TransferError when the write fails."""
         peer = self.backend.connect(remote.descriptor)
         mine = blocks[remote.cached_blocks:]  # the decode has the first ones in its own prefix cache
-        ops = block_ops(mine, remote.block_ids[: len(mine)], self.engine.engine.layout.block_bytes)
+        ops = block_ops(mine, remote.block_ids[: len(mine)], self.layout.block_bytes)
         self.engine.kv_ready()  # on a GPU the forward pass that wrote them may still be running
         return self.backend.write(peer, ops)
 

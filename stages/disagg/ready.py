@@ -12,12 +12,10 @@ can make the frame big (18 + 15 k bytes a prompt token): ``check_size`` refuses 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from stages.disagg.errors import DisaggError, bad_gateway
 from stages.engine.engine import RequestOutput
 from stages.engine.logprobs import TokenLogprob
+from stages.engine.prefilled import FirstTokens
 from stages.engine.sampling_params import SamplingParams
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES
 from transfer.messages import KVReady, Logprob, check_ready, ready_bytes_bound
@@ -36,36 +34,27 @@ def check_size(prompt_tokens: int, params: SamplingParams) -> None:
             "prompt_logprobs_too_large")
 
 
-def ready_fields(outputs: list[RequestOutput]) -> dict[str, Any]:
-    """``BootstrapServer.send_ready``'s keyword fields for a room whose hand-off ended in ``outputs``
-    (one finished output per sequence, in index order; the first holds the KV blocks)."""
+def ready_message(room: int, outputs: list[RequestOutput]) -> KVReady:
+    """The ``KVReady`` of ``room``, whose hand-off ended in ``outputs`` (one finished output per
+    sequence, in index order; the first holds the KV blocks)."""
     first = outputs[0]
     prompt = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None)
     logprobs = [o.logprobs[0] for o in outputs if o.logprobs]
-    return {
-        "first_token": first.token_ids[0], "rope_delta": first.rope_delta, "prompt_tokens": first.prompt_tokens,
-        "cached_tokens": first.cached_tokens, "first_tokens": [o.token_ids[0] for o in outputs],
-        "first_logprobs": [_to_wire(lp) for lp in logprobs] if len(logprobs) == len(outputs) else None,
-        "prompt_logprobs": [None if lp is None else _to_wire(lp) for lp in prompt] if prompt is not None else None,
-    }
+    return KVReady(
+        room=room, first_token=first.token_ids[0], rope_delta=first.rope_delta, prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens, first_tokens=[o.token_ids[0] for o in outputs],
+        first_logprobs=[_to_wire(lp) for lp in logprobs] if len(logprobs) == len(outputs) else None,
+        prompt_logprobs=[None if lp is None else _to_wire(lp) for lp in prompt] if prompt is not None else None,
+    )
 
 
-@dataclass(frozen=True)
-class First:
-    """What the decode starts a room's sequences from (``Engine.add_prefilled``'s arguments)."""
-
-    tokens: list[int]
-    logprobs: list[TokenLogprob | None] | None
-    prompt_logprobs: list[TokenLogprob | None] | None
-
-
-def read(room: int, ready: KVReady, prompt_tokens: int, params: SamplingParams) -> First:
-    """The first tokens and logprobs in ``ready``; 502 when it lacks what ``params`` asked (an older
-    prefill) or does not fit the request."""
+def read(room: int, ready: KVReady, prompt_tokens: int, params: SamplingParams) -> FirstTokens:
+    """The first tokens and logprobs in ``ready``, what the decode starts the room's sequences from;
+    502 when it lacks what ``params`` asked (an older prefill) or does not fit the request."""
     if reason := check_ready(ready, n=params.n, logprobs=params.logprobs, prompt_tokens=prompt_tokens,
                              prompt_logprobs=params.prompt_logprobs):
         raise bad_gateway(f"bootstrap room {room}: {reason}")
-    return First(
+    return FirstTokens(
         tokens=ready.tokens(),
         logprobs=[_from_wire(lp) for lp in ready.first_logprobs]
         if params.logprobs is not None and ready.first_logprobs is not None else None,

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from contract.bootstrap import BOOTSTRAP_FIELDS
 from stages.api.chat import ImageMode, Preparer, image_refs
 from stages.disagg.admin import add_bootstrap_route
-from stages.api.errors import APIError, bad_request
+from stages.api.errors import APIError, ErrorFields, bad_request
 from stages.api.completion_schema import AnyRequest
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
@@ -61,9 +61,8 @@ def _room(body: AnyRequest) -> tuple[int, str, int]:
 def _api_error(exc: DisaggError, stage: str, room: int) -> APIError:
     """The answer of ``stage`` (prefill or decode) for ``room``'s failure, its typed fields set."""
     retry = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
-    return APIError(exc.status, str(exc), param=exc.param, code=exc.code,
-                    type="server_error" if exc.status >= 500 else None, stage=stage, room=room,
-                    image_key=exc.image_key, peer_code=exc.peer_code, headers=retry)
+    fields = ErrorFields(stage=stage, room=room, image_key=exc.image_key, peer_code=exc.peer_code)
+    return APIError(exc.status, str(exc), param=exc.param, code=exc.code, headers=retry, fields=fields)
 
 
 async def _as_api_errors(outputs: AsyncGenerator[RequestOutput, None], stage: str,
@@ -90,20 +89,18 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
             check_size(len(prompt.token_ids), params)
         except DisaggError as exc:
             raise _api_error(exc, "prefill", room) from exc
-        outputs = _prefilled(coordinator, inputs, request_id, room, prompt, params, body)
-        return _as_api_errors(outputs, "prefill", room)
+
+        async def prefilled() -> AsyncGenerator[RequestOutput, None]:
+            fill = (inputs.fill(prompt, image_refs(body))  # only a chat body has images (a completions prompt is text)
+                    if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest) else None)
+            result = await coordinator.prefill(room, prompt, params, fill)
+            for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
+                yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
+                                          completion_tokens=1)
+
+        return _as_api_errors(prefilled(), "prefill", room)
 
     return generate
-
-
-async def _prefilled(coordinator: PrefillCoordinator, inputs: ImageInputs | None, request_id: str, room: int,
-                     prompt: Prompt, params: SamplingParams, body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
-    fill = (inputs.fill(prompt, image_refs(body))  # only a chat body has images (a completions prompt is text)
-            if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest) else None)
-    result = await coordinator.prefill(room, prompt, params, fill)
-    for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
-        yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
-                                  completion_tokens=1)
 
 
 def decode_generate(coordinator: DecodeCoordinator):
@@ -127,7 +124,7 @@ def build(config: ServerConfig) -> FastAPI:
     """Load the model, register the KV pool, build the role's coordinator and the app. The app's
     lifespan starts the coordinator and the engine thread, and stops them in reverse order."""
     from stages.api.routes import create_app
-    from stages.api.token_text import TokenText
+    from stages.api.app_config import AppParts, app_config
     from stages.metrics import Metrics
 
     disagg = config.disagg
@@ -141,16 +138,16 @@ def build(config: ServerConfig) -> FastAPI:
     timeline, allow = RoomTimeline(), disagg.allow_list()
     coordinator: PrefillCoordinator | DecodeCoordinator
     if config.role == "prefill":
-        coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                         supervisor=supervisor, hooks=seams.prefill(), timeline=timeline)
+        coordinator = PrefillCoordinator(runtime, disagg, supervisor=supervisor, hooks=seams.prefill(),
+                                         timeline=timeline)
         adapter = runtime.prompts.adapter
         inputs = None if cache is None else ImageInputs(
             cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers), runtime.prompts,
             disagg.embedding_timeout_s)
         generate = seams.generate(prefill_generate(coordinator, inputs))
     else:
-        coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                        supervisor=supervisor, hooks=seams.decode(), timeline=timeline, allow=allow)
+        coordinator = DecodeCoordinator(runtime, disagg, supervisor=supervisor, hooks=seams.decode(),
+                                        timeline=timeline, allow=allow)
         generate = seams.generate(decode_generate(coordinator))
 
     @asynccontextmanager
@@ -167,12 +164,9 @@ def build(config: ServerConfig) -> FastAPI:
             runtime.close()
 
     prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode)
-    app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare, metrics=metrics,
-                     generate=generate, lifespan=lifespan, max_body_bytes=config.max_body_bytes,
-                     max_in_flight=config.max_in_flight,
-                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor,
-                     chars_per_token=runtime.prompts.chars_per_token, stage=config.role,
-                     token_text=TokenText(runtime.prompts.tokenizer))
+    parts = AppParts(runtime.engine, prepare, generate=generate, metrics=metrics, supervisor=supervisor,
+                     lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
+    app = create_app(parts, app_config(config, runtime.prompts, config.role))
     seams.install(app)
 
     @app.get("/server_info")

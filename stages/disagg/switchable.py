@@ -85,12 +85,11 @@ class RoleSlot:
             assert disagg is not None
             coordinator: PrefillCoordinator | DecodeCoordinator
             if role == "prefill":
-                coordinator = PrefillCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                                 supervisor=supervisor, hooks=self.seams.prefill(), timeline=self.timeline)
+                coordinator = PrefillCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.prefill(),
+                                                 timeline=self.timeline)
             else:
-                coordinator = DecodeCoordinator(runtime.engine, runtime.backend, runtime.fingerprint, disagg,
-                                                supervisor=supervisor, hooks=self.seams.decode(), timeline=self.timeline,
-                                                allow=self.allow)
+                coordinator = DecodeCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.decode(),
+                                                timeline=self.timeline, allow=self.allow)
             await coordinator.start()
             self.supervisor.adopt("role", supervisor)
             self.coordinator, self._role_supervisor, self.role = coordinator, supervisor, role
@@ -137,7 +136,6 @@ class RolePreparer:
 
     def __init__(self, slot: RoleSlot, pixels: Preparer, sizes: Preparer) -> None:
         self.slot, self.pixels, self.sizes = slot, pixels, sizes
-        self.prompts = pixels.prompts  # one builder for both: its tokenizer reads /v1/completions' text prompts
 
     def __call__(self, body: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
         return (self.pixels if self.slot.role == "prefill" else self.sizes)(body)
@@ -146,7 +144,7 @@ class RolePreparer:
 def build(config: ServerConfig) -> FastAPI:
     """Load the model (both halves) and register the KV pool once; the app starts with no role."""
     from stages.api.routes import create_app
-    from stages.api.token_text import TokenText
+    from stages.api.app_config import AppParts, app_config
     from stages.metrics import Metrics
 
     disagg = config.disagg
@@ -169,12 +167,9 @@ def build(config: ServerConfig) -> FastAPI:
 
     prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode)
                                    for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
-    app = create_app(runtime.engine, model_name=config.model_name, prepare=prepare,
-                     metrics=metrics, generate=seams.generate(slot.generate), lifespan=lifespan, max_body_bytes=config.max_body_bytes,
-                     max_in_flight=config.max_in_flight,
-                     stream_keepalive_s=config.stream_keepalive_s, supervisor=supervisor,
-                     chars_per_token=runtime.prompts.chars_per_token, stage=lambda: slot.role,
-                     token_text=TokenText(runtime.prompts.tokenizer))
+    parts = AppParts(runtime.engine, prepare, generate=seams.generate(slot.generate), metrics=metrics,
+                     supervisor=supervisor, lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
+    app = create_app(parts, app_config(config, runtime.prompts, lambda: slot.role))
     seams.install(app)
 
     @app.get("/server_info")

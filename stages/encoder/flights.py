@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from cache.errors import CacheUnavailable, EntryTooLarge
@@ -75,6 +75,10 @@ class Flights:
 
     def get(self, key: str) -> Flight | None:
         return self._table.get(key)
+
+    async def cached(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` the cache holds now (``EmbeddingCache.contains_many``). Raises CacheUnavailable."""
+        return await self.cache.contains_many(keys)
 
     async def start(self, key: str, image: ImageInput, serial: int, room: int) -> Flight:
         """A new flight for ``key`` (none may be in the table), joined by request ``serial``. Returns

@@ -31,7 +31,7 @@ from PIL import Image
 from cache.errors import CacheUnavailable
 from contract.encode import CACHED, ENCODED, ImageStatus
 from contract.errors import Code
-from stages.api.errors import APIError, bad_request
+from stages.api.errors import APIError, ErrorFields, bad_request
 from stages.api.images import open_image
 from stages.config import EncoderConfig, ImageLimits
 from stages.encoder.batcher import RecentRooms
@@ -95,7 +95,7 @@ class EncodeService:
                 return await self._encode(serial, room, uploads, start)
         except TimeoutError:
             raise APIError(504, f"The images were not encoded within {self.config.encode_timeout_s:g} s "
-                           "(--encode-timeout-s).", code=Code.ENCODE_TIMEOUT, room=room) from None
+                           "(--encode-timeout-s).", code=Code.ENCODE_TIMEOUT, fields=ErrorFields(room=room)) from None
         finally:
             del self._requests[serial]
             self.flights.forget(lambda s, _room: s == serial)
@@ -112,10 +112,10 @@ class EncodeService:
     async def _encode(self, serial: int, room: int, uploads: list[Upload], start: float) -> list[ImageResult]:
         first = {u.key: u for u in reversed(uploads)}  # one upload per key
         try:
-            cached = await self.flights.cache.contains_many(first)
+            cached = await self.flights.cached(first)
         except CacheUnavailable as exc:
             failure = redis_failure(exc)
-            raise APIError(failure.status, failure.message, code=failure.code, room=room) from None
+            raise APIError(failure.status, failure.message, code=failure.code, fields=ErrorFields(room=room)) from None
         todo = [first[key] for key in dict.fromkeys(u.key for u in uploads) if key not in cached]
         fresh = [u for u in todo if self.flights.get(u.key) is None]
         inputs = dict(zip([u.key for u in fresh], await asyncio.to_thread(self._prepare, fresh, uploads)))
@@ -127,7 +127,7 @@ class EncodeService:
             if isinstance(outcome, Failure):
                 index = next(i for i, u in enumerate(uploads) if u.key == key)
                 raise APIError(outcome.status, outcome.message, param=f"images[{index}]", code=outcome.code,
-                               room=room, image_key=key)
+                               fields=ErrorFields(room=room, image_key=key))
             seconds = round(flight.ended_at - start, 6) if outcome == ENCODED else 0.0
             results[key] = ImageResult(key, outcome, flight.job.image.num_tokens if outcome == ENCODED else None,
                                        seconds)
@@ -168,7 +168,8 @@ class EncodeService:
 
 
 def room_aborted(room: int) -> APIError:
-    return APIError(409, f"Room {room} was aborted on this encoder.", param="room", code=Code.ROOM_ABORTED, room=room)
+    return APIError(409, f"Room {room} was aborted on this encoder.", param="room", code=Code.ROOM_ABORTED,
+                    fields=ErrorFields(room=room))
 
 
 def _preprocess(image_processor: Any, adapter: ModelAdapter, image: Image.Image, param: str) -> ImageInput:

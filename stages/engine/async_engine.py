@@ -34,9 +34,10 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from stages.engine.engine import Engine, RequestOutput
-from stages.engine.logprobs import TokenLogprob
+from stages.engine.engine import Engine, EngineStats, RequestOutput
+from stages.engine.kv_pool import KVLayout
 from stages.engine.multimodal import Prompt
+from stages.engine.prefilled import Prefilled
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 
@@ -56,18 +57,6 @@ class EngineTimeout(EngineUnavailable, TimeoutError):
     behind. Servers answer 503."""
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    waiting: int
-    running: int
-    blocks_used: int  # referenced by live requests (or held for a KV transfer)
-    blocks_total: int
-    blocks_cached: int = 0  # prefix cache: cached blocks nobody references (evictable)
-    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
-    prefix_hit_tokens: int = 0  # of those, tokens found there
-    preemptions: dict[str, int] = field(default_factory=dict)  # by kind ("recompute", "swap"), since start
-
-
 @dataclass(eq=False)
 class _Call:
     """One ``call``: ``started`` and ``withdrawn`` change only under ``AsyncEngine._lock``."""
@@ -82,7 +71,7 @@ class _Call:
 class AsyncEngine:
     def __init__(self, engine: Engine, on_step: Callable[[int, float], None] | None = None,
                  before_step: Callable[[bool], None] | None = None) -> None:
-        self.engine = engine
+        self._engine = engine  # touched on the engine thread only, but for what never changes after loading
         self._on_step = on_step  # called on the engine thread after each step: batch size, seconds it took
         self._before_step = before_step  # called on the engine thread each loop iteration: busy (a step follows)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -110,27 +99,30 @@ class AsyncEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self._engine.max_model_len
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.vocab_size
+        return self._engine.vocab_size
+
+    @property
+    def layout(self) -> KVLayout:
+        """The KV pool's shape (block size, bytes a block), fixed at load."""
+        return self._engine.layout
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
         """``Engine.check_request`` from any thread: it reads only what never changes after loading.
         ValueError (a message for the client) if the request can never run here."""
-        self.engine.check_request(prompt, params)
+        self._engine.check_request(prompt, params)
 
     def kv_ready(self) -> None:
         """Any thread: return once the KV written by every finished step is in memory, so that its
-        blocks may be handed to a transfer engine (``KVPool.sync``; nothing to wait for on the CPU)."""
-        self.engine.pool.sync()
+        blocks may be handed to a transfer engine (``Engine.kv_ready``)."""
+        self._engine.kv_ready()
 
     def stats(self) -> EngineStats:
-        allocator, scheduler = self.engine.allocator, self.engine.scheduler
-        return EngineStats(scheduler.num_waiting, scheduler.num_running, allocator.num_used, allocator.num_blocks,
-                           allocator.num_cached, scheduler.prefix_queries, scheduler.prefix_hit_tokens,
-                           dict(scheduler.preemptions))
+        """Any thread: the engine's counters now (each read once; they may be a step apart)."""
+        return self._engine.stats()
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                  hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:
@@ -139,28 +131,20 @@ class AsyncEngine:
         when the request is queued). ``hand_off``: prefill only; each sequence's one output is final,
         sequence 0's carries the blocks (see ``Engine.add_request``)."""
         self._check_running()
-        self.engine.check_request(prompt, params)
+        self._engine.check_request(prompt, params)
 
         def start(engine: Engine) -> None:
             engine.add_request(request_id, prompt, params, hand_off)
 
         return self._stream(request_id, params.n, start)
 
-    def generate_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                           first_tokens: list[int], rope_delta: int, cached_tokens: int = 0,
-                           first_logprobs: list[TokenLogprob | None] | None = None,
-                           prompt_logprobs: list[TokenLogprob | None] | None = None,
-                           ) -> AsyncGenerator[RequestOutput, None]:
-        """Decode a request whose prompt KV is already in ``blocks``; each sequence's first output is its
-        entry of ``first_tokens`` (the other arguments as ``Engine.add_prefilled``).
-        The engine owns ``blocks`` from the moment the command runs. Raises EngineUnavailable if the
-        engine thread is not running (then the caller still owns the blocks)."""
+    def generate_prefilled(self, prefilled: Prefilled) -> AsyncGenerator[RequestOutput, None]:
+        """Decode a request whose prompt KV is already in its blocks; each sequence's first output is its
+        first token (``Engine.add_prefilled``). The engine owns the blocks from the moment the command
+        runs. Raises EngineUnavailable if the engine thread is not running (then the caller still owns
+        the blocks)."""
         self._check_running()
-        return self._stream(
-            request_id, params.n,
-            lambda e: e.add_prefilled(request_id, prompt, params, blocks, first_tokens, rope_delta, cached_tokens,
-                                      first_logprobs, prompt_logprobs),
-        )
+        return self._stream(prefilled.request_id, prefilled.params.n, lambda e: e.add_prefilled(prefilled))
 
     async def _stream(self, request_id: str, n: int,
                       start: Callable[[Engine], object]) -> AsyncGenerator[RequestOutput, None]:
@@ -253,14 +237,14 @@ class AsyncEngine:
         reason = "the engine was shut down"
         try:
             while not self._stop.is_set():
-                self._drain_commands(block=not self.engine.has_work())
-                busy = self.engine.has_work()
+                self._drain_commands(block=not self._engine.has_work())
+                busy = self._engine.has_work()
                 if self._before_step is not None:
                     self._before_step(busy)
                 if not busy:
                     continue
                 started = time.perf_counter()
-                outputs = self.engine.step()
+                outputs = self._engine.step()
                 if self._on_step is not None:
                     self._on_step(len(outputs), time.perf_counter() - started)
                 self._publish(outputs)
@@ -306,7 +290,7 @@ class AsyncEngine:
         if kind == "start":
             request_id, start = args
             try:
-                first = start(self.engine)
+                first = start(self._engine)
             except Exception as exc:  # checked before queueing; this is a last line of defence
                 log.exception("request %s refused", request_id)
                 stream = self._streams.get(request_id)
@@ -317,11 +301,11 @@ class AsyncEngine:
         elif kind == "call":
             self._run_call(args[0])
         elif kind == "abort":
-            self._publish(self.engine.abort(args[0]))
+            self._publish(self._engine.abort(args[0]))
         elif kind == "undo":
             undo, result = args
             try:
-                undo(self.engine, result)
+                undo(self._engine, result)
             except Exception:
                 log.exception("undoing a call whose caller gave up failed")
 
@@ -331,7 +315,7 @@ class AsyncEngine:
                 return
             command.started = True
         try:
-            result = command.fn(self.engine)
+            result = command.fn(self._engine)
         except Exception as exc:
             self._answer(command, None, exc)
         except BaseException as exc:  # ends the engine thread; the caller hears why

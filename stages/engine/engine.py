@@ -42,7 +42,7 @@ Not thread-safe: exactly one thread calls into an Engine (see ``AsyncEngine``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +55,7 @@ from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_prompts
 from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
@@ -87,6 +88,18 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    waiting: int
+    running: int
+    blocks_used: int  # referenced by live requests (or held for a KV transfer)
+    blocks_total: int
+    blocks_cached: int = 0  # prefix cache: cached blocks nobody references (evictable)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_hit_tokens: int = 0  # of those, tokens found there
+    preemptions: dict[str, int] = field(default_factory=dict)  # by kind ("recompute", "swap"), since start
 
 
 class Engine:
@@ -173,39 +186,29 @@ class Engine:
         """Drop the caller's reference to each block (shared and cached ones stay with their other holders)."""
         self.allocator.free(blocks)
 
-    def add_prefilled(self, request_id: str, prompt: Prompt, params: SamplingParams, blocks: list[int],
-                      first_tokens: list[int], rope_delta: int, cached_tokens: int = 0,
-                      first_logprobs: list[TokenLogprob | None] | None = None,
-                      prompt_logprobs: list[TokenLogprob | None] | None = None) -> list[RequestOutput]:
-        """Start decoding a request whose prompt KV is already in ``blocks`` (from ``reserve_blocks``)
-        and whose first tokens came with it, one per sequence (``params.n``; ``first_logprobs``, when
-        given, theirs; ``prompt_logprobs`` go on sequence 0's output; ``cached_tokens``: how many
-        prompt tokens the prefill found in its prefix cache, reported in the outputs). Sequences 1..n-1
-        fork from sequence 0 here. Returns each sequence's first output, by index. The engine owns the
-        blocks from this call on: if it raises (ValueError: the request can never run, its id is in
-        use, the first tokens are not one token id per sequence or the blocks are too few), the
-        blocks are already freed and nothing else has changed."""
+    def add_prefilled(self, prefilled: Prefilled) -> list[RequestOutput]:
+        """Start decoding a request whose prompt KV is already in its blocks and whose first tokens
+        came with it, one per sequence (``Prefilled``). Sequences 1..n-1 fork from sequence 0 here.
+        Returns each sequence's first output, by index. The engine owns the blocks from this call on:
+        if it raises (ValueError: the request can never run, its id is in use, the first tokens are
+        not one token id per sequence or the blocks are too few), the blocks are already freed and
+        nothing else has changed."""
+        prompt, params, blocks, first = prefilled.prompt, prefilled.params, prefilled.blocks, prefilled.first
         try:
-            self._check_new_id(request_id, params.n)
+            self._check_new_id(prefilled.request_id, params.n)
             self.check_request(prompt, params)
-            request = Request(request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
-                              rope_delta=rope_delta, num_cached_tokens=cached_tokens,
+            request = Request(prefilled.request_id, prompt, params, blocks=blocks, num_computed=len(prompt.token_ids),
+                              rope_delta=prefilled.rope_delta, num_cached_tokens=prefilled.cached_tokens,
                               block_hashes=self._block_hashes(prompt), preemption=Preemption.SWAP)
-            if len(first_tokens) != params.n:
-                raise ValueError(f"{len(first_tokens)} first tokens for {params.n} sequences")
-            if first_logprobs is not None and len(first_logprobs) != params.n:
-                raise ValueError(f"{len(first_logprobs)} first-token logprobs for {params.n} sequences")
-            for token in first_tokens:
-                if not 0 <= token < self.vocab_size:
-                    raise ValueError(f"first token {token} is not in this model's vocabulary of {self.vocab_size}")
+            self._check_first(first, params.n)
             need = self.scheduler.blocks_needed(request)
             if len(blocks) < need:
                 raise ValueError(f"{len(blocks)} blocks given, the request needs {need}")
             sequences = [request] + [request.fork(i) for i in range(1, params.n)]
             tracked = [self._new_tracked(sequence) for sequence in sequences]
             for sequence, state in zip(sequences, tracked):
-                state.prompt_logprobs = prompt_logprobs if not sequence.index else None
-                state.logprob = None if first_logprobs is None else first_logprobs[sequence.index]
+                state.prompt_logprobs = first.prompt_logprobs if not sequence.index else None
+                state.logprob = None if first.logprobs is None else first.logprobs[sequence.index]
                 if not params.greedy:  # the prefill drew the first token from the same seed: skip that draw here
                     self._skip_draw(state.generator)
         except BaseException:
@@ -214,7 +217,7 @@ class Engine:
         self.scheduler.add_running(request)
         self._tracked.update((sequence.request_id, state) for sequence, state in zip(sequences, tracked))
         self.scheduler.register(request)  # the prompt's KV is all here: later rooms may skip sending it
-        outputs = [self._append_or_fail(sequence, token) for sequence, token in zip(sequences, first_tokens)]
+        outputs = [self._append_or_fail(sequence, token) for sequence, token in zip(sequences, first.tokens)]
         for child in sequences[1:]:
             self._place(request, child)
         self.scheduler.reap()  # done already (a stop token or max_tokens=1): blocks go back now
@@ -250,7 +253,29 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def kv_ready(self) -> None:
+        """Return once the KV written by every finished step is in memory, so that its blocks may be
+        handed to a transfer engine (``KVPool.sync``; nothing to wait for on the CPU)."""
+        self.pool.sync()
+
+    def stats(self) -> EngineStats:
+        allocator, scheduler = self.allocator, self.scheduler
+        return EngineStats(scheduler.num_waiting, scheduler.num_running, allocator.num_used, allocator.num_blocks,
+                           allocator.num_cached, scheduler.prefix_queries, scheduler.prefix_hit_tokens,
+                           dict(scheduler.preemptions))
+
     # --- internals ---------------------------------------------------------------------------
+    def _check_first(self, first: FirstTokens, n: int) -> None:
+        """ValueError unless ``first`` holds one token of this vocabulary per sequence (and one logprob,
+        if any)."""
+        if len(first.tokens) != n:
+            raise ValueError(f"{len(first.tokens)} first tokens for {n} sequences")
+        if first.logprobs is not None and len(first.logprobs) != n:
+            raise ValueError(f"{len(first.logprobs)} first-token logprobs for {n} sequences")
+        for token in first.tokens:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"first token {token} is not in this model's vocabulary of {self.vocab_size}")
+
     def _check_new_id(self, request_id: str, n: int = 1) -> None:
         """ValueError if a live sequence belongs to request ``request_id`` or has the id one of its ``n`` would."""
         if any(sequence_id(request_id, i) in self._tracked for i in range(n)) or self.scheduler.sequences(request_id):

@@ -21,7 +21,7 @@ from stages.api.images import ImageLimits
 from stages.api.app_config import AppConfig, AppParts
 from stages.api.routes import create_app
 from stages.api.schemas import ChatCompletionRequest
-from stages.engine.async_engine import EngineStats
+from stages.engine.engine import EngineStats
 from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason

@@ -90,6 +90,7 @@ ALL_MESSAGES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("msg", ALL_MESSAGES, ids=lambda m: type(m).__name__)
 def test_codec_round_trip(msg: object) -> None:
     data = encode(msg)
@@ -115,6 +116,7 @@ GARBAGE = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("data", GARBAGE)
 def test_garbage_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
@@ -131,6 +133,7 @@ class _KVFailedV1(msgspec.Struct, tag="KVFailed", frozen=True, kw_only=True):
     reason: str
 
 
+@pytest.mark.unit
 def test_the_typed_failure_fields_keep_older_frames_readable_both_ways() -> None:
     """``code`` / ``image_key`` are optional: a frame without them (an older peer) decodes with None,
     and a frame with them decodes under the older definition, which ignores them. So they changed
@@ -144,6 +147,7 @@ def test_the_typed_failure_fields_keep_older_frames_readable_both_ways() -> None
     assert msgspec.msgpack.decode(new, type=_KVFailedV1) == _KVFailedV1(room=3, reason="boom")
 
 
+@pytest.mark.unit
 def test_other_version_is_a_version_mismatch_with_room() -> None:
     with pytest.raises(VersionMismatch) as info:
         decode(encode(kv_request(7, version=1)))
@@ -154,6 +158,7 @@ def test_other_version_is_a_version_mismatch_with_room() -> None:
     assert (info.value.peer_version, info.value.room) == (3, 8)
 
 
+@pytest.mark.unit
 def test_model_identity_ignores_paths_and_names() -> None:
     config = {"model_type": "llama", "num_hidden_layers": 2, "_name_or_path": "/a", "text_config": {"dtype": "x"}}
     moved = {**config, "_name_or_path": "/elsewhere/copy", "transformers_version": "5.0", "text_config": {}}
@@ -162,6 +167,7 @@ def test_model_identity_ignores_paths_and_names() -> None:
     assert model_identity("llama", config) != model_identity("llama", {**config, "num_hidden_layers": 3})
 
 
+@pytest.mark.unit
 def test_fingerprint_validates() -> None:
     with pytest.raises(ValueError, match="block_size"):
         dataclasses.replace(FP, block_size=0)
@@ -196,6 +202,7 @@ MISMATCHES = [
 ]
 
 
+@pytest.mark.unit
 def test_check_compatible_pure() -> None:
     assert check_compatible(FP, dataclasses.replace(FP)) is None
     both = dataclasses.replace(FP, dtype="float16", block_size=32)
@@ -278,9 +285,8 @@ class FakePrefill:
         entry = self.table.remove(room)
         assert entry is not None and entry.remote is not None
         await asyncio.sleep(random.random() * 0.01)  # "prefill and transfer"
-        await self.server.send_ready(
-            room, first_token=first_token(room), rope_delta=-(room % 7), prompt_tokens=entry.remote.prompt_tokens
-        )
+        await self.server.send_ready(KVReady(room=room, first_token=first_token(room), rope_delta=-(room % 7),
+                                             prompt_tokens=entry.remote.prompt_tokens))
 
     async def _expire_every(self, period_s: float) -> None:
         assert self.expire_deadline_s is not None
@@ -465,7 +471,7 @@ async def test_prefill_failure_reaches_wait_ready() -> None:
             await client.wait_ready(31, timeout_s=5)
         assert str(info.value) == f"prefill {HOST}:{server.port} failed room 31: prefill out of memory"
         assert isinstance(info.value, PrefillFailed) and (info.value.code, info.value.image_key) == (None, None)
-        assert await server.send_ready(31, first_token=1, rope_delta=0, prompt_tokens=20) is False  # answered
+        assert await server.send_ready(KVReady(room=31, first_token=1, rope_delta=0, prompt_tokens=20)) is False
         assert await client.abort(31, "cleanup", settle_timeout_s=0.1) is True
 
 
@@ -639,6 +645,7 @@ async def settled(baseline: tuple[int, int, int], slack: int, timeout_s: float =
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.unit
 @aio
 async def test_disallowed_prefill_is_never_dialed() -> None:
     async with decode_client() as client:
@@ -763,6 +770,7 @@ async def test_idle_link_expires_and_a_busy_one_does_not() -> None:
             await client.close()
 
 
+@pytest.mark.unit
 def test_client_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="max_links must be >= 1, got 0"):
         BootstrapClient(max_links=0)

@@ -12,13 +12,15 @@ import msgspec
 import pytest
 
 from stages.disagg.errors import DisaggError
-from stages.disagg.ready import check_size, read, ready_fields
+from stages.disagg.ready import check_size, read, ready_message
 from stages.engine.engine import RequestOutput
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 from transfer.bootstrap_common import MAX_MESSAGE_BYTES
 from transfer.messages import PROTOCOL_VERSION, KVReady, Logprob, check_ready, decode, encode, ready_bytes_bound
+
+pytestmark = pytest.mark.unit
 
 
 class _KVReadyBefore19(msgspec.Struct, tag="KVReady", frozen=True, kw_only=True):
@@ -104,7 +106,7 @@ def _output(index: int, token: int, logprobs: bool, prompt: bool, blocks: list[i
 
 def test_the_prefill_builds_and_the_decode_reads_the_same_values() -> None:
     outputs = [_output(0, 11, True, True, [1, 2]), _output(1, 12, True, False, None), _output(2, 13, True, False, None)]
-    msg = KVReady(room=7, **ready_fields(outputs))
+    msg = ready_message(7, outputs)
     assert (msg.first_token, msg.tokens(), msg.rope_delta, msg.prompt_tokens) == (11, [11, 12, 13], -2, 3)
     params = SamplingParams(n=3, logprobs=1, prompt_logprobs=0)
     first = read(7, decode(encode(msg)), 3, params)
@@ -113,7 +115,7 @@ def test_the_prefill_builds_and_the_decode_reads_the_same_values() -> None:
     assert first.prompt_logprobs == outputs[0].prompt_logprobs
     assert all(type(lp) is TokenLogprob for lp in [*first.logprobs, *first.prompt_logprobs[1:]])
     # not asked: nothing travels, nothing is read
-    plain = KVReady(room=7, **ready_fields([_output(0, 11, False, False, [1])]))
+    plain = ready_message(7, [_output(0, 11, False, False, [1])])
     assert (plain.first_logprobs, plain.prompt_logprobs) == (None, None)
     assert read(7, plain, 3, SamplingParams()).logprobs is None
     with pytest.raises(DisaggError) as info:

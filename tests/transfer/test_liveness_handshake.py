@@ -18,7 +18,7 @@ import zmq.asyncio
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_common import HandshakeTimeout
 from transfer.bootstrap_server import BootstrapServer
-from transfer.messages import Accepted, Heartbeat, KVRequest, decode, encode
+from transfer.messages import Accepted, Heartbeat, KVReady, KVRequest, decode, encode
 from tests.transfer.test_bootstrap import FP, HOST, kv_request
 from tests.transfer.test_bootstrap import raw_router as mute_prefill  # a bare ROUTER that accepts rooms and says nothing
 
@@ -50,7 +50,7 @@ async def test_a_slow_prefill_that_beats_is_not_cut_by_the_idle_bound() -> None:
         wait = asyncio.create_task(client.wait_ready(11, timeout_s=10, idle_timeout_s=IDLE_S))
         await asyncio.sleep(3 * IDLE_S)  # the slow prefill's forward pass and write
         assert not wait.done()
-        assert await server.send_ready(11, first_token=5, rope_delta=0, prompt_tokens=20)
+        assert await server.send_ready(KVReady(room=11, first_token=5, rope_delta=0, prompt_tokens=20))
         ready = await asyncio.wait_for(wait, 5)
         assert (ready.room, ready.first_token) == (11, 5)
         assert server.heartbeats_sent >= 3 * IDLE_S / BEAT_S / 2
@@ -118,13 +118,14 @@ async def test_beats_name_the_rooms_held_for_that_decode_and_stop_once_answered(
         assert type(await _next(dealer)).__name__ == "KVFailed"
         beat = await _next_heartbeat(dealer)
         assert beat.rooms == [22]
-        await server.send_ready(22, first_token=1, rope_delta=0, prompt_tokens=20)
+        await server.send_ready(KVReady(room=22, first_token=1, rope_delta=0, prompt_tokens=20))
         assert type(await _next(dealer)).__name__ == "KVReady"
         sent = server.heartbeats_sent
         await asyncio.sleep(5 * BEAT_S)
         assert server.heartbeats_sent == sent  # nothing held: nothing to beat for
 
 
+@pytest.mark.unit
 def test_a_heartbeat_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="heartbeat_s must be > 0, got 0"):
         BootstrapServer(FP, HOST, 0, heartbeat_s=0)

@@ -20,6 +20,7 @@ from stages.api.chat_choices import Choices
 from stages.api.chat_response import (ChatCompletion, ChatCompletionChunk, chunk, chunk_choice, choice, completion,
                                       logprobs_body, message, usage)
 from stages.api.errors import APIError
+from stages.api.app_config import AppConfig, AppParts
 from stages.api.routes import create_app
 from stages.api.common_schemas import ErrorBody, ModelList, model_card
 from stages.api.token_text import TokenText, token_id_text
@@ -60,6 +61,7 @@ def expected_logprobs(tokens: list[int]) -> dict:
 
 
 # --- grouping and formatting, pure --------------------------------------------------------------
+@pytest.mark.unit
 def test_whole_answer_groups_outputs_by_index():
     choices = Choices(2, logprobs=True, token_text=token_id_text)
     for output in INTERLEAVED:
@@ -72,6 +74,7 @@ def test_whole_answer_groups_outputs_by_index():
          "finish_reason": "length"}]
 
 
+@pytest.mark.unit
 def test_stream_pieces_carry_their_index_and_their_tokens_logprobs():
     choices = Choices(2, logprobs=True, token_text=token_id_text, stream=True)
     assert choices.roles() == [chunk_choice(0, {"role": "assistant", "content": ""}),
@@ -88,6 +91,7 @@ def test_stream_pieces_carry_their_index_and_their_tokens_logprobs():
     assert choices.finished and choices.completion_tokens == 6
 
 
+@pytest.mark.unit
 def test_without_logprobs_asked_no_chunk_stands_for_held_back_text_alone():
     choices = Choices(2, logprobs=False, token_text=token_id_text, stream=True)
     pieces = [piece for output in INTERLEAVED for piece in choices.pieces(output)]
@@ -100,11 +104,13 @@ def test_without_logprobs_asked_no_chunk_stands_for_held_back_text_alone():
     assert whole.choices()[0]["logprobs"] is None
 
 
+@pytest.mark.unit
 def test_an_output_of_an_index_out_of_range_is_refused():
     with pytest.raises(ValueError, match="sequence 2 of a request of 2"):
         Choices(2, logprobs=False, token_text=token_id_text).add(out(2, "a", [1], STOP, 1))
 
 
+@pytest.mark.unit
 def test_logprobs_below_the_floor_and_infinite_ones_read_as_the_floor():
     body = logprobs_body([TokenLogprob(3, float("-inf"), [(3, -1e6)])], token_id_text)
     assert body["content"][0]["logprob"] == -9999.0 and body["content"][0]["top_logprobs"][0]["logprob"] == -9999.0
@@ -137,6 +143,7 @@ class FakeTools:
         return Stream()
 
 
+@pytest.mark.unit
 def test_tool_calls_make_the_message_and_the_finish_reason():
     choices = Choices(3, logprobs=False, token_text=token_id_text, tools=FakeTools())
     for output in (out(0, "CALL f", [1], STOP, 1), out(1, "CALL g", [1], LENGTH, 1), out(2, "plain", [1], STOP, 1)):
@@ -188,6 +195,7 @@ class _FakeTokenizer:
         return {1: " a", 2: "\ufffd"}[ids[0]]
 
 
+@pytest.mark.unit
 def test_response_models_and_the_openai_types_read_the_built_bodies():
     whole, chunks = built_bodies()
     for body in whole:
@@ -200,6 +208,7 @@ def test_response_models_and_the_openai_types_read_the_built_bodies():
     ErrorBody.model_validate(APIError(503, "busy", code="server_overloaded").body(), strict=True)
 
 
+@pytest.mark.unit
 def test_token_text_gives_a_byte_level_token_its_own_bytes():
     text = TokenText(_FakeTokenizer())
     text.byte_level = True  # the fake's decoder is not tokenizers' ByteLevel
@@ -220,10 +229,11 @@ def test_token_text_bytes_join_into_the_text_of_a_real_byte_level_tokenizer(mode
 # --- through the app: a fixed prepare, scripted outputs ---------------------------------------------
 def app_client(outputs: list[RequestOutput], params: SamplingParams) -> TestClient:
     engine = FakeAsyncEngine(lambda request_id, prompt: iter(outputs))
-    app = create_app(engine, model_name="m", prepare=lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), params))
+    app = create_app(AppParts(engine, lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), params)), AppConfig("m"))
     return TestClient(app, raise_server_exceptions=False)
 
 
+@pytest.mark.unit
 def test_the_app_answers_n_choices_with_usage_summed():
     body = app_client(INTERLEAVED, SamplingParams(n=2, logprobs=2)).post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
@@ -232,6 +242,7 @@ def test_the_app_answers_n_choices_with_usage_summed():
     assert body["usage"] == usage(PROMPT_TOKENS, 6, 2)
 
 
+@pytest.mark.unit
 def test_the_app_streams_each_choice_by_index():
     response = app_client(INTERLEAVED, SamplingParams(n=2, logprobs=2)).post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stream": True,
@@ -249,11 +260,12 @@ def test_the_app_streams_each_choice_by_index():
                                                                                                   (0, "stop")]
 
 
+@pytest.mark.unit
 def test_metrics_count_every_sequence_and_time_tokens_per_sequence():
     metrics = Metrics()
     engine = FakeAsyncEngine(lambda request_id, prompt: iter(INTERLEAVED))
-    app = create_app(engine, model_name="m", metrics=metrics,
-                     prepare=lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), SamplingParams(n=2)))
+    app = create_app(AppParts(engine, lambda body: (Prompt(token_ids=[1] * PROMPT_TOKENS), SamplingParams(n=2)),
+                              metrics=metrics), AppConfig("m"))
     TestClient(app).post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     sample = metrics.registry.get_sample_value
     assert sample("epd_generation_tokens_total") == 6 and sample("epd_prompt_tokens_total") == PROMPT_TOKENS
@@ -261,6 +273,7 @@ def test_metrics_count_every_sequence_and_time_tokens_per_sequence():
     assert sample("epd_time_per_output_token_seconds_sum") == pytest.approx(after_first / (3 - 1))  # per sequence
 
 
+@pytest.mark.unit
 def test_a_request_whose_outputs_end_before_every_choice_finished_is_an_engine_error():
     client = app_client(INTERLEAVED[:-1], SamplingParams(n=2))  # sequence 0 never finishes
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})

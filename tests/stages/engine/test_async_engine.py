@@ -23,6 +23,7 @@ from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from tests.support.generated_models import model_dir
 
@@ -102,7 +103,7 @@ async def test_a_dead_engine_thread_answers_every_waiting_caller_at_once(engine,
     with pytest.raises(EngineUnavailable, match=CRASH):
         async_engine.generate("late", prompt, GREEDY)
     with pytest.raises(EngineUnavailable, match=CRASH):
-        async_engine.generate_prefilled("late", prompt, GREEDY, [0], first_tokens=[1], rope_delta=0)
+        async_engine.generate_prefilled(Prefilled("late", prompt, GREEDY, [0], FirstTokens([1])))
     assert time.monotonic() - started < ANSWERED_S
 
 

@@ -18,6 +18,7 @@ import torch
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from tests.support.devices import DEVICE
@@ -91,7 +92,8 @@ def test_the_decode_side_of_a_hand_off_names_its_devices(loaded):
     engine.pool.tensor[blocks[: len(handed.blocks)]] = engine.pool.tensor[handed.blocks]
     engine.free_blocks(handed.blocks)
     with torch.device("meta"):
-        (first,) = engine.add_prefilled("decoded", prompt, SEEDED, blocks, handed.output_ids[:1], handed.rope_delta)
+        (first,) = engine.add_prefilled(Prefilled("decoded", prompt, SEEDED, blocks, FirstTokens(handed.output_ids[:1]),
+                                                    handed.rope_delta))
         tokens = list(first.token_ids)
         for _ in range(MAX_STEPS):
             if not engine.has_work():

@@ -15,6 +15,7 @@ import torch
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
@@ -144,8 +145,8 @@ def test_a_decode_advances_its_own_matcher_with_the_prefills_first_token(loaded)
     assert first.token_ids == guide.sequence[:1] and first.logprobs is not None
     decode.pool.tensor[blocks[: len(handed.blocks)]] = prefill.pool.tensor[handed.blocks]
     prefill.free_blocks(handed.blocks)
-    outputs = decode.add_prefilled("room", room, params, blocks, first.token_ids, handed.rope_delta,
-                                   first_logprobs=first.logprobs)
+    outputs = decode.add_prefilled(Prefilled("room", room, params, blocks, FirstTokens(first.token_ids, first.logprobs),
+                                             handed.rope_delta))
     assert outputs[0].logprobs == first.logprobs
     outputs += drain(decode)
     tokens = [t for o in outputs for t in o.token_ids]

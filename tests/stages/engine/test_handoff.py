@@ -11,6 +11,7 @@ import pytest
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
@@ -54,7 +55,9 @@ def test_prefill_here_decode_there_equals_colocated(variant, params):
     prefill.free_blocks(local)
     assert prefill.allocator.num_used == 0
 
-    (first,) = decode.add_prefilled("room-1", prompt, params, decode_blocks, handed.output_ids[:1], handed.rope_delta)
+    first_tokens = FirstTokens(handed.output_ids[:1])
+    prefilled = Prefilled("room-1", prompt, params, decode_blocks, first_tokens, handed.rope_delta)
+    (first,) = decode.add_prefilled(prefilled)
     (request,) = decode.scheduler.running
     drain(decode)
     assert first.token_ids == colocated.output_ids[:1]
@@ -110,6 +113,6 @@ def test_prefilled_request_that_ends_at_once_frees_its_blocks(engine, prompts):
     prompt = prompts.build([{"role": "user", "content": "one token"}], [])
     params = SamplingParams(max_tokens=1, temperature=0.0)
     blocks = engine.reserve_blocks(prompt, params)
-    (output,) = engine.add_prefilled("one", prompt, params, blocks, first_tokens=[7], rope_delta=0)
+    (output,) = engine.add_prefilled(Prefilled("one", prompt, params, blocks, FirstTokens([7])))
     assert output.finished and output.completion_tokens == 1
     assert engine.allocator.num_used == 0 and not engine.has_work()

@@ -17,6 +17,7 @@ from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine, RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from tests.support.devices import DEVICE, assert_same_or_near_tie, on_gpu
@@ -158,6 +159,7 @@ def test_poison_requests_fail_alone_and_the_batch_keeps_its_exact_text(engine, p
     assert max(failed_sizes) == 10 and failed_sizes[-1] == 1  # failed with 9 others, then again alone
 
 
+@pytest.mark.unit
 def test_seed_outside_what_torch_takes_is_refused_by_name():
     for seed in (2**64, 2**70, -(2**63) - 1):
         with pytest.raises(ValueError, match=rf"seed must be in \[-2\*\*63, 2\*\*64 - 1\], got {seed}"):
@@ -181,7 +183,7 @@ def test_admission_that_fails_half_way_leaves_no_trace(engine, prompts, monkeypa
     assert_no_trace(engine)
     blocks = engine.reserve_blocks(prompt, greedy(4))
     with pytest.raises(RuntimeError, match="injected generator failure"):
-        engine.add_prefilled("half-way", prompt, greedy(4), blocks, first_tokens=[7], rope_delta=0)
+        engine.add_prefilled(Prefilled("half-way", prompt, greedy(4), blocks, FirstTokens([7])))
     assert_no_trace(engine)  # the engine owned the blocks and gave them back
     monkeypatch.undo()
     assert text(run(engine, {0: [("half-way", prompt, greedy(4))]})["half-way"])  # the id is free again
@@ -190,17 +192,17 @@ def test_admission_that_fails_half_way_leaves_no_trace(engine, prompts, monkeypa
 def test_add_prefilled_refuses_what_it_cannot_decode_and_frees_the_blocks(engine, prompts):
     prompt, params = build(prompts, 2, with_image=False), greedy(4)
     cases = [
-        (dict(first_tokens=[-1]), "first token -1 is not in this model's vocabulary"),
-        (dict(first_tokens=[engine.vocab_size]), f"first token {engine.vocab_size} is not in this model's vocabulary"),
-        (dict(first_tokens=[7], short=True), "blocks given, the request needs"),
+        ([-1], False, "first token -1 is not in this model's vocabulary"),
+        ([engine.vocab_size], False, f"first token {engine.vocab_size} is not in this model's vocabulary"),
+        ([7], True, "blocks given, the request needs"),
     ]
-    for kwargs, message in cases:
+    for first_tokens, short, message in cases:
         blocks = engine.reserve_blocks(prompt, params)
-        if kwargs.pop("short", False):
+        if short:
             engine.free_blocks(blocks[-1:])
             blocks = blocks[:-1]
         with pytest.raises(ValueError, match=message):
-            engine.add_prefilled("refused", prompt, params, blocks, rope_delta=0, **kwargs)
+            engine.add_prefilled(Prefilled("refused", prompt, params, blocks, FirstTokens(first_tokens)))
         assert_no_trace(engine)
 
 
@@ -212,7 +214,7 @@ def test_a_duplicate_id_is_refused_and_the_first_request_goes_on(engine, prompts
         engine.add_request("dup", prompt, greedy(3))
     blocks = engine.reserve_blocks(prompt, params)
     with pytest.raises(ValueError, match="request id 'dup' is already in use"):
-        engine.add_prefilled("dup", prompt, params, blocks, first_tokens=[7], rope_delta=0)
+        engine.add_prefilled(Prefilled("dup", prompt, params, blocks, FirstTokens([7])))
     outputs = [o for _ in range(MAX_STEPS) if engine.has_work() for o in engine.step()]
     assert "".join(o.text for o in outputs) == alone and first.finish_reason is FinishReason.LENGTH
     assert_no_trace(engine)

@@ -24,6 +24,7 @@ from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason, Preemption, Request
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import Scheduler
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from tests.support.devices import DEVICE, on_gpu
@@ -185,7 +186,7 @@ def test_a_decode_forks_after_add_prefilled_with_the_tokens_of_lone_requests(eng
     params = seeded(24, n=3)
     blocks, firsts, rope_delta = hand_off(engine, prompt, params)
     assert firsts == [lone[i][0] for i in range(3)]
-    first = engine.add_prefilled("decoded", prompt, params, blocks, firsts, rope_delta)
+    first = engine.add_prefilled(Prefilled("decoded", prompt, params, blocks, FirstTokens(firsts), rope_delta))
     assert [(o.request_id, o.index, o.token_ids) for o in first] == [("decoded", i, [firsts[i]]) for i in range(3)]
     assert all(s.preemption is Preemption.SWAP for s in engine.scheduler.sequences("decoded"))
     assert_own_copies(engine, "decoded")
@@ -199,11 +200,11 @@ def test_add_prefilled_wants_one_first_token_per_sequence(engine, prompt):
     params = greedy(4, n=2)
     blocks = engine.reserve_blocks(prompt, params)
     with pytest.raises(ValueError, match="1 first tokens for 2 sequences"):
-        engine.add_prefilled("one-token", prompt, params, blocks, [7], rope_delta=0)
+        engine.add_prefilled(Prefilled("one-token", prompt, params, blocks, FirstTokens([7])))
     assert engine.allocator.num_used == 0 and not engine.has_work()
     blocks = engine.reserve_blocks(prompt, params)
     with pytest.raises(ValueError, match="1 first-token logprobs for 2 sequences"):
-        engine.add_prefilled("one-logprob", prompt, params, blocks, [7, 8], rope_delta=0, first_logprobs=[None])
+        engine.add_prefilled(Prefilled("one-logprob", prompt, params, blocks, FirstTokens([7, 8], [None])))
     assert engine.allocator.num_used == 0 and not engine.has_work()
 
 
@@ -237,7 +238,7 @@ def test_a_decode_fork_that_finds_no_free_block_is_swapped_in_later(engine, prom
     params = seeded(24, n=3)
     blocks, firsts, rope_delta = hand_off(engine, prompt, params)
     hog = engine.allocator.allocate(engine.allocator.num_free)
-    first = engine.add_prefilled("parked-decode", prompt, params, blocks, firsts, rope_delta)
+    first = engine.add_prefilled(Prefilled("parked-decode", prompt, params, blocks, FirstTokens(firsts), rope_delta))
     parked = [s for s in engine.scheduler.sequences("parked-decode") if s.index]
     assert len(parked) == 2 and all(s.swapped and not s.blocks for s in parked)
     outputs = first + [o for _ in range(3) for o in engine.step()]
@@ -260,7 +261,7 @@ def test_a_preempted_fork_keeps_its_tokens(engine, prompt, lone, decode):
     if decode:
         blocks, firsts, rope_delta = hand_off(engine, prompt, params)
         hog = engine.allocator.allocate(engine.allocator.num_free - (room - len(blocks)))
-        outputs = engine.add_prefilled("preempted", prompt, params, blocks, firsts, rope_delta)
+        outputs = engine.add_prefilled(Prefilled("preempted", prompt, params, blocks, FirstTokens(firsts), rope_delta))
     else:
         hog = engine.allocator.allocate(engine.allocator.num_free - room)
         engine.add_request("preempted", prompt, params)
@@ -282,6 +283,7 @@ def test_a_preempted_fork_keeps_its_tokens(engine, prompt, lone, decode):
     assert engine.allocator.num_used == 0
 
 
+@pytest.mark.unit
 def test_n_sequences_that_cannot_all_fit_at_once_are_refused():
     """64 blocks of 16; a 37-token prompt (2 full blocks) and 300 tokens: 21 blocks at the longest."""
     scheduler = Scheduler(BlockAllocator(64, 16), max_num_seqs=8, max_batched_tokens=256)
@@ -349,10 +351,10 @@ def test_every_sequence_has_its_tokens_logprobs_and_only_sequence_0_the_prompts(
     blocks = engine.reserve_blocks(prompt, params)
     engine.pool.tensor[blocks[: len(local)]] = engine.pool.tensor[local]
     engine.free_blocks(local)
-    decoded = drain(engine, engine.add_prefilled(
-        "decoded", prompt, params, blocks, [o.token_ids[0] for o in handed], handed[0].rope_delta,
-        first_logprobs=[o.logprobs[0] if o.logprobs else None for o in handed],
-        prompt_logprobs=handed[0].prompt_logprobs))
+    first = FirstTokens([o.token_ids[0] for o in handed], [o.logprobs[0] if o.logprobs else None for o in handed],
+                        handed[0].prompt_logprobs)
+    decoded = drain(engine, engine.add_prefilled(Prefilled("decoded", prompt, params, blocks, first,
+                                                           handed[0].rope_delta)))
     for outputs in (colocated, handed, decoded):
         with_prompt = [o for o in outputs if o.prompt_logprobs is not None]
         assert [(o.index, o.completion_tokens) for o in with_prompt] == [(0, 1)]
@@ -364,6 +366,7 @@ def test_every_sequence_has_its_tokens_logprobs_and_only_sequence_0_the_prompts(
     assert engine.allocator.num_used == 0
 
 
+@pytest.mark.unit
 def test_the_scheduler_forks_with_shared_blocks_or_parks_and_admits_with_room_for_the_forks():
     """Pure logic: 16 blocks of 16 (watermark 1), a 37-token prompt (2 full blocks and a partial one)."""
     allocator = BlockAllocator(16, 16)

@@ -19,6 +19,7 @@ from stages.engine.multimodal import Prompt
 from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import Request
 from stages.engine.sampling_params import SamplingParams
+from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine
 from tests.support.devices import DEVICE, on_gpu
 from tests.support.generated_models import model_dir
@@ -199,8 +200,10 @@ def test_a_decode_reuses_its_own_cached_blocks_and_gets_only_the_rest():
         copied = handed.blocks[cached:]  # what the transfer writes: the blocks after the decode's cached ones
         decode.pool.tensor[blocks[cached:len(handed.blocks)]] = prefill.pool.tensor[copied]
         prefill.free_blocks(handed.blocks)
-        (first,) = decode.add_prefilled(f"d-{turn}", prompt, greedy(), blocks, handed.output_ids[:1], handed.rope_delta,
-                                        cached_tokens=handed.num_cached_tokens)
+        first_tokens = FirstTokens(handed.output_ids[:1])
+        prefilled = Prefilled(f"d-{turn}", prompt, greedy(), blocks, first_tokens, handed.rope_delta,
+                              cached_tokens=handed.num_cached_tokens)
+        (first,) = decode.add_prefilled(prefilled)
         (request,) = decode.scheduler.running
         while decode.has_work():
             decode.step()

@@ -80,8 +80,7 @@ async def _serve(router: Router, path: str, request: Request) -> Response | Stre
             outcome = "client_error"
             return Response(failure.raw or b"", failure.status, "application/json")
         outcome = "rejected" if failure.busy else "upstream_error"
-        raise stage_failed(failure.stage, failure.status, failure.message, failure.code,
-                           failure.retry_after, room=failure.room, image_key=failure.image_key) from None
+        raise stage_failed(failure) from None
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client left: "aborted"
     except Exception:

@@ -12,6 +12,7 @@ fields"): ``stage`` (the stage the router blames, the one the message names), an
 from __future__ import annotations
 
 from contract.errors import Code
+from router.dispatch.verdict import Failure
 
 
 class RouterError(Exception):
@@ -72,13 +73,13 @@ def model_not_found(model: str, served: list[str]) -> RouterError:
                        code=Code.MODEL_NOT_FOUND)
 
 
-def stage_failed(stage: str, status: int, message: str, code: str | None, retry_after: str | None = None, *,
-                 room: int | None = None, image_key: str | None = None) -> RouterError:
+def stage_failed(failure: Failure) -> RouterError:
     """A stage's server-side failure, as the client sees it: the stage's status (or 502) and code;
     a 503 with ``Retry-After`` (the stage's, else 1 s); the typed fields ``stage``, and ``room`` and
-    ``image_key`` when given."""
-    status = status if status >= 500 else 502
-    typed = {name: value for name, value in (("stage", stage), ("room", room), ("image_key", image_key))
-             if value is not None}
-    return RouterError(status, f"The {stage} stage failed: {message}", code=code or "upstream_error",
-                       headers={"Retry-After": retry_after or "1"} if status == 503 else None, typed=typed)
+    ``image_key`` when known."""
+    status = failure.status if failure.status >= 500 else 502
+    typed = {name: value for name, value in (("stage", failure.stage), ("room", failure.room),
+                                             ("image_key", failure.image_key)) if value is not None}
+    return RouterError(status, f"The {failure.stage} stage failed: {failure.message}",
+                       code=failure.code or "upstream_error",
+                       headers={"Retry-After": failure.retry_after or "1"} if status == 503 else None, typed=typed)

@@ -71,8 +71,7 @@ async def relay_stream(request: Request, upstream: Upstream, head: Head,
     else:
         head.response.close()  # cut or broken mid-stream: the stage aborts the request on the closed connection
     if failure is not None:
-        await response.write(error_event(stage_failed(stage, failure.status, failure.message, failure.code,
-                                                      room=failure.room, image_key=failure.image_key).body()))
+        await response.write(error_event(stage_failed(failure).body()))
     elif head.tally.error is not None:
         failure = from_event(stage, worker.url, head.tally.error)
     return response, failure

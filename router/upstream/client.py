@@ -115,7 +115,7 @@ class Upstream:
             if ended is not None:
                 task.add_done_callback(lambda done: done.cancelled() or ended())
             return task
-        call = _WholeCall(self, stage, worker, connection, then, loop.time() + self.config.upstream_timeout_s, ended)
+        call = _WholeCall(self, stage, worker, connection, then, ended)
         call.send(head_bytes + b"%d\r\n\r\n" % len(body), body, self._idle[key])
         return call.future
 
@@ -308,13 +308,14 @@ class _WholeCall:
                  "pool", "ended")
 
     def __init__(self, upstream: Upstream, stage: str, worker: Worker, connection: StageConnection,
-                 then: Callable[[int, AnswerHeaders, bytes], Any], deadline: float,
-                 ended: Callable[[], None] | None = None) -> None:
+                 then: Callable[[int, AnswerHeaders, bytes], Any], ended: Callable[[], None] | None = None) -> None:
+        """The call's deadline: ``--upstream-timeout-s`` from now."""
         self.upstream, self.stage, self.worker, self.connection, self.then = upstream, stage, worker, connection, then
-        self.deadline, self.ended = deadline, ended
+        self.ended = ended
         loop = connection.loop
+        self.deadline = loop.time() + upstream.config.upstream_timeout_s
         self.future: asyncio.Future = loop.create_future()
-        self.timer = loop.call_at(deadline, self._expire)
+        self.timer = loop.call_at(self.deadline, self._expire)
         self.response: Response | None = None
         self.pool: list[StageConnection] | None = None
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
-from router.dispatch.verdict import blame, from_answer, from_event, timed_out, unreachable
+import pytest
+
+from router.dispatch.verdict import Failure, blame, from_answer, from_event, timed_out, unreachable
 from router.errors import stage_failed
+
+pytestmark = pytest.mark.unit
 
 P, D = "http://127.0.0.1:8100", "http://127.0.0.1:8200"
 
@@ -34,9 +38,9 @@ def test_a_busy_stage_is_back_pressure_not_a_fault():
     assert (busy.busy, busy.retry_after, busy.client_fault, busy.unreachable) == (True, "2", False, False)
     assert not from_answer("prefill", P, 503, b'{"error":{"message":"redis","code":"cache_unavailable"}}').busy
     assert not from_answer("prefill", P, 500, raw, "2").busy
-    error = stage_failed("prefill", 503, busy.message, busy.code, busy.retry_after)
+    error = stage_failed(busy)
     assert (error.status, error.headers, error.code) == (503, {"Retry-After": "2"}, "server_overloaded")
-    assert stage_failed("prefill", 503, "m", "engine_unavailable").headers == {"Retry-After": "1"}
+    assert stage_failed(Failure("prefill", P, 503, "m", "engine_unavailable")).headers == {"Retry-After": "1"}
 
 
 

@@ -9,6 +9,7 @@ way in ``tests/stages/disagg/test_epd_cache.py`` (a failed encode, an image not 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgspec
@@ -16,8 +17,8 @@ import pytest
 
 from contract.errors import TYPED_FIELDS
 from router.errors import stage_failed
-from router.dispatch.verdict import blame, blame_encoder, from_answer, from_event
-from stages.api.errors import APIError, stamped
+from router.dispatch.verdict import Failure, blame, blame_encoder, from_answer, from_event
+from stages.api.errors import APIError, ErrorFields, stamped
 from stages.disagg.errors import DisaggError, bad_gateway
 from stages.disagg.server import _api_error
 
@@ -27,12 +28,13 @@ OPENAI = ("message", "type", "param", "code")
 
 def test_a_stage_error_body_is_the_openai_four_then_the_fields_it_knows():
     error = APIError(502, "The encoder failed", param="messages[0].content[0].image_ref", code="peer_failed",
-                     stage="decode", room=7, image_key=KEY, peer_code="encode_failed")
+                     fields=ErrorFields(stage="decode", room=7, image_key=KEY, peer_code="encode_failed"))
     assert list(error.body()["error"]) == [*OPENAI, *TYPED_FIELDS]
+    assert [field.name for field in dataclasses.fields(ErrorFields)] == list(TYPED_FIELDS)
     bare = APIError(400, "bad", code="invalid_value")
     assert list(bare.body()["error"]) == list(OPENAI)  # unknown fields are absent, never null
     assert stamped(bare, "decode").body()["error"]["stage"] == "decode"
-    assert stamped(error, "prefill").stage == "decode"  # a stage it names already is kept
+    assert stamped(error, "prefill").fields.stage == "decode"  # a stage it names already is kept
 
 
 @pytest.mark.parametrize("message", ["The encoder failed on image " + KEY, "The encoder failed on image " + OTHER,
@@ -40,7 +42,8 @@ def test_a_stage_error_body_is_the_openai_four_then_the_fields_it_knows():
 def test_the_routers_verdict_follows_the_field_whatever_the_message(message):
     """What a stage writes (HTTP body and in-band event), read by the router: the image is the
     ``image_key`` field's, even when the message names another image or none."""
-    body = APIError(502, message or "x", code="encode_failed", stage="prefill", room=7, image_key=KEY).body()
+    fields = ErrorFields(stage="prefill", room=7, image_key=KEY)
+    body = APIError(502, message or "x", code="encode_failed", fields=fields).body()
     body["error"]["message"] = message
     sent = {KEY: "http://e:1", OTHER: "http://e:2"}
     for failure in (from_answer("prefill", "http://p:1", 502, json.dumps(body).encode()),
@@ -76,8 +79,10 @@ def test_a_decode_reporting_its_prefills_failure_names_the_prefills_code_and_ima
 
 
 def test_the_routers_answer_to_its_client_keeps_the_fields():
-    error = stage_failed("encoder", 502, "the prefill stage reports: boom", "encode_failed", room=7, image_key=KEY)
+    error = stage_failed(Failure("encoder", "http://e:1", 502, "the prefill stage reports: boom", "encode_failed",
+                                 room=7, image_key=KEY))
     assert msgspec.json.decode(msgspec.json.encode(error.body())) == {"error": {
         "message": "The encoder stage failed: the prefill stage reports: boom", "type": "server_error",
         "param": None, "code": "encode_failed", "stage": "encoder", "room": 7, "image_key": KEY}}
-    assert set(stage_failed("decode", 504, "m", "upstream_timeout").body()["error"]) == {*OPENAI, "stage"}
+    assert set(stage_failed(Failure("decode", "http://d:1", 504, "m", "upstream_timeout")).body()["error"]) == {
+        *OPENAI, "stage"}

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contract.paths import CHAT_PATH, ENCODE_PATH
 from stages.api.completion_schema import AnyRequest
 from stages.api.errors import bad_request
 from stages.api.lifetime import Generate
@@ -19,7 +20,7 @@ from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults.points import POINTS, Fault, Faults
 
-CRASH_PATHS = ("/v1/chat/completions", "/v1/encode")
+CRASH_PATHS = (CHAT_PATH, ENCODE_PATH)
 
 
 class CrashMiddleware:

@@ -22,6 +22,7 @@ A module starts its server once, in its own module-scoped fixture:
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -44,7 +45,11 @@ MODEL_ROLES = ("colocated", "prefill", "decode", "encoder")  # the roles that ta
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): one worker more than the cores this process may use, at most
     4. Most of a test's time is spent waiting on servers (deadlines, health, a peer's answer), so a
-    core keeps more than one file busy; beyond 4, servers starting at once crowd 2 cores."""
+    core keeps more than one file busy; beyond 4, servers starting at once crowd 2 cores. ``-m unit``
+    runs in this process: each worker would import torch and collect the files again, which took
+    longer than the unit tests themselves (105 s against 52 s, 2 busy cores)."""
+    if config.option.markexpr == "unit":
+        return 0
     return min(4, len(os.sched_getaffinity(0)) + 1)
 
 
@@ -61,6 +66,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         per_file[item.path] = per_file.get(item.path, 0) + 1
     items.sort(key=lambda item: (item.path not in slow, per_file[item.path]))  # stable: a file's tests keep their order
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit``: a test file that marks no test ``unit`` is not imported at all (importing every
+    file, servers' and stacks' alike, took longer than running the unit tests)."""
+    if config.option.markexpr != "unit" or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return "pytest.mark.unit" not in collection_path.read_text() or None
+
+
+@pytest.fixture(autouse=True)
+def unit_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``unit`` (pyproject's markers) that starts a process or listens on a socket fails
+    there, so the mark stays true: ``pytest -m unit`` needs no server, and a test that grows one
+    loses the mark. Fixtures of a wider scope set up before this one are not watched."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refused(what: str) -> Callable[..., None]:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"a unit test {what}: drop its unit mark, or keep it in-process")
+        return refuse
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a subprocess"))
+    monkeypatch.setattr(os, "fork", refused("forks"))
+    monkeypatch.setattr(socket.socket, "listen", refused("listens on a socket"))
 
 
 @pytest.fixture(scope="session")

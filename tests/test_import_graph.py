@@ -66,11 +66,13 @@ def test_no_circle_of_modules(edges):
     assert not found, "import circles:\n" + "\n\n".join(describe(circle, edges) for circle in found)
 
 
+@pytest.mark.unit
 def test_imports_go_one_way(edges):
     broken = [f"{edge}: {why}" for edge in edges if (why := refusal(edge)) is not None]
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.unit
 def test_the_cli_imports_bench_and_the_router_and_is_imported_by_no_one(edges):
     """The roof exists and is a roof: it adds ``stage bench`` and ``stage serve router``; the tests that
     exercise the CLI import it, but no product or bench module does."""
@@ -80,6 +82,7 @@ def test_the_cli_imports_bench_and_the_router_and_is_imported_by_no_one(edges):
 
 
 # --- the checker itself ----------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_circle_is_found_and_named():
     assert find_circle([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) in (
         ["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"])
@@ -88,6 +91,7 @@ def test_a_circle_is_found_and_named():
     assert sorted(sorted(set(circle)) for circle in found) == [["a", "b"], ["c", "d"]]
 
 
+@pytest.mark.unit
 def test_every_kind_of_import_is_an_edge():
     modules = {"pkg", "pkg.a", "pkg.b", "pkg.sub", "pkg.sub.c", "pkg.sub.d", "other"}
     source = "\n".join([
@@ -110,6 +114,7 @@ def test_every_kind_of_import_is_an_edge():
     assert in_package == {"pkg.a", "pkg.sub.c"}
 
 
+@pytest.mark.unit
 def test_a_broken_rule_is_named():
     assert refusal(Edge("bench.common.args", "cli", 9, False)) == "nothing imports the CLI"
     assert refusal(Edge("stages.server", "router.listen", 16, False)) == "stages imports nothing of router"

@@ -12,7 +12,11 @@ import argparse
 import re
 from pathlib import Path
 
+import pytest
+
 from cli import build_parser
+
+pytestmark = pytest.mark.unit
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "multihost.md"
 BEGIN = "<!-- deadlines: generated from `stage serve ROLE --help` (tests/test_multihost_doc.py) -->"

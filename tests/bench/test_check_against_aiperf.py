@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from argparse import Namespace
 
+import pytest
+
 from bench.check_against_aiperf import COMPARED, compare, expected, figures
+
+pytestmark = pytest.mark.unit
 
 KEYS = (*COMPARED, "ttft_p99_ms", "tpot_mean_ms", "e2el_mean_ms", "total_input_tokens", "total_output_tokens")
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.chunked_prefill.analysis import (GOAL_RATIO, goal, load_stats, lone_stats, pool, problems, ratios,
                                             replay_ratios, tpot, tpot_and_gaps)
 from bench.chunked_prefill.report import figures
@@ -35,6 +37,7 @@ def phase(tpot_ms, itl_ms, arrivals=1, lone_ms=None):
     return {"load": load, "budget": 8192, **({"lone": {"ttft_ms_median": lone_ms, "failed": 0}} if lone_ms else {})}
 
 
+@pytest.mark.unit
 def test_variants_shuffle_the_words_after_the_head_and_keep_them():
     text = HEAD + "one two three four five six seven"
     assert variant(text, 0) == text
@@ -44,6 +47,7 @@ def test_variants_shuffle_the_words_after_the_head_and_keep_them():
     assert shuffled[0] != shuffled[1] and variant(text, 1) == shuffled[0]
 
 
+@pytest.mark.unit
 def test_bodies_are_streamed_greedy_and_ignore_eos():
     b = body("m", "hi", 8)
     assert (b["model"], b["max_tokens"], b["temperature"], b["ignore_eos"], b["stream"]) == ("m", 8, 0, True, True)
@@ -51,11 +55,13 @@ def test_bodies_are_streamed_greedy_and_ignore_eos():
     assert "Stream 3, request 5" in json.loads(stream_payload("m", 3, 5, 64))["messages"][0]["content"][0]["text"]
 
 
+@pytest.mark.unit
 def test_tpot_is_per_request_and_none_without_two_tokens():
     assert tpot(ok(1.1, 0.1, 11)) == 0.1
     assert tpot(ok(1.0, 0.1, 1)) is None and tpot(failed()) is None
 
 
+@pytest.mark.unit
 def test_rounds_pool_and_load_stats_count_every_stream_request():
     first = {"streams": [[ok(0.4, 0.1, 4, [0.1, 0.1, 0.1])], [ok(0.7, 0.1, 4, [0.1, 0.4, 0.1])]],
              "longs": [ok(1.0, 0.5, 8)], "long_sent_at_s": [2.0], "wall_s": 5.0}
@@ -70,6 +76,7 @@ def test_rounds_pool_and_load_stats_count_every_stream_request():
     assert stats["median_arrival_ttft_ms"] == 500.0 and stats["arrival_prompt_tokens"] == [2000, None]
 
 
+@pytest.mark.unit
 def test_a_replay_gives_tpot_and_gaps_from_its_stamps_and_ratios_over_alone():
     replay = {"streams": [[[0.0, 0.1, 0.2, 0.3]], [[0.0, 0.1, 0.5, 0.6], [0.6, 0.7]]], "longs": [(2.0, 2.8)],
               "clock_s": 21.234}
@@ -81,12 +88,14 @@ def test_a_replay_gives_tpot_and_gaps_from_its_stamps_and_ratios_over_alone():
         {"chunked": {"tpot_p99": 1.5, "itl_p99": 4.0}}
 
 
+@pytest.mark.unit
 def test_lone_stats_leave_the_warmup_out():
     stats = lone_stats([ok(5.0, 4.0, 8), ok(1.0, 0.6, 8), ok(1.0, 0.8, 8)])
     assert (stats["requests"], stats["failed"], stats["ttft_ms_median"], stats["ttft_ms_min"]) == (2, 0, 700.0, 600.0)
     assert lone_stats([ok(5.0, 4.0, 8)])["ttft_ms_median"] is None
 
 
+@pytest.mark.unit
 def test_ratios_are_over_the_phase_without_arrivals_and_the_goal_is_judged_on_chunked():
     phases = {"alone": phase(30.0, 40.0, arrivals=0), "chunked": phase(54.0, 120.0, lone_ms=880.0),
               "unchunked": phase(66.0, 800.0, lone_ms=800.0)}
@@ -101,6 +110,7 @@ def test_ratios_are_over_the_phase_without_arrivals_and_the_goal_is_judged_on_ch
                                 "chunked: no long prompt arrived (the streams ended before the first period)"]
 
 
+@pytest.mark.unit
 def test_figures_put_the_goal_ratio_first_among_ratios():
     phases = {"alone": phase(30.0, 40.0, arrivals=0), "unchunked": phase(66.0, 800.0, lone_ms=800.0),
               "chunked": phase(54.0, 120.0, lone_ms=880.0)}

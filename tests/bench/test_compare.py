@@ -60,6 +60,7 @@ epd_queue_depth 2.0
 
 
 # --- configs -----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_pinning_defaults_overrides_and_refusals():
     pinning = Pinning()
     assert [role for role, _ in DEFAULT_PINNING] == list(PIN_ROLES)
@@ -74,6 +75,7 @@ def test_pinning_defaults_overrides_and_refusals():
         pinning.overridden({"decode": ()})
 
 
+@pytest.mark.unit
 def test_workloads_are_the_four_described_each_with_its_own_seed():
     built = workloads(Sizing(num_requests=12, single_requests=3, output_len=8, image_size=(64, 48),
                              rates=(("text_only", 3.0),)))
@@ -93,6 +95,7 @@ def test_workloads_are_the_four_described_each_with_its_own_seed():
         select(built, ("video",))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kw, message", [
     (dict(rates=(("single", 1.0),)), r"^--rates: unknown workload single \(loaded workloads: encode_heavy, "),
     (dict(rates=(("text_only", 0.0),)), r"^--rates: each rate must be a finite number > 0, got \{'text_only': 0.0\}$"),
@@ -104,6 +107,7 @@ def test_sizing_refusals_name_the_flag(kw, message):
         Sizing(**kw)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kw, message", [
     (dict(deployments=("pd", "epd")), r"^--deployments must include colocated: every ratio is against it$"),
     (dict(deployments=("colocated", "xpd")), r"^--deployments: unknown xpd \(known: colocated, pd, epd\)$"),
@@ -122,6 +126,7 @@ def test_compare_config_refusals_name_the_flag(kw, message):
 _AVAILABLE_PINS = [f"--pin={role}={min(os.sched_getaffinity(0))}" for role in PIN_ROLES if role != "decode"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("flags, message", [
     (["--pin", "decode"], "--pin: cannot read 'decode' (expected ROLE=CORES, e.g. decode=1 or prefill=0-1)"),
     ([*_AVAILABLE_PINS, "--pin", "decode=999"], "--pin: core 999 is not available to this process (available: "),
@@ -137,6 +142,7 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(flags, message, capsys):
     assert err.startswith(f"stage bench compare: error: {message}") and err.count("\n") == 1
 
 
+@pytest.mark.unit
 def test_rounds_reverse_the_order_every_other_round():
     config = CompareConfig(model=Path("m"), out=Path("o"))
     assert [config.order(i) for i in range(3)] == [("colocated", "pd", "epd"), ("epd", "pd", "colocated"),
@@ -155,6 +161,7 @@ def _round(ttfts: list[float], duration: float, cpu: float, steps: float) -> Mea
                     duration, 0.1, probe)
 
 
+@pytest.mark.unit
 def test_rounds_pool_into_one_result_and_keep_each_rounds_numbers():
     requests = [Request([{"role": "user", "content": "hi"}], 4)] * 2
     result, samples = pooled([_round([0.1, 0.2], 2.0, 1.0, 10), _round([0.3], 4.0, 0.5, 5)], Slo(ttft_ms=250),
@@ -173,6 +180,7 @@ def test_rounds_pool_into_one_result_and_keep_each_rounds_numbers():
 
 
 # --- /metrics ----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_metrics_parse_keeps_the_series_and_splits_router_stages():
     series = parse(METRICS_TEXT)
     assert series == {"epd_engine_step_seconds_count": 4.0, "epd_engine_step_seconds_sum": 0.2,
@@ -216,6 +224,7 @@ def _results() -> dict:
                 "encode_heavy": _result(250, 15, 800, 4, roles=epd_roles)}}}
 
 
+@pytest.mark.unit
 def test_ratios_work_per_core_and_unit_costs():
     results = _results()
     times = analysis.ratios(results)
@@ -236,6 +245,7 @@ def test_ratios_work_per_core_and_unit_costs():
     assert work["roles"]["client"]["busy_s"] is None
 
 
+@pytest.mark.unit
 def test_goals_are_judged_against_their_targets_with_the_facts():
     results = _results()
     goals = analysis.goals(results, analysis.all_stage_work(results, (0,)))
@@ -253,6 +263,7 @@ def test_goals_are_judged_against_their_targets_with_the_facts():
     assert analysis.goals(results, analysis.all_stage_work(results, (0,)))[2]["met"] is False
 
 
+@pytest.mark.unit
 def test_table_rows_show_ratios_and_counts():
     results = _results()
     rep = {"config": {"slo": {"tpot_ms": 50.0}, "workloads": [{"name": "encode_heavy", "what": "heavy"}]},

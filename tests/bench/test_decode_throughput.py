@@ -3,9 +3,13 @@ HF (the ratios bench/README.md quotes), the goal and the summary's figures."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.decode_throughput.analysis import TARGET_RATIO, best_hf, best_level, goal
 from bench.decode_throughput.report import figures
 from bench.decode_throughput.workload import QUESTIONS, requests_for, workload
+
+pytestmark = pytest.mark.unit
 
 
 def hf_run(tokens_per_s, tokens_per_cpu_s):

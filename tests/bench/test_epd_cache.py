@@ -11,6 +11,8 @@ from bench.epd_cache.landing import parse_pushes
 from bench.epd_cache.report import figures
 from bench.epd_cache.workload import ImageSource, plan_round
 
+pytestmark = pytest.mark.unit
+
 CONFIRM = b"*3\r\n$9\r\nsubscribe\r\n$10\r\nepd:events\r\n:1\r\n"
 READY = b'{"kind":"ready","key":"ab","reason":""}'
 MESSAGE = b"*3\r\n$7\r\nmessage\r\n$10\r\nepd:events\r\n$%d\r\n%s\r\n" % (len(READY), READY)

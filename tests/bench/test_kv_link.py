@@ -28,6 +28,7 @@ def path(median_ms, min_ms=None):
     return {"median_ms": median_ms, "min_ms": min_ms or median_ms}
 
 
+@pytest.mark.unit
 def test_sizes_are_whole_blocks_and_the_pools_hold_twice_the_largest():
     assert (blocks_for(16, BLOCK), blocks_for(64, BLOCK)) == (128, 512)
     with pytest.raises(ValueError, match="not a whole number of 3000-byte blocks"):
@@ -35,6 +36,7 @@ def test_sizes_are_whole_blocks_and_the_pools_hold_twice_the_largest():
     assert pool_blocks([16, 64], BLOCK) == 1024
 
 
+@pytest.mark.unit
 def test_cells_are_a_contiguous_run_and_a_fragmented_sample_per_size():
     from transfer.base import block_ops
 
@@ -48,16 +50,19 @@ def test_cells_are_a_contiguous_run_and_a_fragmented_sample_per_size():
         cells([16], ["striped"], BLOCK, 1024, random.Random(0))
 
 
+@pytest.mark.unit
 def test_large_cells_get_two_thirds_of_the_repetitions():
     assert (reps_for(30, 16), reps_for(30, 64), reps_for(3, 64)) == (30, 20, 3)
 
 
+@pytest.mark.unit
 def test_ratios_are_the_references_time_over_the_paths():
     ratios = cell_ratios({"ours": path(20.0, 16.0), "raw": path(19.0, 15.2), "tcp": path(17.0, 12.0)})
     assert ratios == {"ours_vs_tcp": 0.85, "raw_vs_tcp": 0.895, "ours_vs_raw": 0.95, "ours_vs_tcp_best": 0.75,
                       "raw_vs_tcp_best": 0.789, "ours_vs_raw_best": 0.95, "limit": None}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("ours_vs_tcp", "raw_vs_tcp", "ours_vs_raw", "why"), [
     (0.8, 0.5, 1.6, None),  # the goal is met: no limit, whatever the library does
     (0.7, 0.72, 0.97, "library"),  # the library itself is slow; our layer keeps 0.97 of it
@@ -69,6 +74,7 @@ def test_the_limit_names_what_holds_ours_below_the_goal(ours_vs_tcp, raw_vs_tcp,
     assert limit(ours_vs_tcp, raw_vs_tcp, ours_vs_raw) == why
 
 
+@pytest.mark.unit
 def test_a_path_crossed_the_link_when_at_least_its_payload_went_out():
     assert crossed_link(16 * MIB + 40_000, 16 * MIB, tcp_opens=2) == {
         "wire_bytes": 16 * MIB + 40_000, "wire_ratio": 1.002, "over_link": True, "tcp_opens": 2}
@@ -82,6 +88,7 @@ def _cell(mib, layout, ours, raw, lim=None, wire=True):
             "wire": {p: {"over_link": wire or p == "tcp"} for p in ("ours", "raw", "tcp")}}
 
 
+@pytest.mark.unit
 def test_the_goal_names_the_cells_below_it_and_paths_off_the_link():
     results = [{"backend": "mooncake", "cells": [_cell(16, "contiguous", 0.95, 0.97),
                                                  _cell(64, "fragmented", 0.7, 0.72, "library")]},
@@ -95,6 +102,7 @@ def test_the_goal_names_the_cells_below_it_and_paths_off_the_link():
     assert goal([{"backend": "nixl", "cells": [_cell(16, "contiguous", 0.9, 0.7)]}])["met"] is True
 
 
+@pytest.mark.unit
 def test_figures_keep_ours_and_the_library_against_tcp_and_tcps_bandwidth():
     results = [{"backend": "nixl", "cells": [_cell(64, "contiguous", 0.93, 1.1)]}]
     assert [(f.name, f.value, f.unit) for f in figures(results)] == [
@@ -103,6 +111,7 @@ def test_figures_keep_ours_and_the_library_against_tcp_and_tcps_bandwidth():
         ("nixl, 64 MiB contiguous: raw TCP", 1.1, "GB/s")]
 
 
+@pytest.mark.unit
 def test_link_bytes_are_read_from_proc_net_dev():
     text = ("Inter-|   Receive                                                |  Transmit\n"
             " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls "
@@ -116,12 +125,14 @@ def test_link_bytes_are_read_from_proc_net_dev():
         link_tx_bytes(text, "eth1")
 
 
+@pytest.mark.unit
 def test_the_tcp_path_moves_an_op_in_pieces_of_at_most_the_chunk():
     assert pieces(1000, 300, 128) == [(1000, 1128), (1128, 1256), (1256, 1300)]
     assert pieces(0, 256, 128) == [(0, 128), (128, 256)]
     assert pieces(5, 0, 128) == []
 
 
+@pytest.mark.unit
 def test_tcp_connections_opened_are_read_from_proc_net_snmp():
     text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
             "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails\n"

@@ -3,8 +3,12 @@ summary's figures."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.kv_on_demand.report import figures, ratios
 from bench.kv_on_demand.run import messages, output_lengths
+
+pytestmark = pytest.mark.unit
 
 
 def test_output_lengths_are_seeded_and_within_a_quarter_of_the_mean():

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from bench.kv_transfer.analysis import GOAL_RATIO, cell_ratios, goal, summarize
 from bench.kv_transfer.layout import fragmented_ids, reps_for
 from bench.kv_transfer.report import figures
 from transfer.base import block_ops
+
+pytestmark = pytest.mark.unit
 
 MIB = 1 << 20
 

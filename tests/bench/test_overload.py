@@ -11,6 +11,8 @@ from bench.overload.client import body_ok
 from bench.soak.analysis import Bounds, capacity, growth, growth_table, slope
 from bench.soak.analysis import verdict as soak_verdict
 
+pytestmark = pytest.mark.unit
+
 OK = {"index": 0, "status": 200, "body_ok": True, "latency_s": 0.5}
 BUSY = {"index": 1, "status": 503, "retry_after": "1", "code": "server_overloaded", "latency_s": 0.1,
         "message": "The decode stage failed: The server is at its limit of 12 requests in flight "

@@ -6,6 +6,8 @@ import pytest
 from bench.prefix_cache.analysis import per_turn, summarize
 from bench.prefix_cache.workload import QUESTIONS, TURNS, chat_body, messages
 
+pytestmark = pytest.mark.unit
+
 
 def test_each_turn_carries_the_whole_history():
     assert messages("data:x", []) == [{"role": "user", "content": [

@@ -10,6 +10,8 @@ from bench.router_overhead.analysis import check_stage_reach, compare, failed_ta
 from bench.router_overhead.client import Sample
 from bench.router_overhead.report import figures
 
+pytestmark = pytest.mark.unit
+
 
 def phase(latencies_ms, wall_s=1.0, cpu_s=0.01, errors=(), reached=None, first_ms=None):
     samples = [Sample(ms / 1e3, *( (first_ms / 1e3, first_ms / 1e3) if first_ms else ())) for ms in latencies_ms]

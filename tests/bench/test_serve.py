@@ -52,6 +52,7 @@ def outcome(ttft: float | None, latency: float, itl: list[float] = (), tokens_ou
 
 
 # --- configs -----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_flag_values_parse_and_bad_ones_name_their_flag():
     assert parse_weighted("--images-per-request", "0:0.5, 2:1.5,3", int) == ((0, 0.5), (2, 1.5), (3, 1.0))
     assert parse_weighted("--image-sizes", "448x448:1,640X480:3", parse_size) == (((448, 448), 1.0), ((640, 480), 3.0))
@@ -80,6 +81,7 @@ def test_flag_values_parse_and_bad_ones_name_their_flag():
 
 
 # --- arrivals ----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_arrivals_are_seeded_offer_the_mean_rate_and_bunch_by_burstiness():
     poisson = arrivals.offsets(2001, Load(request_rate=4.0, seed=7))
     assert poisson == arrivals.offsets(2001, Load(request_rate=4.0, seed=7))
@@ -116,6 +118,7 @@ def test_synthetic_mix_is_seeded_and_follows_its_distributions():
     assert (no_repeats["images"], no_repeats["distinct_images"], no_repeats["repeated_image_share"]) == (80, 80, 0.0)
 
 
+@pytest.mark.unit
 def test_jsonl_workload_round_trips_and_bad_lines_name_file_and_line(tmp_path):
     requests = synthesize(Mix(num_requests=5, image_sizes=(((16, 16), 1),), seed=1))
     path = tmp_path / "w.jsonl"
@@ -145,6 +148,7 @@ def delta(content: str | None = None, finish: str | None = None, **extra) -> dic
     return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}], **extra}
 
 
+@pytest.mark.unit
 def test_stream_tally_times_token_chunks_by_read_and_keeps_usage():
     tally = StreamTally()
     stream = sse(delta()) + sse(delta("hé")) + sse(delta("llo")) + sse(delta(finish="length")) + \
@@ -159,6 +163,7 @@ def test_stream_tally_times_token_chunks_by_read_and_keeps_usage():
     assert tally.token_times == [2.0, 3.0]  # the role chunk is no token; "hé" completed in the second read
 
 
+@pytest.mark.unit
 def test_stream_tally_reads_crlf_and_in_band_errors():
     tally = StreamTally()
     tally.feed(sse(delta("a")).replace(b"\n", b"\r\n") + b": keep-alive comment\r\n\r\n", 1.0)
@@ -171,6 +176,7 @@ def test_stream_tally_reads_crlf_and_in_band_errors():
 
 
 # --- metrics and token counts ------------------------------------------------------------------
+@pytest.mark.unit
 def test_metrics_follow_vllm_definitions_and_group_failures():
     outcomes = [outcome(0.1, 0.5, [0.1, 0.1, 0.2], 5), outcome(0.3, 0.7, [0.2, 0.2], 3),
                 outcome(None, 0.2, [], 0), outcome(None, 1.0, ok=False, error="HTTP 500: boom"),
@@ -190,6 +196,7 @@ def test_metrics_follow_vllm_definitions_and_group_failures():
     assert nothing["mean_ttft_ms"] is None and nothing["p99_e2el_ms"] is None and nothing["request_goodput"] is None
 
 
+@pytest.mark.unit
 def test_tokens_without_usage_are_streamed_chunks_when_there_is_no_tokenizer():
     outcomes = [outcome(0.1, 0.5, [0.1, 0.1], tokens_out=None, prompt=None), outcome(0.1, 0.2, [0.1], tokens_out=9),
                 outcome(None, 0.1, ok=False, error="x")]
@@ -263,6 +270,7 @@ def test_unreachable_url_is_a_counted_failure_without_traceback():
                               "refused; is the server up at --url? (or pass --served-model-name)\n")
 
 
+@pytest.mark.unit
 def test_bad_flags_exit_2_naming_the_flag(capsys):
     assert stage_main(["bench", "serve", "--url", "http://127.0.0.1:1", "--summary-dir", "s", "--no-progress"]) == 2
     assert capsys.readouterr().err == ("stage bench serve: error: --summary-dir needs --out (the full results) and "

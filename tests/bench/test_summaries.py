@@ -27,11 +27,13 @@ def summary(benchmark: str = "epd_cache", config: str = DEFAULT, figures=(Figure
 
 
 # --- the committed summaries and the README ------------------------------------------------------
+@pytest.mark.unit
 def test_the_readme_table_is_what_the_committed_summaries_render_to():
     text = README.read_text()
     assert splice(text, render(load())) == text, "run: .venv/bin/python -m bench.summaries --write-readme"
 
 
+@pytest.mark.unit
 def test_every_committed_summary_is_valid_and_named_by_its_configuration():
     for path in sorted(FOLDER.glob("*.json")):
         s = json.loads(path.read_text())
@@ -47,6 +49,7 @@ def test_the_check_command_agrees_with_the_readme():
 
 
 # --- configuration and names ---------------------------------------------------------------------
+@pytest.mark.unit
 def test_configuration_lists_the_flags_that_differ_from_the_defaults():
     defaults = {"quick": False, "image_size": 224, "out": "a.json", "summary_dir": "s", "images": "1,4,8",
                 "pin": []}
@@ -56,6 +59,7 @@ def test_configuration_lists_the_flags_that_differ_from_the_defaults():
     assert configuration(defaults, {**defaults, "pin": ["decode=1", "prefill=0"]}) == "pin=decode=1;prefill=0"
 
 
+@pytest.mark.unit
 def test_summary_name_is_safe_and_bounded():
     assert summary_name("ttft_pd", DEFAULT) == "ttft_pd.json"
     assert summary_name("epd_cache", "image_size=448,quick") == "epd_cache--image_size=448,quick.json"
@@ -67,6 +71,7 @@ def test_summary_name_is_safe_and_bounded():
 
 
 # --- the summary's format ------------------------------------------------------------------------
+@pytest.mark.unit
 def test_build_summary_keeps_the_machine_commit_dirty_flag_and_figures():
     s = summary(figures=(Figure("TTFT hit / miss", 0.42, "x"), Figure("wake p50", None, "ms")))
     assert s == {"benchmark": "epd_cache", "configuration": "default", "command": "python -m bench.epd_cache",
@@ -79,6 +84,7 @@ def test_build_summary_keeps_the_machine_commit_dirty_flag_and_figures():
     assert problems(s) == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change, expected", [
     ({"commit": 5}, ["commit: missing or not (<class 'str'>, <class 'NoneType'>)"]),
     ({"dirty": "yes"}, ["dirty: missing or not (<class 'bool'>, <class 'NoneType'>)"]),
@@ -93,6 +99,7 @@ def test_problems_names_what_is_wrong(change, expected):
 
 
 # --- the table -----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_render_orders_summaries_and_formats_values():
     rows = render([summary("ttft_pd", "quick", (Figure("text_short: TTFT pd-nixl / colocated", 1.254, "x"),)),
                    summary("epd_cache", "image_size=448", (Figure("wake p50", 1.9034, "ms"),)),
@@ -106,11 +113,13 @@ def test_render_orders_summaries_and_formats_values():
     assert render([]) == NONE_YET
 
 
+@pytest.mark.unit
 def test_format_value():
     assert (format_value(0.4249, "x"), format_value(216.94, "tok/s"), format_value(None, "ms")) == \
         ("0.4249x", "216.9 tok/s", "n/a")
 
 
+@pytest.mark.unit
 def test_splice_replaces_only_the_block_between_the_markers():
     readme = f"# B\n\ntext\n{BEGIN}\nold table\nmore\n{END}\n\nafter\n"
     assert splice(readme, "NEW") == f"# B\n\ntext\n{BEGIN}\nNEW\n{END}\n\nafter\n"

@@ -3,8 +3,12 @@ colocated (the ratios bench/README.md quotes) and the summary's figures."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.ttft_pd.analysis import merge_runs, ratios_vs_colocated, summarize
 from bench.ttft_pd.report import figures
+
+pytestmark = pytest.mark.unit
 
 
 def sample(ttft_ms, warmup=False, kv=False, text="abc"):

@@ -89,6 +89,7 @@ def test_a_clean_interpreter_exit_stops_it() -> None:
     assert wait_dead(int(out.stdout))
 
 
+@pytest.mark.unit
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="maxmemory_bytes must be at least 1 MiB, got 1000"):
         EmbeddedRedis(1000)

@@ -10,6 +10,8 @@ from cache.config import MIB, CacheConfig
 from cache.entry import ALIGN, Entry, InRedis, TensorSpec, decode_entry, encode_entry, pack, unpack
 from cache.errors import CorruptEntry
 
+pytestmark = pytest.mark.unit
+
 KEY = "ab" * 32
 
 

@@ -34,6 +34,7 @@ def encoded(image: Image.Image, fmt: str) -> bytes:
 
 
 # --- data URLs and base64 ----------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_data_url_gives_the_files_bytes():
     data = png(20, 10)
     assert data_url_bytes(data_url(data), BOUNDS) == data
@@ -41,6 +42,7 @@ def test_a_data_url_gives_the_files_bytes():
     assert base64_bytes(base64.b64encode(data).decode(), BOUNDS) == data
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("url, status, code, message", [
     ("https://example.com/cat.png", 400, Code.REMOTE_IMAGE_URL, "Remote image URLs are not fetched by stage servers; "
      "send the image as a data: URL (base64), or send the request through the router, which fetches allowed URLs."),
@@ -62,11 +64,13 @@ def test_a_bad_data_url_is_refused_with_its_code(url, status, code, message):
     assert (error.status, error.code, error.message) == (status, code, message)
 
 
+@pytest.mark.unit
 def test_bad_plain_base64_is_refused():
     error = refused(base64_bytes, "not base64!", BOUNDS)
     assert (error.status, error.code, error.message) == (400, Code.INVALID_BASE64, "The image data is not valid base64.")
 
 
+@pytest.mark.unit
 def test_the_byte_limit_is_exact_and_names_who_holds_it():
     exact = ImageBounds(max_bytes=3_000)
     assert len(data_url_bytes(data_url(b"x" * 3_000), exact)) == 3_000
@@ -80,6 +84,7 @@ def test_the_byte_limit_is_exact_and_names_who_holds_it():
     assert too_many_bytes("more than 3000", router).message.startswith("The image is more than 3000 bytes; ")
 
 
+@pytest.mark.unit
 def test_a_payload_far_over_the_limit_is_refused_before_decoding():
     """Bounded by its length before base64 decodes it: characters that are not base64 at all are not
     even looked at (413, not the 400 decoding would give)."""
@@ -90,6 +95,7 @@ def test_a_payload_far_over_the_limit_is_refused_before_decoding():
 
 
 # --- what the bytes are ------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "BMP", "WEBP"])
 def test_a_file_of_each_format_gives_its_size_and_pixels(fmt):
     data = encoded(Image.new("RGB", (37, 23), (10, 200, 30)), fmt)
@@ -98,6 +104,7 @@ def test_a_file_of_each_format_gives_its_size_and_pixels(fmt):
     assert image.size == (37, 23) and image.convert("RGB").getpixel((0, 0))[1] > 150
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("data", [b"this is not an image at all", b"", b"\x89PNG\r\n\x1a\n"],
                          ids=["text", "nothing", "png-signature-only"])
 def test_bytes_that_are_no_image_are_invalid_image(data):
@@ -126,6 +133,7 @@ def test_every_truncation_of_a_file_gives_its_true_size_or_invalid_image(fmt):
     assert refusals >= len(data) // 2  # most cuts lose pixel data, and decoding notices
 
 
+@pytest.mark.unit
 def test_a_truncated_file_has_its_size_from_the_header_but_does_not_decode():
     whole = png(64, 64, (5, 5, 5))
     cut = whole[:len(whole) // 2]
@@ -136,6 +144,7 @@ def test_a_truncated_file_has_its_size_from_the_header_but_does_not_decode():
 
 
 # --- sizes -------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_the_pixel_limit_is_read_from_the_header_without_decoding_a_pixel(monkeypatch):
     def no_pixels(self):  # noqa: ANN001
         raise AssertionError("a pixel was decoded")
@@ -149,6 +158,7 @@ def test_the_pixel_limit_is_read_from_the_header_without_decoding_a_pixel(monkey
     assert header_size(png_header_only(100, 100), BOUNDS) == (100, 100)  # exactly at the limit is fine
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("max_pixels", [10**12, None], ids=["limit-above-pil", "no-limit"])
 def test_a_decompression_bomb_header_is_413_from_the_header(max_pixels):
     """A canvas of 10^10 pixels is refused by PIL's guard while the header is read, whatever our limit."""
@@ -160,12 +170,14 @@ def test_a_decompression_bomb_header_is_413_from_the_header(max_pixels):
                                  f"{2 * Image.MAX_IMAGE_PIXELS} pixels.")
 
 
+@pytest.mark.unit
 def test_huge_dimensions_under_pils_guard_are_held_by_the_pixel_limit_alone():
     tall = png_header_only(1, 50_000_000)
     assert header_size(tall, ImageBounds(max_bytes=4_000)) == (1, 50_000_000)  # no pixel limit: the size is read
     assert refused(header_size, tall, ImageBounds(max_bytes=4_000, max_pixels=16_777_216)).status == 413
 
 
+@pytest.mark.unit
 def test_check_size():
     check_size(100, 100, BOUNDS)
     empty = refused(check_size, 0, 5, BOUNDS)
@@ -174,6 +186,7 @@ def test_check_size():
     check_size(10**6, 10**6, ImageBounds(max_bytes=1))  # no pixel limit
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("max_bytes, max_pixels", [(0, None), (-1, 5), (10, 0)])
 def test_bounds_must_be_positive(max_bytes, max_pixels):
     with pytest.raises(ValueError, match="image limits must be > 0"):
@@ -181,6 +194,7 @@ def test_bounds_must_be_positive(max_bytes, max_pixels):
 
 
 # --- the router's side ------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("url, message", [
     ("ftp://img.example/a.png", "image_url must be a data: URL or an http(s) URL."),
     ("cat.png", "image_url must be a data: URL or an http(s) URL."),

@@ -8,6 +8,8 @@ import torch
 
 from cache.keys import check_key, image_key, vision_fingerprint, weights_digest
 
+pytestmark = pytest.mark.unit
+
 VISION = {"depth": 2, "embed_dim": 64, "patch_size": 14, "_name_or_path": "/models/a",
           "transformers_version": "5.24.0", "spatial_merge_size": 2}
 PROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056, "image_mean": [0.5, 0.5, 0.5], "patch_size": 14}

@@ -230,12 +230,14 @@ def test_stage_serve_help_has_a_line_for_every_role():
     assert all(len(text) > 20 for text in lines.values()), lines
 
 
+@pytest.mark.unit
 def test_stage_up_and_stage_demo_default_to_the_same_model():
     parser = build_parser()
     up, demo = parser.parse_args(["up"]), parser.parse_args(["demo"])
     assert (up.family, up.size) == (demo.family, demo.size) == ("qwen2_vl", "tiny")
 
 
+@pytest.mark.unit
 def test_run_log_directories_are_pruned_to_the_last_ten(tmp_path):
     older = [tmp_path / f"up-20260101-0000{i:02d}-{100 + i}" for i in range(12)]
     for path in older:

@@ -16,6 +16,7 @@ def test_help_imports_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("flags, named", [
     (["--max-image-pixels", "0"], "--max-image-pixels"),
     (["--max-images-per-request", "-1"], "--max-images-per-request"),

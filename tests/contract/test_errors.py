@@ -23,6 +23,7 @@ NOT_A_CODE = {
 }
 
 
+@pytest.mark.unit
 def test_every_code_has_a_status_and_a_blame():
     assert set(RULES) == set(Code)
     for code in Code:
@@ -30,6 +31,7 @@ def test_every_code_has_a_status_and_a_blame():
         assert code.value == code.name.lower()
 
 
+@pytest.mark.unit
 def test_a_client_code_is_a_4xx_and_a_5xx_blames_someone_else():
     for code in Code:
         if code.blame is Blame.CLIENT:
@@ -39,6 +41,7 @@ def test_a_client_code_is_a_4xx_and_a_5xx_blames_someone_else():
     assert {code for code in Code if code.status == 503} >= blaming(Blame.BUSY, Blame.LEAVING, Blame.SHARED)
 
 
+@pytest.mark.unit
 def test_the_routers_verdict_sets_are_the_tables():
     """The sets ``router.dispatch.verdict`` acts on, as they were written there before the table."""
     assert verdict.PEER_CODES == {"peer_failed", "room_timeout"}
@@ -49,6 +52,7 @@ def test_the_routers_verdict_sets_are_the_tables():
     assert verdict.LEAVING_CODES == {"draining", "drain_timeout"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("code, status", [
     ("peer_failed", 502), ("room_timeout", 504), ("engine_error", 500), ("internal_error", 500),
     ("engine_unavailable", 503), ("kv_pool_full", 503), ("unhealthy", 503), ("server_overloaded", 503),
@@ -60,11 +64,13 @@ def test_an_in_band_error_event_stands_for_its_codes_5xx(code, status):
     assert verdict.from_event("decode", "http://d:1", body).status == status
 
 
+@pytest.mark.unit
 def test_a_code_read_off_the_wire_finds_its_rule():
     assert rule_of("peer_failed") == RULES[Code.PEER_FAILED] and rule_of("nope") is None and rule_of(None) is None
     assert {Code.PEER_FAILED: 1}["peer_failed"] == 1 and "peer_failed" in verdict.PEER_CODES  # a str, hashed as one
 
 
+@pytest.mark.unit
 def test_the_typed_fields_are_four_in_this_order():
     assert TYPED_FIELDS == ("stage", "room", "image_key", "peer_code")
 
@@ -88,6 +94,7 @@ def test_no_product_module_writes_a_code_of_the_contract_as_a_literal():
     assert not found, "write Code.X (contract.errors) instead of:\n" + "\n".join(found)
 
 
+@pytest.mark.unit
 def test_the_check_finds_a_literal():
     """Negative control: the scan sees a code written as a literal (and skips docstrings)."""
     source = REPO / "contract" / "errors.py"

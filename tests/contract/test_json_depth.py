@@ -7,6 +7,8 @@ import pytest
 
 from contract.json_depth import MAX_JSON_DEPTH, TOO_DEEP, too_deep
 
+pytestmark = pytest.mark.unit
+
 
 def nested(levels: int) -> str:
     """``levels`` levels of arrays and objects, alternating, around a number."""

@@ -16,6 +16,8 @@ import yaml
 from tests.conftest import REPO
 from tests.deploy.promql_names import metric_names
 
+pytestmark = pytest.mark.unit
+
 DASHBOARD = REPO / "deploy" / "grafana" / "epd-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ROWS = {

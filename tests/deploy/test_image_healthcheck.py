@@ -33,6 +33,7 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("argv", "url"), [
     ("serve prefill --model m", "http://127.0.0.1:8100/health"),
     ("serve decode --model m --transfer nixl", "http://127.0.0.1:8200/health"),
@@ -53,11 +54,13 @@ def test_url_from_the_command_line(argv, url):
     assert healthcheck.health_url(argv.split()) == url
 
 
+@pytest.mark.unit
 def test_command_line_that_does_not_parse_is_an_error():
     with pytest.raises(ValueError, match=r"^the command line does not parse \(exit 2\): stage serve prefill$"):
         healthcheck.health_url(["serve", "prefill"])  # --model is required
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("cmdline", "argv"), [
     (["/opt/epd/bin/python3", "/opt/epd/bin/stage", "serve", "router"], ["serve", "router"]),
     (["python", "-m", "cli", "demo"], ["demo"]),

@@ -7,6 +7,8 @@ import pytest
 
 from tests.deploy.promql_names import metric_names
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("expr, names", [
     ("up", ["up"]),

@@ -29,6 +29,7 @@ def rules() -> list[dict]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+@pytest.mark.unit
 def test_a_missing_tool_fails_naming_the_setup_command(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(pytest.fail.Exception, match=r"^promtool is not installed: run `bash scripts/setup.sh test` "
@@ -41,6 +42,7 @@ def test_promtool_check_rules_accepts_every_rule():
     assert (done.returncode, done.stdout) == (0, f"Checking rules.yml\n  SUCCESS: {len(rules())} rules found\n\n")
 
 
+@pytest.mark.unit
 def test_the_alerts_are_the_ones_the_issue_asks_for():
     assert [r["alert"] for r in rules() if "alert" in r] == ALERTS
 
@@ -50,6 +52,7 @@ def test_promtool_test_rules_passes():
     assert (done.returncode, done.stdout.split()) == (0, ["Unit", "Testing:", "rules.test.yml", "SUCCESS"]), done.stdout
 
 
+@pytest.mark.unit
 def test_every_alert_is_tested_firing_and_not_firing():
     cases = [case for test in yaml.safe_load((RULES_DIR / "rules.test.yml").read_text())["tests"]
              for case in test.get("alert_rule_test", [])]

@@ -22,6 +22,7 @@ from stages.launch.stack import Child, ChildSpec, StackError, _wait_healthy
 ZMTP_SIGNATURE = b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f"
 
 
+@pytest.mark.unit
 def test_free_ports_lie_below_the_ephemeral_range_and_bind():
     low, high = ephemeral_ports()
     assert 1024 <= low <= high <= 65535
@@ -56,6 +57,7 @@ def test_a_bound_port_is_never_handed_out_listening_or_not(monkeypatch):
         assert free_port() == spare
 
 
+@pytest.mark.unit
 def test_without_room_below_the_ephemeral_range_any_free_port(monkeypatch):
     monkeypatch.setattr(ports, "ephemeral_ports", lambda: (ports._FREE_PORT_LOW + 10, 65535))
     monkeypatch.setattr(ports, "_RANDOM", _Draws())  # drawing at all would fail

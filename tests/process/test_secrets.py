@@ -36,6 +36,7 @@ TOKEN = "a-token-of-twenty-chars"
 
 
 # --- pure: precedence and errors -------------------------------------------------------------
+@pytest.mark.unit
 def test_the_flag_wins_then_the_file_then_the_environment(tmp_path):
     path = tmp_path / "url"
     path.write_text("redis://:from-file@h:1/0\n")
@@ -53,6 +54,7 @@ def test_the_flag_wins_then_the_file_then_the_environment(tmp_path):
     assert read_secret(None, str(path), environ={}, **kw) == "no-newline"
 
 
+@pytest.mark.unit
 def test_errors_name_the_flag_and_the_path_never_the_content(tmp_path):
     kw = dict(flag="--admin-token", env=TOKEN_ENV, environ={})
     cases = [(("t" * 20, str(tmp_path)), "give --admin-token or --admin-token-file, not both"),
@@ -72,6 +74,7 @@ def test_errors_name_the_flag_and_the_path_never_the_content(tmp_path):
         assert PASSWORD not in str(err.value)
 
 
+@pytest.mark.unit
 def test_stage_servers_read_the_url_and_token_with_that_precedence(tmp_path, monkeypatch):
     parser = build_parser()
     url_file, token_file = tmp_path / "url", tmp_path / "token"
@@ -126,6 +129,7 @@ def test_every_role_answers_a_bad_secret_in_one_line_and_exit_2(tmp_path):
         assert stage(*argv) == (2, line), argv
 
 
+@pytest.mark.unit
 def test_stage_up_reads_the_environment_only_in_epd_mode(monkeypatch):
     from stages.launch.up import stack_config
 

@@ -7,6 +7,8 @@ import pytest
 
 from router.config import RouterConfig
 
+pytestmark = pytest.mark.unit
+
 P, D = "http://127.0.0.1:8100", "http://127.0.0.1:8200"
 
 

@@ -8,6 +8,8 @@ import pytest
 from router.app import _parse
 from router.errors import RouterError
 
+pytestmark = pytest.mark.unit
+
 
 def test_json_nested_deeper_than_64_levels_is_refused():
     message = "The request body is nested deeper than 64 levels of JSON arrays and objects."

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from router.metrics import LoopHistogram
 
+pytestmark = pytest.mark.unit
+
 BUCKETS = (0.005, 0.01, 0.5, 10.0)
 VALUES = [0.0, 0.005, 0.0050001, 0.01, 0.3, 0.5, 9.99, 10.0, 10.5, 1e9, -1.0]
 

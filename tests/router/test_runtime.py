@@ -9,6 +9,8 @@ from router.config import RouterConfig
 from router.runtime import Router, StartupError
 from tests.support.router_epd import FP, OTHER_FP
 
+pytestmark = pytest.mark.unit
+
 
 async def test_startup_refuses_encoders_that_disagree_on_the_fingerprint():
     router = Router(RouterConfig(encoder=("http://e:1", "http://e:2"), prefill=("http://p:1",),

@@ -118,6 +118,7 @@ def test_the_document_is_valid_openapi_with_the_stages_chat_schema(router, coloc
         "type": "http", "scheme": "bearer", "description": "The router's --admin-token (or EPD_ADMIN_TOKEN)."}
 
 
+@pytest.mark.unit
 def test_every_route_of_the_app_is_documented():
     from router.app import create_routes
     from router.runtime import Router
@@ -226,6 +227,7 @@ def test_a_text_that_cannot_fit_is_refused_by_the_router_as_the_stage_would(rout
     assert proxy.chats == before + 1
 
 
+@pytest.mark.unit
 def test_the_text_counted_is_what_every_template_writes():
     assert prompt_chars([{"role": "user", "content": "  ab c \n"}, {"role": "assistant", "content": "long" * 99},
                          {"role": "system", "content": [{"type": "text", "text": "xyz"}, {"type": "image_url"}]},
@@ -241,6 +243,7 @@ def test_the_text_counted_is_what_every_template_writes():
     assert prompt_too_long({"messages": [{"role": "user", "content": "x" * 99}]}, StageLimits(max_model_len=11)) is None
 
 
+@pytest.mark.unit
 def test_the_tightest_published_limit_counts():
     each = [published({"limits": {"max_images_per_request": 8, "max_body_bytes": 100}}),
             published({"limits": {"max_images_per_request": 4}}), published({}),
@@ -250,6 +253,7 @@ def test_the_tightest_published_limit_counts():
     assert tightest([]) == StageLimits()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("count", "own", "stages", "refused_with"), [
     (8, 16, 8, None), (9, 16, 8, "the stages behind this router accept at most 8"),
     (17, 16, None, "this router accepts at most 16"), (17, 16, 32, "this router accepts at most 16"),
@@ -264,6 +268,7 @@ def test_the_image_count_is_refused_in_the_words_of_whose_limit_it_is(count, own
     assert refused_with in caught.value.message
 
 
+@pytest.mark.unit
 def test_chat_part_takes_the_schemas_it_refers_to_and_no_others():
     stage = {"paths": {CHAT: {"post": {
         "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/A"}}}},

@@ -40,6 +40,7 @@ HAS_V6_LOOPBACK = any(a.address == "::1" for a in psutil.net_if_addrs()[LOOPBACK
 
 
 # --- process.addresses ----------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("host, port, text", [
     ("127.0.0.1", 8998, "127.0.0.1:8998"), ("::1", 8998, "[::1]:8998"), ("fd00::2", "*", "[fd00::2]:*"),
     ("decode-0.svc", 1, "decode-0.svc:1"), ("::ffff:10.0.0.1", 0, "[::ffff:10.0.0.1]:0")])
@@ -47,6 +48,7 @@ def test_host_port_brackets_ipv6_only(host, port, text):
     assert host_port(host, port) == text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, parsed", [
     ("127.0.0.1:8998", ("127.0.0.1", 8998)), ("[::1]:8998", ("::1", 8998)), ("[fd00::2]:0", ("fd00::2", 0)),
     ("decode-0.svc:65535", ("decode-0.svc", 65535))])
@@ -55,6 +57,7 @@ def test_split_host_port_inverts_host_port(text, parsed):
     assert host_port(*parsed) == text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, message", [
     ("::1:8998", "'::1:8998': an IPv6 address takes brackets: [::1]:8998"),
     ("127.0.0.1", "'127.0.0.1' is not HOST:PORT (or [IPv6]:PORT) with a port in 0-65535"),
@@ -68,11 +71,13 @@ def test_split_host_port_refuses_in_one_line(text, message):
     assert str(caught.value) == message
 
 
+@pytest.mark.unit
 def test_wildcards():
     assert [is_wildcard(h) for h in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost", "")] == \
         [True, True, False, False, False, False]
 
 
+@pytest.mark.unit
 def test_interfaces_holding_hosts():
     assert interface_holding("127.0.0.1") == interface_holding("127.0.0.2") == LOOPBACK  # all of 127/8
     assert interface_holding("localhost") == LOOPBACK  # a name: by its answers
@@ -83,6 +88,7 @@ def test_interfaces_holding_hosts():
                 assert interface_holding(entry.address) in (name, LOOPBACK)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not HAS_V6_LOOPBACK, reason="no ::1 on this machine's loopback interface")
 def test_ipv6_hosts():
     assert interface_holding("::1") == LOOPBACK
@@ -90,6 +96,7 @@ def test_ipv6_hosts():
     assert interface_holding("2001:db8::7") is None  # documentation prefix
 
 
+@pytest.mark.unit
 def test_check_local_messages():
     check_local("--bootstrap-host", "127.0.0.2", "decodes dial it")
     check_local("--bootstrap-host", "localhost", "decodes dial it")
@@ -110,6 +117,7 @@ def config_of(role: str, *flags: str):
     return server_config(args, role)
 
 
+@pytest.mark.unit
 def test_loopback_and_wildcard_binds_pass():
     check_addresses(config_of("decode"))
     check_addresses(config_of("prefill", "--bootstrap-host", "127.0.0.2", "--transfer-host", "localhost"))
@@ -118,6 +126,7 @@ def test_loopback_and_wildcard_binds_pass():
                               "--transfer-host", "127.0.0.1"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("role, flags, flag, why", [
     ("colocated", ("--host", ELSEWHERE), "--host", "the HTTP server listens on it"),
     ("encoder", ("--host", ELSEWHERE, "--redis-url", "redis://127.0.0.1:1/0"), "--host",
@@ -132,6 +141,7 @@ def test_an_address_on_no_interface_is_refused(role, flags, flag, why):
                                  f"addresses ({why})")
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not HAS_V6_LOOPBACK, reason="no ::1 on this machine's loopback interface")
 def test_mooncake_refuses_an_ipv6_only_transfer_host_and_nixl_takes_it():
     with pytest.raises(ValueError) as caught:

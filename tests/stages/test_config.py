@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 
 def test_server_config_names_the_model_after_its_directory():
     from stages.config import ServerConfig

@@ -14,6 +14,7 @@ from stages.engine.config import BATCHED_TOKENS, EngineConfig, resolve_device
 from stages.launch.stack import StackConfig, stage_specs
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:x", "CPU", "cuda:0,cuda:1", ""])
 def test_a_malformed_device_is_refused_naming_the_flag(spec):
     with pytest.raises(ValueError, match=r"--device must be auto \(cuda:0 when torch sees a GPU, else cpu\), cpu, "
@@ -21,6 +22,7 @@ def test_a_malformed_device_is_refused_naming_the_flag(spec):
         EngineConfig(model="/m", device=spec)
 
 
+@pytest.mark.unit
 def test_auto_and_cpu_resolve_here():
     assert EngineConfig(model="/m").device == "auto"
     assert resolve_device("cpu") == torch.device("cpu")
@@ -28,6 +30,7 @@ def test_auto_and_cpu_resolve_here():
     assert EngineConfig(model="/m", device="auto").torch_device == expected
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
 def test_a_gpu_that_is_not_there_is_an_error_naming_the_flag(spec):
@@ -35,6 +38,7 @@ def test_a_gpu_that_is_not_there_is_an_error_naming_the_flag(spec):
         EngineConfig(model="/m", device=spec).torch_device
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_gpu_index_past_the_last_is_an_error_naming_the_flag():
     count = torch.cuda.device_count()
@@ -43,6 +47,7 @@ def test_a_gpu_index_past_the_last_is_an_error_naming_the_flag():
         resolve_device(f"cuda:{count}")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("role", ["colocated", "prefill", "decode", "encoder", "pd"])
 def test_every_model_role_takes_device(role):
     extra = ["--redis-url", "redis://127.0.0.1:1/0"] if role == "encoder" else []
@@ -60,6 +65,7 @@ def test_stage_serve_names_the_flag_before_loading_anything(capsys, tiny_model):
         assert "--device cuda:0: torch sees no GPU here" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_stage_up_gives_each_stage_its_device():
     config = StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="epd", devices=("cuda:0", "cuda:1", "cuda:2"))
     specs = stage_specs(config, iter(range(7001, 7010)))
@@ -76,6 +82,7 @@ def test_stage_up_gives_each_stage_its_device():
         StackConfig(model=Path("/m"), log_dir=Path("/l"), mode="pd", devices=("gpu0",))
 
 
+@pytest.mark.unit
 def test_max_batched_tokens_defaults_to_the_devices_budget_and_is_validated():
     assert EngineConfig(model="/m").max_batched_tokens is None
     assert EngineConfig(model="/m", device="cpu").batched_tokens == BATCHED_TOKENS["cpu"] == 256

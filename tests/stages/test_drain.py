@@ -48,6 +48,7 @@ DRAINING = {"error": {"message": "This server is shutting down and takes no new 
 
 
 # --- pure ------------------------------------------------------------------------------------
+@pytest.mark.unit
 async def test_the_drain_waits_for_work_in_flight_then_expires():
     drain = Drain(0.2)
     assert (drain.state, drain.draining) == (DrainState.SERVING, False)
@@ -65,6 +66,7 @@ async def test_the_drain_waits_for_work_in_flight_then_expires():
         Drain(0)
 
 
+@pytest.mark.unit
 def test_the_router_retries_a_draining_answer_without_blame():
     refused = from_answer("decode", "http://d", 503, json.dumps(DRAINING).encode())
     assert (refused.code, refused.leaving, refused.refused, refused.busy, refused.client_fault) == (

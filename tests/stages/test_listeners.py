@@ -202,6 +202,7 @@ def test_embedded_redis_listens_on_loopback_only(redis_server):  # noqa: F811
 
 
 # --- where NIXL's UCX listens ----------------------------------------------------------------------
+@pytest.mark.unit
 def test_ucx_is_pinned_to_the_interface_of_the_transfer_host():
     loopback = next(name for name, addrs in psutil.net_if_addrs().items() if any(a.address == HOST for a in addrs))
     for host in ("127.0.0.1", "127.0.0.2", "localhost"):

@@ -3,7 +3,11 @@ finishes it."""
 
 from __future__ import annotations
 
+import pytest
+
 from stages.metrics import Metrics
+
+pytestmark = pytest.mark.unit
 
 
 def test_metrics_registries_are_per_app_and_requests_count_once():

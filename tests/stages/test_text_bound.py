@@ -35,6 +35,7 @@ def test_no_text_makes_fewer_tokens_than_the_bound_says(variant):
         assert tokens >= -(-len(text) // per_token), (variant, text[:20], tokens, len(text), per_token)
 
 
+@pytest.mark.unit
 def test_the_bound_of_a_byte_level_bpe_is_its_longest_token():
     assert chars_per_token(spec()) == 3
     assert chars_per_token(spec(added_tokens=[{"content": "<|longest_added|>"}])) == len("<|longest_added|>")
@@ -43,6 +44,7 @@ def test_the_bound_of_a_byte_level_bpe_is_its_longest_token():
         {"type": "Prepend", "prepend": "_"}, {"type": "Replace", "pattern": {"String": " "}, "content": "_"}]})) == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change", [
     {"normalizer": {"type": "BertNormalizer"}},  # drops control characters
     {"normalizer": {"type": "Strip"}},
@@ -60,12 +62,14 @@ def test_no_bound_where_characters_can_vanish_or_merge(change):
     assert chars_per_token(spec(**change)) is None
 
 
+@pytest.mark.unit
 def test_sentencepiece_bpe_with_byte_fallback_is_bounded():
     model = {"type": "BPE", "vocab": {"<0x41>": 0, "\u2581hello": 1}, "unk_token": "<unk>", "fuse_unk": True,
              "byte_fallback": True}
     assert chars_per_token(spec(model=model, pre_tokenizer={"type": "Metaspace"})) == 6
 
 
+@pytest.mark.unit
 def test_what_counts_as_the_prompts_text():
     assert kept_chars("  a b  \n") == 3 and kept_chars(" \n ") == 0 and kept_chars("x" + " " * 10_000) == 1
     conversation = [("system", ["  sys  "]), ("user", ["hello", None, 5]), ("assistant", ["dropped by templates"]),

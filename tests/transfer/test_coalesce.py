@@ -11,6 +11,8 @@ import pytest
 from transfer.base import (DESCRIPTOR_VERSION, RegionDescriptor, TransferConfig, TransferError, WriteOp,
                            block_ops, check_ops, coalesce, decode_descriptor)
 
+pytestmark = pytest.mark.unit
+
 
 def _bytes_map(ops: list[WriteOp]) -> dict[int, int]:
     """remote byte -> local byte, the meaning of a list of ops."""

@@ -14,7 +14,7 @@ from transfer.base import TransferError  # noqa: E402
 from transfer.mooncake import _WorkerPool  # noqa: E402
 from transfer.mooncake_handshake import Handshakes  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 SLACK_S = 0.5
 
 

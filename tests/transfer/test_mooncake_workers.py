@@ -13,7 +13,7 @@ pytest.importorskip("mooncake.engine")
 from transfer.base import TransferError  # noqa: E402
 from transfer.mooncake import MAX_ABANDONED, WORKERS, _WorkerPool  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 SLACK_S = 0.5
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from transfer.peer_policy import DEFAULT_ALLOWED_BOOTSTRAP, AllowList
 
+pytestmark = pytest.mark.unit
+
 EXPECTED = "expected a CIDR (10.1.0.0/16), host:port (10.0.0.5:8998) or host:* (prefill-1.rack2:*)"
 
 

@@ -10,6 +10,8 @@ import pytest
 from stages.timeline import RoomTimeline
 from transfer.rooms import DuplicateRoom, Room, RoomClosed, RoomStatus, RoomTable, moves
 
+pytestmark = pytest.mark.unit
+
 S = RoomStatus
 # Every transition a room makes, written out (not derived from the rule under test): forward from a
 # live status, or to Failed from a live status. Everything else is refused.

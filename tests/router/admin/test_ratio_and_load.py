@@ -26,6 +26,8 @@ from router.upstream.client import Upstream
 from router.fleet.workers import Worker
 from stages.timeline import RoomTimeline
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "s3cret-token-0123456789"
 FP = {"model": "m", "backend": "mooncake", "block_size": 16}
 

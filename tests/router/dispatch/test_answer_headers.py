@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from router.dispatch.dispatcher import _headers, cache_counts
 from router.plan.modes import Plan, Target
 from tests.support.router_epd import body_with, refs_of, worker
 from tests.support.router_helpers import png
+
+pytestmark = pytest.mark.unit
 
 
 async def test_answer_headers_name_the_room_and_the_finished_calls():

@@ -15,6 +15,8 @@ from router.metrics import Metrics
 from router.plan.modes import Call, Plan, Target
 from tests.support.router_workers import worker
 
+pytestmark = pytest.mark.unit
+
 P, D = "http://127.0.0.1:8100", "http://127.0.0.1:8200"
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from router.dispatch.dispatcher import PEER_GRACE_S, _decode_behind, _encoder_behind
 from router.dispatch.verdict import Failure, idle
 from router.fleet.workers import Worker
@@ -30,6 +32,7 @@ def _failed(failure: Failure) -> asyncio.Future:
     return future
 
 
+@pytest.mark.unit
 async def test_a_prefills_image_failure_gives_way_to_the_encoders_own_busy_answer():
     plan, _ = _image_plan()
     reported = StageError(Failure("prefill", "http://prefill:1", 502, "the image failed", "encode_failed",
@@ -41,6 +44,7 @@ async def test_a_prefills_image_failure_gives_way_to_the_encoders_own_busy_answe
     assert isinstance(cause, StageError) and cause.failure is busy
 
 
+@pytest.mark.unit
 async def test_a_prefills_image_failure_stands_when_the_encoder_answered_well_or_not_at_all():
     plan, _ = _image_plan()
     reported = StageError(Failure("prefill", "http://prefill:1", 502, "the image failed", "encode_failed",

@@ -12,6 +12,8 @@ import pytest
 from router.dispatch.sse import DONE_EVENT, Kind, SSESplitter, classify, error_event, text_choice
 from router.dispatch.tally import Tally
 
+pytestmark = pytest.mark.unit
+
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
 TEXT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'

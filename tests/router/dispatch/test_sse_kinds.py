@@ -11,6 +11,8 @@ import pytest
 from router.dispatch.sse import Kind, classify
 from router.dispatch.tally import Tally
 
+pytestmark = pytest.mark.unit
+
 
 def event(body: dict) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()

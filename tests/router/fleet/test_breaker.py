@@ -6,6 +6,8 @@ import pytest
 
 from router.fleet.breaker import CircuitBreaker, State
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

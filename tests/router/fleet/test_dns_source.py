@@ -12,6 +12,8 @@ from cli.router import add_router_args, router_config
 from router.config import ROLES, RouterConfig
 from router.fleet.dns_source import Changes, DnsSource, parse_discover, parse_nameserver, plan, worker_url
 
+pytestmark = pytest.mark.unit
+
 
 def test_parse_discover_both_schemes():
     assert parse_discover("prefill=dns://prefill.epd.svc.cluster.local:8000", ROLES) == \

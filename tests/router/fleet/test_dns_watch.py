@@ -19,6 +19,8 @@ from router.fleet.membership import Membership
 from router.metrics import Metrics
 from router.fleet.registry import Registry
 
+pytestmark = pytest.mark.unit
+
 SOURCE = "dns://w.test:8000"
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
 STATIC = "http://10.0.0.9:8000"

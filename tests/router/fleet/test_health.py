@@ -72,6 +72,7 @@ async def test_an_error_answer_or_a_refused_connection_marks_unhealthy_at_once(s
         assert not gone.healthy
 
 
+@pytest.mark.unit
 def test_health_timeouts_must_be_positive():
     with pytest.raises(ValueError, match="--health-timeouts must be > 0, got 0"):
         RouterConfig(colocated=("http://127.0.0.1:1",), health_timeouts=0)

@@ -16,6 +16,8 @@ from router.fleet.registry import Registry
 from router.runtime import Router
 from router.fleet.workers import Pool, Worker
 
+pytestmark = pytest.mark.unit
+
 FP = {"model": "m", "backend": "mooncake", "block_size": 16}
 
 

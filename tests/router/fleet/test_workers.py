@@ -4,8 +4,12 @@ a plan leased whole or not at all. Pure: no sockets."""
 
 from __future__ import annotations
 
+import pytest
+
 from router.fleet.workers import fingerprint_diff, lease_all, pairing_report, pick_pair
 from tests.support.router_workers import FP, pools, worker
+
+pytestmark = pytest.mark.unit
 
 
 def test_incompatible_pairs_are_never_picked_and_reported():

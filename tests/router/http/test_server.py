@@ -366,6 +366,7 @@ async def test_shutdown_lets_a_stream_in_flight_finish(served):
     assert await closed(reader)
 
 
+@pytest.mark.unit
 def test_the_route_table_lists_its_routes():
     table = routes(Probe())
     assert table.listing()[:3] == [("GET", "/hello"), ("GET", "/items/{id}"), ("POST", "/echo")]

@@ -13,6 +13,8 @@ from router.plan.image_refs import encode_body, with_refs
 from tests.support.router_epd import FP, body_with, refs_of
 from tests.support.router_helpers import data_url, png
 
+pytestmark = pytest.mark.unit
+
 
 def refused(body: dict, max_bytes: int = 1 << 20) -> RouterError:
     with pytest.raises(RouterError) as error:

@@ -9,6 +9,8 @@ import pytest
 from router.errors import RouterError
 from router.plan.images import check_remote, image_parts
 
+pytestmark = pytest.mark.unit
+
 
 def test_image_parts_in_order_with_their_params():
     body = {"messages": [

@@ -8,6 +8,8 @@ import pytest
 from router.plan.modes import Call, PDPlanner
 from tests.support.router_workers import pools, worker
 
+pytestmark = pytest.mark.unit
+
 
 async def test_pd_plan_puts_one_fresh_room_in_both_bodies():
     import msgspec

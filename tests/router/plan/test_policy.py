@@ -9,6 +9,8 @@ import pytest
 
 from router.plan.policy import CacheAware, LeastLoad, RoundRobin, make_policy
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class C:

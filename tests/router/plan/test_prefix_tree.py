@@ -20,6 +20,8 @@ from router.plan.prefix_tree import CHUNK_CHARS, IMAGE_CHARS, URL_SAMPLE, Prefix
 from router.fleet.registry import Registry
 from router.fleet.workers import Pool, Worker
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class C:

@@ -4,9 +4,13 @@ error's parameter name (stages/api/errors.py). No model."""
 
 from __future__ import annotations
 
+import pytest
+
 from stages.api.chat import hf_messages, image_sources, load_images, sampling_params
 from stages.api.errors import param_name
 from tests.support.stage_api import LIMITS, data_url, image_part, png, raises_api_error, request
+
+pytestmark = pytest.mark.unit
 
 
 def test_messages_convert_in_order_with_images_as_placeholders():

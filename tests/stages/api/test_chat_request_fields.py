@@ -60,12 +60,14 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> dict:
 
 
 # --- the schema and the first pass -------------------------------------------------------------------
+@pytest.mark.unit
 def test_the_first_pass_knows_every_field_of_the_schema():
     names = {field.alias or name for name, field in ChatCompletionRequest.model_fields.items()}
     assert names == set(_Request.__struct_fields__)
     assert set(UNSUPPORTED) <= names
 
 
+@pytest.mark.unit
 def test_the_schema_lists_the_no_ops_and_the_unsupported_fields():
     schema = ChatCompletionRequest.model_json_schema()
     for name in UNSUPPORTED:
@@ -74,6 +76,7 @@ def test_the_schema_lists_the_no_ops_and_the_unsupported_fields():
         assert name in schema["description"] and "ignored" in schema["properties"][name]["description"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fields, error", [
     ({"top_logprobs": 2}, invalid("top_logprobs", "Invalid value for 'top_logprobs': top_logprobs needs logprobs "
                                                   "set to true")),
@@ -143,6 +146,7 @@ def test_out_of_bounds_is_400_naming_the_field(fields, error):
     assert refusal(**fields) == error
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", UNSUPPORTED)
 def test_an_unsupported_field_is_refused_by_name_unless_null(name):
     accepted = 'null or ["text"]' if name == "modalities" else "null"
@@ -152,11 +156,13 @@ def test_an_unsupported_field_is_refused_by_name_unless_null(name):
     assert getattr(parse(**{name: None}), name) is None
 
 
+@pytest.mark.unit
 def test_the_first_unsupported_field_is_refused_before_any_other_mistake():
     assert refusal(audio=1, n=100)["param"] == "audio"
     assert parse(modalities=["text"]).modalities == ["text"]
 
 
+@pytest.mark.unit
 def test_in_bounds_fields_and_no_ops_are_accepted():
     request = parse(logprobs=True, top_logprobs=20, n=8, presence_penalty=-2, frequency_penalty=2,
                     repetition_penalty=2, logit_bias={"0": -100, "4294967295": 100}, tools=[WEATHER, CLOCK],
@@ -167,6 +173,7 @@ def test_in_bounds_fields_and_no_ops_are_accepted():
     assert parse(tool_choice="auto").offered_tools is None  # auto without tools: nothing to offer
 
 
+@pytest.mark.unit
 def test_tool_messages_and_assistant_tool_calls_are_accepted():
     request = parse(messages=HISTORY)
     assert request.messages[1].content is None and request.messages[1].tool_calls[0].function.name == "get_weather"
@@ -177,6 +184,7 @@ def many_entries(count: int) -> bytes:
     return b"{" + b",".join(b'"%d": 1' % i for i in range(count)) + b"}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("field, body", [
     ("logit_bias", b'"logit_bias": ' + many_entries(1_000_000)),
     ("metadata", b'"metadata": ' + many_entries(1_000_000)),
@@ -205,6 +213,7 @@ def test_a_huge_map_or_schema_is_refused_before_it_is_built(field, body):
                                      "bytes of JSON together.")
 
 
+@pytest.mark.unit
 def test_map_entries_are_counted_outside_strings_and_nested_values():
     text = {str(i): ",{[}]\"" for i in range(MAX_METADATA)}
     assert parse(metadata=text).metadata == text
@@ -213,6 +222,7 @@ def test_map_entries_are_counted_outside_strings_and_nested_values():
     assert refusal(logit_bias={"1": [1, 2, 3]})["param"] == "logit_bias"
 
 
+@pytest.mark.unit
 def test_a_json_schema_is_not_built_by_the_first_pass():
     """A tool's parameters and a response format's schema cross the first pass as their bytes."""
     shape = msgspec.json.decode(json.dumps({"tools": [WEATHER]}).encode(), type=_Request)

@@ -20,6 +20,7 @@ def refusal(body: bytes) -> APIError:
     return caught.value
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("body, prompts", [
     (b'{"prompt": "hi"}', ["hi"]), (b'{"prompt": ["a", "b"]}', ["a", "b"]), (b'{"prompt": [1, 2]}', [[1, 2]]),
     (b'{"prompt": [ [1], [2, 3]]}', [[1], [2, 3]]), (b'{"prompt": [4.0]}', [[4]]),
@@ -28,6 +29,7 @@ def test_every_prompt_form(body, prompts):
     assert parse_completion_request(body).prompts == prompts
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("body, param", [
     (b'{}', "prompt"), (b'{"prompt": []}', "prompt"), (b'{"prompt": [[]]}', "prompt[0]"),
     (b'{"prompt": [-1]}', "prompt[0]"), (b'{"prompt": [[1, [2]]]}', "prompt[0][1]"), (b'{"prompt": {"a": 1}}', "prompt"),
@@ -54,6 +56,7 @@ def test_lists_and_maps_are_counted_before_they_are_built():
         assert peak < 64 << 20
 
 
+@pytest.mark.unit
 def test_legacy_logprobs_hold_the_chosen_token_and_offsets():
     texts = {1: "a", 2: "bc", 3: "d"}
     entries = [None, TokenLogprob(2, -0.5, [(3, -0.1), (2, -0.5)]), TokenLogprob(3, float("-inf"), [(1, -0.2)])]
@@ -64,6 +67,7 @@ def test_legacy_logprobs_hold_the_chosen_token_and_offsets():
     assert joined([body, body])["text_offset"] == [5, 6, 8, 5, 6, 8]
 
 
+@pytest.mark.unit
 def test_sampling_clamps_as_chat_does():
     """Completions and chat share one mapping: a denormal repetition_penalty is raised to 0.01 (it
     would scale the logits out of float range), echo with logprobs asks for the prompt's."""

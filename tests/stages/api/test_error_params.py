@@ -76,6 +76,7 @@ def test_every_error_construction_gives_a_code():
     assert sum(1 for root in ROOTS for _ in _constructions(REPO / root)) > 100  # the scan sees them
 
 
+@pytest.mark.unit
 def test_the_frameworks_own_errors_have_a_code():
     client = client_for(FakeAsyncEngine())
     for response, status, code in ((client.get("/nope"), 404, "not_found"),
@@ -108,6 +109,7 @@ def test_a_stage_param_is_mapped_to_the_clients_path(param, stage, encoded, expe
     assert client_param(param, stage, IMAGES, encoded) == expected
 
 
+@pytest.mark.unit
 def test_the_forwarded_body_changes_only_in_its_param():
     worker = type("W", (), {"url": "http://e:1"})()
     targets = [Target("encoder", worker, encode_body(7, [IMAGES[1], IMAGES[0]]), "/v1/encode")]

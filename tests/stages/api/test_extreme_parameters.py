@@ -35,6 +35,7 @@ def with_hi(fragment: str) -> str:
 
 
 # --- 400 naming the parameter ---------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("fragment, param, code, says", [
     ('"temperature": NaN', None, "invalid_json", "not valid JSON"),  # Python's json writes NaN; JSON has none
     ('"temperature": Infinity', None, "invalid_json", "not valid JSON"),
@@ -78,6 +79,7 @@ def test_too_many_messages_and_parts_are_400_naming_them():
     assert post_raw(json.dumps({"messages": HI * MAX_MESSAGES})).status_code == 200
 
 
+@pytest.mark.unit
 def test_context_overflow_from_a_huge_max_tokens_names_the_lengths():
     for field in ("max_tokens", "max_completion_tokens"):
         error = error_of(post_raw(with_hi(f'"{field}": {10**30}')), 400)
@@ -85,6 +87,7 @@ def test_context_overflow_from_a_huge_max_tokens_names_the_lengths():
         assert "maximum context length is 64 tokens" in error["message"]
 
 
+@pytest.mark.unit
 def test_unknown_fields_are_ignored_and_known_ones_reach_the_engine():
     """Fields no OpenAI API defines (vLLM's min_p here) are ignored; the sampling fields this server
     implements reach the engine (tests/stages/api/test_chat_request_fields.py has each one)."""
@@ -99,6 +102,7 @@ def test_unknown_fields_are_ignored_and_known_ones_reach_the_engine():
 
 
 # --- documented clamps ------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("fragment, field, value", [
     ('"temperature": 5e-324', "temperature", MIN_TEMPERATURE),  # a denormal: the scaled logits overflow
     ('"temperature": 1e-30', "temperature", MIN_TEMPERATURE),
@@ -122,6 +126,7 @@ def test_documented_clamps_reach_the_engine(fragment, field, value):
     assert getattr(engine.params[0], field) == value
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fields", [
     {"temperature": 5e-324}, {"temperature": 1e-300, "top_p": 1e-320}, {"top_p": 1e-320}, {"top_p": 0},
     {"temperature": MIN_TEMPERATURE, "top_k": 1}, {"top_k": 10**30, "seed": -(2**63)}, {"seed": 2**63 - 1},
@@ -134,6 +139,7 @@ def test_what_the_api_lets_through_the_real_sampler_can_draw(fields):
     assert isinstance(token, int) and 0 <= token < VOCAB
 
 
+@pytest.mark.unit
 def test_unclamped_a_denormal_temperature_fails_the_sampler():
     """The negative control of the clamp: the engine cannot draw with temperature 5e-324."""
     params = SamplingParams(temperature=5e-324)
@@ -168,6 +174,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
     assert int(grown_mib) < 200, out.stdout
 
 
+@pytest.mark.unit
 def test_parse_request_refuses_what_is_not_a_request_object():
     for raw, param in ((b"[1, 2]", None), (b'"messages"', None), (b'{"messages": {"role": "user"}}', "messages"),
                        (b'{"messages": [[{"role": "user"}]]}', "messages[0]")):
@@ -176,6 +183,7 @@ def test_parse_request_refuses_what_is_not_a_request_object():
         assert (info.value.status, info.value.param, info.value.code) == (400, param, "invalid_value"), raw
 
 
+@pytest.mark.unit
 def test_the_first_pass_knows_every_field_of_the_schema():
     """``parse`` drops what its shapes do not name: a field added to the schema alone would vanish."""
     from stages.api import parse, schemas

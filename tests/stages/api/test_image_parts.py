@@ -88,6 +88,7 @@ def test_each_server_takes_one_kind_of_image_part(builders, mode, part, status, 
     assert (refused.value.status, refused.value.code, refused.value.param) == (status, code, param)
 
 
+@pytest.mark.unit
 def test_an_image_ref_is_checked_by_the_schema():
     with pytest.raises(APIError) as refused:
         parse_request(body({"type": "image_ref", "image_ref": {"key": "XYZ", "width": 1, "height": 1}}))

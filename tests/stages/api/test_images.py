@@ -12,6 +12,8 @@ from PIL import Image
 from stages.api.images import ImageLimits, decode_data_url, load_image, open_image
 from tests.support.stage_api import LIMITS, data_url, png, png_header_only, raises_api_error
 
+pytestmark = pytest.mark.unit
+
 
 def test_data_url_roundtrip_png_and_jpeg():
     image = load_image(data_url(png(20, 10)), LIMITS)

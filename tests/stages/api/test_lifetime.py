@@ -13,6 +13,8 @@ from stages.engine.engine import RequestOutput
 from stages.engine.multimodal import Prompt
 from tests.support.stage_api import FakeAsyncEngine
 
+pytestmark = pytest.mark.unit
+
 
 def test_engine_dying_mid_request_fails_it_instead_of_hanging(monkeypatch):
     monkeypatch.setattr(lifetime, "LIVENESS_CHECK_S", 0.02)

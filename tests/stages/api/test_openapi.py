@@ -3,6 +3,10 @@ schema, the image_ref content part, and the error codes an EPD stage answers. No
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 
 def test_openapi_documents_image_refs():
     from tests.support.stage_api import FakeAsyncEngine, client_for

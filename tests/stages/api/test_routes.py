@@ -14,6 +14,8 @@ from stages.metrics import Metrics
 from tests.support.stage_api import (MODEL, FakeAsyncEngine, chat, client_for, data_url, error_of, image_part, png,
                                      png_header_only, scripted, sse_events)
 
+pytestmark = pytest.mark.unit
+
 
 def test_non_stream_completion_shape():
     engine = FakeAsyncEngine()

@@ -101,6 +101,7 @@ def test_a_template_without_a_tool_format_refuses_tools(builders):
     assert builders["llava"].build_from_sizes(messages, [], tools=[]).token_ids  # no tools: as ever
 
 
+@pytest.mark.unit
 def test_tool_call_arguments_must_be_a_json_object():
     with pytest.raises(ValueError, match=r"tool_calls\[0\].function.arguments is not JSON"):
         t.template_tool_calls([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}])
@@ -135,6 +136,7 @@ OUTPUTS = [  # (text, content, [(name, arguments)])
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, content, calls", OUTPUTS)
 def test_tool_calls_parse_out_of_the_text(text, content, calls):
     got_content, got_calls = t.parse_tool_calls(text)
@@ -159,6 +161,7 @@ def stream(text: str, cuts: list[int]) -> tuple[str | None, list[dict]]:
     return content or None, calls
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, content, calls", OUTPUTS)
 def test_a_stream_in_any_chunking_gives_what_the_whole_text_parses_to(text, content, calls):
     rng = random.Random(text)
@@ -169,6 +172,7 @@ def test_a_stream_in_any_chunking_gives_what_the_whole_text_parses_to(text, cont
         assert got_content == content and names_and_arguments(got_calls) == calls, cuts
 
 
+@pytest.mark.unit
 def test_a_stream_never_shows_tag_text_and_holds_back_only_what_may_be_a_tag():
     parser = t.ToolCallStream()
     assert parser.feed("Sure") == [{"content": "Sure"}]
@@ -181,6 +185,7 @@ def test_a_stream_never_shows_tag_text_and_holds_back_only_what_may_be_a_tag():
 
 # --- tool_choice required or a named function ---------------------------------------------------------
 
+@pytest.mark.unit
 def test_forced_schemas_are_vllms():
     assert t.forced_tool_schema([WEATHER], "auto") is None and t.forced_tool_schema([WEATHER], None) is None
     assert t.forced_tool_schema([WEATHER], "none") is None
@@ -199,6 +204,7 @@ def test_forced_schemas_are_vllms():
         t.forced_tool_schema([WEATHER], {"type": "function", "function": {"name": "nope"}})
 
 
+@pytest.mark.unit
 def test_forced_output_becomes_tool_calls():
     named = {"type": "function", "function": {"name": "get_weather"}}
     assert names_and_arguments(t.forced_tool_calls('{"city": "Oslo"}', named)) == [("get_weather", {"city": "Oslo"})]
@@ -209,6 +215,7 @@ def test_forced_output_becomes_tool_calls():
     assert t.ForcedToolOutput("required").parse('[{"name": "get_ti') == ('[{"name": "get_ti', [])
 
 
+@pytest.mark.unit
 def test_a_forced_named_call_streams_its_arguments():
     parser = t.ForcedToolStream({"type": "function", "function": {"name": "get_weather"}})
     first, = parser.feed('{"city"')
@@ -222,6 +229,7 @@ def test_a_forced_named_call_streams_its_arguments():
     assert [c["function"]["name"] for c in delta["tool_calls"]] == ["get_time"] and required.called
 
 
+@pytest.mark.unit
 def test_a_parser_is_chosen_from_the_tool_choice():
     assert t.tool_output(None, "auto") is None and t.tool_output([WEATHER], "none") is None
     assert isinstance(t.tool_output([WEATHER], None), t.TaggedToolOutput)

@@ -11,6 +11,8 @@ from cache.entry import Entry, InRedis
 from cache.store import CachedEmbedding
 from stages.disagg.embeddings import EmbeddingShape, Expected, Mismatch, check_embedding
 
+pytestmark = pytest.mark.unit
+
 KEY = "ab" * 32
 
 

@@ -52,6 +52,7 @@ def job(key: str) -> Job:
     return Job(key, ImageInput(torch.zeros(1), None, 1))
 
 
+@pytest.mark.unit
 def test_batcher_takes_the_oldest_jobs_up_to_its_batch_size():
     batcher = Batcher(max_images=2)
     jobs = [job(str(i)) for i in range(3)]
@@ -63,6 +64,7 @@ def test_batcher_takes_the_oldest_jobs_up_to_its_batch_size():
     assert batcher.take(0.01) == []
 
 
+@pytest.mark.unit
 def test_batcher_cancels_only_queued_jobs():
     batcher = Batcher(max_images=1)
     first, second = job("a"), job("b")
@@ -78,6 +80,7 @@ def test_batcher_cancels_only_queued_jobs():
         batcher.put(second)
 
 
+@pytest.mark.unit
 def test_batcher_wakes_a_waiting_taker():
     batcher = Batcher(max_images=4)
     taken: list[list[Job]] = []
@@ -89,6 +92,7 @@ def test_batcher_wakes_a_waiting_taker():
     assert taken == [[j]]
 
 
+@pytest.mark.unit
 def test_recent_rooms_forget_the_oldest():
     rooms = RecentRooms(capacity=2)
     for room in (1, 2, 1, 3):

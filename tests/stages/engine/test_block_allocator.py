@@ -4,6 +4,8 @@ import pytest
 
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 
+pytestmark = pytest.mark.unit
+
 
 def test_blocks_for_tokens_rounds_up():
     assert [blocks_for_tokens(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 1, 1, 2, 2, 3]

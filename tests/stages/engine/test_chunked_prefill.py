@@ -152,6 +152,7 @@ def test_hand_off_request_hands_its_blocks_over_only_after_the_last_chunk(engine
     assert chunked.allocator.num_used == 0
 
 
+@pytest.mark.unit
 def test_slice_embeddings_takes_the_rows_of_each_image_a_chunk_covers():
     first = ImageEmbedding(torch.arange(12.0).reshape(4, 3), (1, 4, 4), torch.arange(24.0).reshape(2, 4, 3))
     second = ImageEmbedding(torch.arange(6.0).reshape(2, 3) + 100, (1, 2, 4), torch.zeros(2, 2, 3))

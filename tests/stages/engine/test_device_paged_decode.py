@@ -81,6 +81,7 @@ def test_paged_decode_matches_sdpa_over_the_gathered_context(dtype, block_size, 
                                atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.unit
 def test_the_sdpa_group_indexes_exactly_the_context():
     """The gather path's index tensors: each slot's (block, offset) inside the context, block 0 and
     a False mask past it."""
@@ -91,6 +92,7 @@ def test_the_sdpa_group_indexes_exactly_the_context():
     assert group.block_table.tolist() == [[7, 2, 9], [4, 0, 0]] and group.lengths.tolist() == [5, 2]
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not on_gpu(), reason="flash-attn runs on a GPU only")
 def test_flash_attn_block_table_matches_sdpa():
     flash = pytest.importorskip("flash_attn")
@@ -102,6 +104,7 @@ def test_flash_attn_block_table_matches_sdpa():
     torch.testing.assert_close(out.float(), reference(pool, 0, q, tables, lengths, 0.125), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.unit
 def test_the_cpu_uses_sdpa_and_a_gpu_reads_in_place():
     assert decode_kernel(torch.device("cpu"), torch.float32, 16, 64) == "sdpa"
     if on_gpu():

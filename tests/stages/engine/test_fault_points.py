@@ -26,6 +26,7 @@ def armed(faults: Faults) -> dict[str, int]:
     return {f["point"]: f["times"] for f in faults.armed()}
 
 
+@pytest.mark.unit
 def test_a_stall_is_taken_only_before_a_step_with_work():
     faults = Faults()
     hook = engine_hook(faults)

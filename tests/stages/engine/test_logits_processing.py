@@ -10,6 +10,8 @@ from stages.engine.logits_processing import RowInputs, process_logits
 from stages.engine.sampler import make_generator, sample
 from stages.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0],
                        [1.0, 1.0, -0.5, 0.0, 2.0, -3.0]])
 PROMPT = [0, 1]  # token 0 (positive logit) and 1 (negative) appear in the prompt

@@ -96,6 +96,7 @@ def test_a_seeded_request_preempted_on_the_way_draws_the_same_tokens(runs):
     assert len(set(got.output_ids)) > 20  # sampled, not a greedy loop: the negative control of the seed
 
 
+@pytest.mark.unit
 def test_the_metric_labels_are_the_preemption_kinds_and_the_flag_is_checked():
     assert PREEMPTION_KINDS == tuple(kind.value for kind in Preemption)
     with pytest.raises(ValueError, match=r"--kv-allocation must be one of \['on_demand', 'reserve'\], got 'lazy'"):

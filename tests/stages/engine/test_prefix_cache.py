@@ -13,6 +13,8 @@ from stages.engine.scheduler import Scheduler
 from transfer.fingerprint import Fingerprint
 from transfer.messages import KVRequest, check_kv_request
 
+pytestmark = pytest.mark.unit
+
 IMG = 99  # the image placeholder id of these prompts
 KEY_A, KEY_B = "a" * 64, "b" * 64
 

@@ -6,6 +6,8 @@ import torch
 from stages.engine.sampler import filter_logits, make_generator, sample
 from stages.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, 2.9])
 
 

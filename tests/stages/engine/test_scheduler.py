@@ -10,6 +10,8 @@ from stages.engine.request import FinishReason, Preemption, Request, RequestStat
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.scheduler import Scheduler
 
+pytestmark = pytest.mark.unit
+
 
 def make_request(name: str, prompt_len: int, max_tokens: int = 4) -> Request:
     return Request(name, Prompt(token_ids=list(range(prompt_len))), SamplingParams(max_tokens=max_tokens))

@@ -9,6 +9,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+import pytest
 
 from stages.api.errors import install_error_handlers
 from stages.api.schemas import ChatCompletionRequest
@@ -20,6 +21,8 @@ from stages.faults.points import Fault, Faults
 from stages.faults.http import slowed
 from stages.faults.seams import FaultSeams, Seams, seams_for
 from tests.support.transfer_fakes import FakeBackend
+
+pytestmark = pytest.mark.unit
 
 
 def crash_app() -> tuple[TestClient, FaultSeams, list[str]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from stages.faults.points import POINTS
 from tests.support.import_graph import PACKAGES
 
@@ -55,6 +57,7 @@ def test_no_product_code_outside_the_fault_package_names_a_fault_point_or_exits(
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.unit
 def test_every_fault_point_is_taken_by_a_seam():
     """Each documented point is named by a seam module of the fault package (none is dead)."""
     seams = [source for path, source in product_sources().items()
@@ -64,6 +67,7 @@ def test_every_fault_point_is_taken_by_a_seam():
     assert set(POINTS) <= named, sorted(set(POINTS) - named)
 
 
+@pytest.mark.unit
 def test_the_check_catches_the_old_fault_calls():
     """Negative control: the fault calls as they once sat in the prefill, the decode and the encoder."""
     old = '''

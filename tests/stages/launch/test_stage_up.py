@@ -43,6 +43,7 @@ def config(mode: str, **kw) -> StackConfig:
     return StackConfig(model=Path("/m"), log_dir=Path("/logs"), mode=mode, **kw)
 
 
+@pytest.mark.unit
 def test_pd_command_lines():
     cfg = config("pd", stage_args=("--kv-cache-mib=16",))
     stages = stage_specs(cfg, iter([5001, 5002, 5003]))
@@ -60,6 +61,7 @@ def test_pd_command_lines():
                                      "--startup-timeout-s", "300.0"]
 
 
+@pytest.mark.unit
 def test_epd_and_colocated_command_lines():
     cfg = config("epd", transfer="nixl", threads=2)
     encoder, prefill, decode = stage_specs(cfg, iter(range(6001, 6010)))  # the Redis URL goes in their environment
@@ -77,6 +79,7 @@ def test_epd_and_colocated_command_lines():
                                         "--port", "7001"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kw, message", [
     (dict(mode="disagg"), "--mode must be one of ('epd', 'pd', 'colocated'), got 'disagg'"),
     (dict(mode="pd", transfer="tcp"), "--transfer must be one of ('mooncake', 'nixl'), got 'tcp'"),
@@ -93,6 +96,7 @@ def test_config_refusals_name_the_flag(kw, message):
     assert str(err.value) == message
 
 
+@pytest.mark.unit
 def test_the_admin_token_comes_from_the_flag_or_the_environment(monkeypatch):
     parser = build_parser()
     monkeypatch.setenv(TOKEN_ENV, "from-the-environment-x")

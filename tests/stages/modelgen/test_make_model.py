@@ -79,6 +79,7 @@ def image(size: tuple[int, int]):
     return Image.fromarray(pixels)
 
 
+@pytest.mark.unit
 def test_constants_match_cli_choices():
     assert FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
     assert SIZES == ("tiny", "small")
@@ -242,6 +243,7 @@ def test_generation_leaves_global_rng_alone(tmp_path):
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, error",
     [
@@ -257,6 +259,7 @@ def test_bad_arguments(tmp_path, kwargs, error):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.unit
 def test_refuses_non_empty_out(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="--out"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Literal
 
 import msgspec
 import redis.asyncio as aioredis
@@ -33,6 +32,7 @@ from redis.exceptions import RedisError
 from cache.config import CacheConfig
 from cache.errors import CacheUnavailable
 from cache.scripts import CHANNEL
+from contract.claims import EventKind
 
 log = logging.getLogger(__name__)
 _BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -43,7 +43,7 @@ class Event(msgspec.Struct, frozen=True):
     """A message on ``scripts.CHANNEL``: ``key`` is ready (in the cache), its encode failed, or it
     was given up unfinished."""
 
-    kind: Literal["ready", "failed", "abandoned"]
+    kind: EventKind  # the state the key entered (``contract.claims.ClaimState.event``)
     key: str
     reason: str = ""
 

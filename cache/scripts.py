@@ -8,7 +8,10 @@ Layout (one Redis node; the scripts touch keys they compute, so Redis Cluster is
                     so equal clock readings still keep the order of use).
   epd:sizes         hash <key> -> stored bytes (meta + payload) of that entry.
   epd:bytes         integer: sum of epd:sizes, the bytes the budget is held against.
-  epd:claim:<key>   string owner, SET NX PX lease: the encoder encoding <key> right now.
+  epd:claim:<key>   string "<state>:<tag>:<owner>", SET NX PX lease: the encoder that is to encode <key>,
+                    and whether the router holds it in that encoder's name (state "c", ``Claimed``;
+                    tag: the room of the request it was taken for) or the encoder has taken it up
+                    (state "e", ``Encoding``; no tag); the states and who moves them: ``contract.claims``.
   epd:events        pub/sub channel; JSON ``Event`` messages (ready / failed / abandoned) naming a key.
 
 Bookkeeping keys carry no TTL, so a server's volatile-* maxmemory policy evicts only entries and
@@ -28,8 +31,18 @@ BYTES = PREFIX + "bytes"
 CHANNEL = PREFIX + "events"
 EXPIRED_PER_PUT = 64  # the TTL sweep at put time drops at most this many stale LRU members
 
+# A claim's holder: its owner, state ("c" Claimed, "e" Encoding) and tag, or nil when no claim is held.
+_HOLDER = """
+local function holder(claim)
+  local value = redis.call('GET', claim)
+  if not value then return nil, nil, nil end
+  local state, tag, owner = string.match(value, '^(%a):([^:]*):(.*)$')
+  return owner, state, tag
+end
+"""
+
 # KEYS[1..3] = LRU, SIZES, BYTES; ARGV[1] = ENTRY_PREFIX in every script that uses this prelude.
-_PRELUDE = """
+_PRELUDE = _HOLDER + """
 local LRU, SIZES, BYTES, ENTRY_PREFIX = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local function now_us()  -- a use stamp: the server clock, but after every stamp already given
   local t = redis.call('TIME')
@@ -59,7 +72,8 @@ end
 
 # KEYS: LRU, SIZES, BYTES, entry, claim. ARGV: ENTRY_PREFIX, member, ttl_ms.
 # Hit:  {1, meta, payload, use stamp (us), stored_bytes}   (LRU score and PEXPIRE refreshed)
-# Miss: {0, claimed 0|1, repaired 0|1, stored_bytes} (a half entry or a dangling LRU member is dropped)
+# Miss: {0, claim 0 none|1 Claimed|2 Encoding, repaired 0|1, stored_bytes} (a half entry or a dangling LRU
+# member is dropped)
 READ = _PRELUDE + """
 local member, ttl = ARGV[2], tonumber(ARGV[3])
 local got = redis.call('HMGET', KEYS[4], 'meta', 'payload')
@@ -76,12 +90,16 @@ if got[1] or got[2] or redis.call('ZSCORE', LRU, member) then
   forget(member)
   repaired = 1
 end
-return {0, redis.call('EXISTS', KEYS[5]), repaired, stored_bytes()}
+local _, state = holder(KEYS[5])
+local claim = 0
+if state == 'c' then claim = 1 elseif state then claim = 2 end
+return {0, claim, repaired, stored_bytes()}
 """
 
-# KEYS: LRU, SIZES, BYTES, entry. ARGV: ENTRY_PREFIX, member, meta, payload, ttl_ms, budget, channel, event.
-# Returns {evicted, expired, stored_bytes, use stamp (us)}, or {-1, 0, stored_bytes, 0} if the entry alone
-# exceeds the budget (then nothing changes). Publishes ``event`` on ``channel`` once the entry is in.
+# KEYS: LRU, SIZES, BYTES, entry, claim. ARGV: ENTRY_PREFIX, member, meta, payload, ttl_ms, budget, channel,
+# event, owner. Returns {evicted, expired, stored_bytes, use stamp (us)}, or {-1, 0, stored_bytes, 0} if the
+# entry alone exceeds the budget (then nothing changes). Once the entry is in, drops the claim if ``owner``
+# holds it and publishes ``event`` on ``channel`` (Encoding -> Cached, ``contract.claims``).
 PUT = _PRELUDE + """
 local member, meta, payload = ARGV[2], ARGV[3], ARGV[4]
 local ttl, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -102,6 +120,7 @@ redis.call('HSET', KEYS[4], 'meta', meta, 'payload', payload)
 redis.call('PEXPIRE', KEYS[4], ttl)
 redis.call('ZADD', LRU, now, member)
 index(member, size)
+if holder(KEYS[5]) == ARGV[9] then redis.call('DEL', KEYS[5]) end
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return {evicted, #stale, stored_bytes(), now}
 """ % {"expired_per_put": EXPIRED_PER_PUT}
@@ -130,36 +149,56 @@ DELETE = _PRELUDE + """
 return forget(ARGV[2])
 """
 
+# The transitions of ``contract.claims`` that take or move a claim. ``takeover`` (router only): a claim
+# held by one of these owners (encoders the router will not send to) is taken for the new owner.
+_TAKE = """
+local function take(claim, value, owner, lease, takeover)  -- 1 if the router holds ``claim`` for ``owner`` now
+  if redis.call('SET', claim, value, 'NX', 'PX', lease) then return 1 end
+  local held = holder(claim)
+  if held and held ~= owner and takeover[held] then
+    redis.call('SET', claim, value, 'PX', lease)
+    return 1
+  end
+  return 0
+end
+local function owners(first, count)  -- ARGV[first .. first + count - 1] as a set
+  local set = {}
+  for i = first, first + count - 1 do set[ARGV[i]] = true end
+  return set
+end
+"""
+
 # KEYS: claim, entry. ARGV: owner, lease_ms. 1 = claimed (the caller encodes); 0 = cached or claimed by another.
+# Unclaimed -> Encoding.
 CLAIM = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('SET', KEYS[1], 'e::' .. ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0
 """
 
-# CLAIM for several keys in one call. KEYS: claim, entry of each key in turn. ARGV: lease_ms, then each
-# key's owner. Returns 1 or 0 per key, as CLAIM.
-CLAIM_MANY = """
-local out = {}
+# CLAIM for several keys in one call, for the router (Unclaimed -> Claimed, or taken over). KEYS: claim,
+# entry of each key in turn. ARGV: lease_ms, tag, n, n takeover owners, then each key's owner. 1 or 0 per key.
+CLAIM_MANY = _HOLDER + _TAKE + """
+local lease, tag, n, out = ARGV[1], ARGV[2], tonumber(ARGV[3]), {}
+local takeover = owners(4, n)
 for i = 1, #KEYS / 2 do
-  local claim, entry = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('EXISTS', entry) == 0 and redis.call('SET', claim, ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
-    out[i] = 1
-  else
-    out[i] = 0
-  end
+  local claim, entry, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 3 + n]
+  out[i] = 0
+  if redis.call('EXISTS', entry) == 0 then out[i] = take(claim, 'c:' .. tag .. ':' .. owner, owner, lease, takeover) end
 end
 return out
 """
 
 # CONTAINS and CLAIM_MANY in one call, for callers that know each key's owner before the lookup.
-# KEYS: LRU, SIZES, BYTES, then each key's claim key in turn. ARGV: ENTRY_PREFIX, ttl_ms, lease_ms, then
-# each key's member and owner in turn. Per key: 2 = cached (touched, as CONTAINS does), 1 = claimed for
-# its owner (as CLAIM), 0 = another owner is encoding it. A half entry or a dangling LRU member is dropped.
-LOOKUP_CLAIM = _PRELUDE + """
-local ttl, lease, out = tonumber(ARGV[2]), ARGV[3], {}
+# KEYS: LRU, SIZES, BYTES, then each key's claim key in turn. ARGV: ENTRY_PREFIX, ttl_ms, lease_ms, tag, n,
+# n takeover owners, then each key's member and owner in turn. Per key: 2 = cached (touched, as CONTAINS
+# does), 1 = claimed for its owner (as CLAIM_MANY), 0 = another owner is encoding it. A half entry or a
+# dangling LRU member is dropped.
+LOOKUP_CLAIM = _PRELUDE + _TAKE + """
+local ttl, lease, tag, n, out = tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), {}
+local takeover = owners(6, n)
 for i = 1, #KEYS - 3 do
-  local member, owner = ARGV[2 * i + 2], ARGV[2 * i + 3]
+  local member, owner = ARGV[2 * i + 4 + n], ARGV[2 * i + 5 + n]
   local fields = redis.call('HLEN', ENTRY_PREFIX .. member)
   if fields == 2 then
     redis.call('PEXPIRE', ENTRY_PREFIX .. member, ttl)
@@ -167,36 +206,49 @@ for i = 1, #KEYS - 3 do
     out[i] = 2
   else
     if fields > 0 or redis.call('ZSCORE', LRU, member) then forget(member) end
-    if redis.call('SET', KEYS[i + 3], owner, 'NX', 'PX', lease) then out[i] = 1 else out[i] = 0 end
+    out[i] = take(KEYS[i + 3], 'c:' .. tag .. ':' .. owner, owner, lease, takeover)
   end
 end
 return out
 """
 
-# KEYS: claim. ARGV: owner. 1 if the owner held the claim and it is now released.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+# An encode that ended without an entry (Encoding -> Abandoned or Failed, then Unclaimed). KEYS: claim.
+# ARGV: owner, channel, event. The owner's claim is dropped and ``event`` published: 1. No claim held
+# (it lapsed): ``event`` published, so waiters hear why rather than a lapse: 2. Another owner's claim
+# (taken over, or claimed anew after a lapse): nothing, its waiters wait for that owner: 0.
+END = _HOLDER + """
+local held = holder(KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+if held then redis.call('DEL', KEYS[1]) end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+if held then return 1 end
+return 2
 """
 
-# KEYS: claim_1..claim_n. ARGV: owner, channel, event_1..event_n. Each claim the owner holds is
-# released and its event published (waiters hear why, not just a vanished claim); a claim that lapsed
-# and is another owner's now is left alone, and its waiters hear nothing. The number released.
+# The router's claims for an encoder that refused or never got its request (Claimed -> Abandoned, then
+# Unclaimed). KEYS: claim_1..claim_n. ARGV: owner, tag, channel, event_1..event_n. Each claim the router
+# took with ``tag`` for the owner that the owner has not taken up is released and its event published; one
+# the owner took up (Encoding: it is its to end), another owner's, or one taken for another request (the
+# claim lapsed and was taken anew) is left alone, and its waiters hear nothing. The number released.
 ABANDON = """
 local released = 0
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  if redis.call('GET', KEYS[i]) == 'c:' .. ARGV[2] .. ':' .. ARGV[1] then
     redis.call('DEL', KEYS[i])
-    redis.call('PUBLISH', ARGV[2], ARGV[2 + i])
+    redis.call('PUBLISH', ARGV[3], ARGV[3 + i])
     released = released + 1
   end
 end
 return released
 """
 
-# KEYS: claim. ARGV: owner, lease_ms. 1 if the owner still holds the claim (its lease restarts).
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+# KEYS: claim. ARGV: owner, lease_ms. 1 if the owner still holds the claim (its lease restarts):
+# Claimed -> Encoding (the encoder takes up the router's claim), Encoding -> Encoding.
+RENEW = _HOLDER + """
+if holder(KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], 'e::' .. ARGV[1], 'PX', ARGV[2])
+  return 1
+end
 return 0
 """
 

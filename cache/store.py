@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, TypeVar
@@ -37,6 +37,7 @@ from cache.errors import (CacheUnavailable, CorruptEntry, EncodeAbandoned, Encod
                           ReadyTimeout)
 from cache.keys import check_key
 from cache.readiness import Event, ReadyEvents, Waiter, encode_event
+from contract.claims import HELD, ClaimState, EncodeEnd, ending_state, lapsed
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,7 @@ class EmbeddingCache:
         self._claim = self._redis.register_script(scripts.CLAIM)
         self._claim_many = self._redis.register_script(scripts.CLAIM_MANY)
         self._lookup_claim = self._redis.register_script(scripts.LOOKUP_CLAIM)
-        self._release = self._redis.register_script(scripts.RELEASE)
+        self._end = self._redis.register_script(scripts.END)
         self._abandon = self._redis.register_script(scripts.ABANDON)
         self._renew = self._redis.register_script(scripts.RENEW)
         self._stats = CacheStats()
@@ -149,9 +150,10 @@ class EmbeddingCache:
     async def put(self, key: str, tensors: dict[str, torch.Tensor], *, num_tokens: int,
                   image_grid: Sequence[int], encoder: str) -> Entry:
         """Store ``tensors`` (dtypes in ``entry.DTYPES``) under ``key`` with its metadata, replacing any
-        entry of that key; evicts least-recently-used entries first if the budget needs it, and wakes
-        every waiter on ``key``. ``EntryTooLarge`` if the entry alone exceeds the budget (then nothing
-        changes). The caller keeps its tensors (they are copied)."""
+        entry of that key; evicts least-recently-used entries first if the budget needs it, drops the
+        claim on ``key`` if ``encoder`` holds it, and wakes every waiter on ``key``, all in one step
+        (``contract.claims``: Encoding -> Cached). ``EntryTooLarge`` if the entry alone exceeds the
+        budget (then nothing changes). The caller keeps its tensors (they are copied)."""
         check_key(key)
         if num_tokens < 0 or any(not isinstance(n, int) or n < 0 for n in image_grid):
             raise ValueError(f"num_tokens and image_grid must be non-negative ints, got {num_tokens}, {image_grid}")
@@ -160,9 +162,9 @@ class EmbeddingCache:
         entry = Entry(key, specs, num_tokens, list(image_grid), len(payload), encoder, now, now, InRedis())
         meta = encode_entry(entry)
         reply = await self._call("write", lambda: self._put(
-            keys=[*_BOOKKEEPING, scripts.entry_key(key)],
+            keys=[*_BOOKKEEPING, scripts.entry_key(key), scripts.claim_key(key)],
             args=[scripts.ENTRY_PREFIX, key, meta, payload, self.config.ttl_ms, self.config.budget_bytes,
-                  scripts.CHANNEL, encode_event(Event("ready", key))]))
+                  scripts.CHANNEL, encode_event(Event("ready", key)), encoder]))
         evicted, expired, self._stats.stored_bytes, _ = (int(x) for x in reply)
         if evicted < 0:
             raise EntryTooLarge(f"an embedding of {len(meta) + len(payload)} bytes does not fit in the cache budget "
@@ -179,28 +181,35 @@ class EmbeddingCache:
     # --- single flight ---------------------------------------------------------------------------
     async def claim(self, key: str, owner: str, lease_s: float) -> bool:
         """True: ``owner`` must encode ``key`` now, renew the claim within ``lease_s``, then ``put`` (or
-        ``publish_failed``) and ``release``. False: the key is cached or another owner is encoding it;
-        ``wait_ready`` gives the result. A claim lapses ``lease_s`` after its last renewal."""
+        ``end``). False: the key is cached or another owner is encoding it; ``wait_ready`` gives the
+        result. A claim lapses ``lease_s`` after its last renewal."""
         won = bool(await self._call("claim", lambda: self._claim(
             keys=[scripts.claim_key(check_key(key)), scripts.entry_key(key)], args=[owner, _ms(lease_s)])))
         self._stats.claims += won
         return won
 
-    async def claim_many(self, claims: Sequence[tuple[str, str]], lease_s: float) -> list[bool]:
-        """``claim`` of each (key, owner) in ``claims``, in one Redis call (one round trip); the answers in order."""
+    async def claim_many(self, claims: Sequence[tuple[str, str]], lease_s: float, tag: str = "",
+                         takeover: Collection[str] = ()) -> list[bool]:
+        """``claim`` of each (key, owner) in ``claims`` on the owner's behalf (``Claimed`` until the owner
+        ``renew``s it), in one Redis call (one round trip); the answers in order. ``tag`` (the
+        request's room) marks these claims: ``abandon`` with another tag leaves them alone. A claim
+        held by an owner in ``takeover`` (encoders the caller will not send to) is taken for the new
+        owner (``contract.claims``)."""
         if not claims:
             return []
         keys = [k for key, _ in claims for k in (scripts.claim_key(check_key(key)), scripts.entry_key(key))]
         won = [bool(x) for x in await self._call("claim", lambda: self._claim_many(
-            keys=keys, args=[_ms(lease_s), *(owner for _, owner in claims)]))]
+            keys=keys, args=[_ms(lease_s), _tag(tag), len(takeover), *takeover, *(owner for _, owner in claims)]))]
         self._stats.claims += sum(won)
         return won
 
-    async def lookup_claim(self, claims: Sequence[tuple[str, str]], lease_s: float) -> list[Lookup]:
+    async def lookup_claim(self, claims: Sequence[tuple[str, str]], lease_s: float, tag: str = "",
+                           takeover: Collection[str] = ()) -> list[Lookup]:
         """``contains_many`` and ``claim_many`` of each (key, owner) in ``claims`` (distinct keys) in one
         Redis call, for a caller that knows each key's owner before it knows what is cached (the
         router with a key-hashing encoder policy): ``CACHED`` (touched, as ``contains_many`` does),
-        ``CLAIMED`` for its owner, or ``PENDING`` (another owner is encoding it); in order."""
+        ``CLAIMED`` for its owner (with ``tag``; a claim held by an owner in ``takeover`` is taken,
+        as ``claim_many`` does), or ``PENDING`` (another owner is encoding it); in order."""
         if not claims:
             return []
         members = [check_key(key) for key, _ in claims]
@@ -208,8 +217,8 @@ class EmbeddingCache:
             raise ValueError("lookup_claim takes distinct keys")
         found = [Lookup(int(x)) for x in await self._call("look up and claim", lambda: self._lookup_claim(
             keys=[*_BOOKKEEPING, *(scripts.claim_key(m) for m in members)],
-            args=[scripts.ENTRY_PREFIX, self.config.ttl_ms, _ms(lease_s), *(v for m, (_, owner) in zip(members, claims)
-                                                                             for v in (m, owner))]))]
+            args=[scripts.ENTRY_PREFIX, self.config.ttl_ms, _ms(lease_s), _tag(tag), len(takeover), *takeover,
+                  *(v for m, (_, owner) in zip(members, claims) for v in (m, owner))]))]
         hits = found.count(Lookup.CACHED)
         self._stats.hits += hits
         self._stats.misses += len(found) - hits
@@ -221,29 +230,34 @@ class EmbeddingCache:
         return bool(await self._call("renew claim", lambda: self._renew(
             keys=[scripts.claim_key(check_key(key))], args=[owner, _ms(lease_s)])))
 
-    async def release(self, key: str, owner: str) -> bool:
-        """Drop ``owner``'s claim on ``key``; False if it did not hold it (lapsed or another's)."""
-        return bool(await self._call("release claim", lambda: self._release(
-            keys=[scripts.claim_key(check_key(key))], args=[owner])))
-
-    async def abandon(self, keys: Sequence[str], owner: str, reason: str) -> int:
-        """Release each of ``owner``'s claims on ``keys``, waking each key's waiters with
+    async def abandon(self, keys: Sequence[str], owner: str, reason: str, tag: str = "") -> int:
+        """Release each claim on ``keys`` taken with ``tag`` for ``owner`` (``claim_many``,
+        ``lookup_claim``) that ``owner`` has not taken up, waking each key's waiters with
         ``EncodeAbandoned(reason)``, in one Redis call; for a caller that claimed keys for an owner
         that will not encode them (the router, for an encoder that refused or never got its request).
-        A claim no longer ``owner``'s is left alone. Returns how many were released."""
+        Any other claim (taken up, another owner's, or taken anew for another request after this one
+        lapsed) is left alone. Returns how many were released."""
         if not keys:
             return 0
-        events = [encode_event(Event("abandoned", check_key(key), reason)) for key in keys]
+        kind = ending_state(EncodeEnd.REFUSED).event
+        events = [encode_event(Event(kind, check_key(key), reason)) for key in keys]
         return int(await self._call("abandon claims", lambda: self._abandon(
-            keys=[scripts.claim_key(key) for key in keys], args=[owner, scripts.CHANNEL, *events])))
+            keys=[scripts.claim_key(key) for key in keys], args=[owner, _tag(tag), scripts.CHANNEL, *events])))
 
-    async def publish_failed(self, key: str, reason: str, *, abandoned: bool = False) -> None:
-        """Wake every waiter on ``key`` (in every process) with ``EncodeFailed(reason)``, or with
-        ``EncodeAbandoned(reason)`` when the encode was given up unfinished (``abandoned``: the
-        requests that started it were refused or went away). Call before ``release`` so that
-        waiters hear the reason rather than a lapsed claim."""
-        event = encode_event(Event("abandoned" if abandoned else "failed", check_key(key), reason))
-        await self._call("publish", lambda: self._redis.publish(scripts.CHANNEL, event))
+    async def end(self, key: str, owner: str, end: EncodeEnd, reason: str) -> ClaimState:
+        """``owner``'s encode of ``key`` ended without an entry, as ``end`` says: in one Redis call its
+        claim is dropped and every waiter (in every process) hears it, as ``EncodeAbandoned(reason)``
+        or ``EncodeFailed(reason)`` (``contract.claims.ending_state``). A claim that lapsed meanwhile
+        is told all the same; one another owner holds now is left alone, and its waiters hear
+        nothing. The state the key ended in (``Abandoned`` or ``Failed``), or ``Claimed`` when it was
+        another owner's."""
+        state = ending_state(end)
+        if state is ClaimState.Cached:
+            raise ValueError("an encode that wrote its entry ends with put, not end")
+        event = encode_event(Event(state.event, check_key(key), reason))
+        told = int(await self._call("end the claim", lambda: self._end(
+            keys=[scripts.claim_key(key)], args=[owner, scripts.CHANNEL, event])))
+        return state if told else ClaimState.Claimed
 
     # --- readiness -------------------------------------------------------------------------------
     async def wait_ready(self, key: str, deadline_s: float) -> CachedEmbedding:
@@ -251,8 +265,8 @@ class EmbeddingCache:
 
         Raises, within ``deadline_s`` in every case: ``NotPending`` at once if ``key`` is neither
         cached nor claimed; ``EncodeFailed`` when the encoder publishes a failure, or when the claim
-        lapses or is released without an entry (noticed within ``claim_check_s``); ``EncodeAbandoned``
-        when the encode is published as given up (``abandon``, ``publish_failed(abandoned=True)``); ``ReadyTimeout``
+        lapses without an entry (noticed within ``claim_check_s``); ``EncodeAbandoned`` when the
+        encode is published as given up (``abandon``, ``end`` of a back-pressure end); ``ReadyTimeout``
         at the deadline; ``CacheUnavailable`` if Redis fails. Woken by the put's event, not by polling.
         """
         check_key(key)
@@ -269,31 +283,34 @@ class EmbeddingCache:
     async def _wait(self, key: str, waiter: Waiter) -> CachedEmbedding:
         """The probe first, then sleep and probe again until the entry lands. A key found neither
         cached nor claimed ends the wait, as the event that says why (heard by now, though the
-        probe's answer came first) or as ``NotPending`` / a lapsed claim."""
-        hit, claimed = await self._probe(key)
+        probe's answer came first), as ``NotPending`` at once, or as a lapsed claim
+        (``contract.claims.lapsed`` of the claim's state seen last)."""
+        hit, state = await self._probe(key)
         self._count(hits=hit is not None)
-        if hit is None and not claimed:
+        if hit is None and state not in HELD:
             _raise_ended(key, waiter)
             raise NotPending(f"image {key} is not in the cache and no encoder is encoding it")
         while hit is None:
             await waiter.sleep(self.config.claim_check_s)
             _raise_ended(key, waiter)
-            hit, claimed = await self._probe(key)
-            if hit is None and not claimed:
+            last = state
+            hit, state = await self._probe(key)
+            if hit is None and state not in HELD:
                 _raise_ended(key, waiter)
-                raise EncodeFailed(key, "its encoder stopped without a result (the claim lapsed or was released)")
+                raise _lapsed(key, last)
         return hit
 
     # --- internals -------------------------------------------------------------------------------
-    async def _probe(self, key: str) -> tuple[CachedEmbedding | None, bool]:
-        """(hit or None, whether a claim is held). Corrupt entries are deleted and reported as misses."""
+    async def _probe(self, key: str) -> tuple[CachedEmbedding | None, ClaimState]:
+        """(hit or None, the claim's state: ``Unclaimed``, ``Claimed`` or ``Encoding``; ``Unclaimed`` with a
+        hit). Corrupt entries are deleted and reported as misses."""
         reply = await self._call("read", lambda: self._read(
             keys=[*_BOOKKEEPING, scripts.entry_key(key), scripts.claim_key(key)],
             args=[scripts.ENTRY_PREFIX, key, self.config.ttl_ms]))
         if int(reply[0]) == 0:
             self._stats.repairs += int(reply[2])
             self._stats.stored_bytes = int(reply[3])
-            return None, bool(reply[1])
+            return None, ClaimState(int(reply[1]))
         self._stats.stored_bytes = int(reply[4])
         try:
             entry = decode_entry(reply[1])
@@ -304,9 +321,9 @@ class EmbeddingCache:
             log.warning("embedding cache: dropping a corrupt entry: %s", exc)
             await self.delete(key)
             self._stats.repairs += 1
-            return None, False
+            return None, ClaimState.Unclaimed
         entry = msgspec.structs.replace(entry, last_used_at=int(reply[3]) / 1e6)
-        return CachedEmbedding(entry, tensors), False
+        return CachedEmbedding(entry, tensors), ClaimState.Unclaimed
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run one Redis call under ``op_timeout_s``; any Redis or network failure -> CacheUnavailable."""
@@ -334,9 +351,23 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+def _tag(tag: str) -> str:
+    if ":" in tag:
+        raise ValueError(f"a claim's tag has no ':', got {tag!r}")
+    return tag
+
+
+def _lapsed(key: str, last: ClaimState) -> EncodeFailed:
+    """The error of a wait whose claim, last seen in ``last``, vanished with no word and no entry."""
+    if ending_state(lapsed(last)) is ClaimState.Abandoned:
+        return EncodeAbandoned(key, "the claim taken for its encoder lapsed before that encoder took the image up "
+                                    "(it was too slow to, or never got the request)")
+    return EncodeFailed(key, "its encoder stopped without a result (the claim lapsed)")
+
+
 def _raise_ended(key: str, waiter: Waiter) -> None:
     """``EncodeFailed``, or ``EncodeAbandoned``, if the waiter heard that the encode of ``key`` ended so."""
     ended = waiter.failure
     if ended is not None:
-        error = EncodeAbandoned if ended.kind == "abandoned" else EncodeFailed
+        error = EncodeAbandoned if ended.kind == ClaimState.Abandoned.event else EncodeFailed
         raise error(key, ended.reason or f"the encoder reported it {ended.kind}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from contract.claims import RETRY_AFTER_S
 from contract.errors import Blame, Code, blaming, rule_of
 
 # a stage's error codes that say its partner stage (not itself) failed or never came
@@ -145,10 +146,11 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     encoder is to blame (its breaker, its exclusion from a retry). Not sent: nobody here is, but the
     attempt is retried (status 502, not the client's fault): a fresh plan reads the cache again.
     Back-pressure (503 with Retry-After, retried, nobody charged), as nothing is wrong with the image
-    or any encoder: an encode abandoned unfinished (``encode_abandoned``: the requests that started it
-    were refused or went away), and a key not sent that is neither cached nor claimed any more
-    (``image_not_cached``: the encode the plan counted on ended so before the prefill looked; told
-    to the client as ``encode_abandoned``, as the prefill's own advice is for a client of its own).
+    or any encoder (``contract.claims``): an encode abandoned unfinished (``encode_abandoned``), and a
+    key neither cached nor claimed when the prefill looked (``image_not_cached``: the claim the plan
+    counted on, this attempt's or another request's, lapsed or ended first; an encoder that failed
+    on it says so in its own answer, which ``dispatcher._encoder_behind`` prefers; told to the client
+    as ``encode_abandoned``, as the prefill's own advice is for a client of its own).
     Any other failure, or a key the router did not put there (a client's own ``image_ref``), is
     returned unchanged."""
     if failure.code not in IMAGE_CODES or failure.stage == "encoder":
@@ -159,11 +161,12 @@ def blame_encoder(failure: Failure, images: Mapping[str, str]) -> Failure:
     if failure.code == Code.ENCODE_ABANDONED:
         return Failure("encoder", "", 503, f"the {failure.stage} stage reports: {failure.message}", failure.code,
                        retry_after=failure.retry_after or "1", room=failure.room, image_key=key)
-    if failure.code == Code.IMAGE_NOT_CACHED and not images[key]:
-        return Failure("encoder", "", 503, f"the encode of image {key} that this request waited for (under way for "
-                       f"another request) ended without an entry before the {failure.stage} looked. Nothing is wrong "
-                       "with the image; retry after 1 s.", Code.ENCODE_ABANDONED, retry_after="1", room=failure.room,
-                       image_key=key)
+    if failure.code == Code.IMAGE_NOT_CACHED:
+        whose = f"sent to {images[key]}" if images[key] else "under way for another request"
+        return Failure("encoder", "", 503, f"the encode of image {key} that this request waited for ({whose}) "
+                       f"ended without an entry before the {failure.stage} looked. Nothing is wrong with the image; "
+                       f"retry after {RETRY_AFTER_S} s.", Code.ENCODE_ABANDONED, retry_after=str(RETRY_AFTER_S),
+                       room=failure.room, image_key=key)
     return Failure("encoder", images[key], max(failure.status, 502),
                    f"the {failure.stage} stage reports: {failure.message}", failure.code, room=failure.room,
                    image_key=key)

@@ -8,7 +8,9 @@
    eligible encoders with the router's vision fingerprint, and is claimed on that encoder's behalf
    (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once the image is queued
    there). A key whose claim is held already is being encoded elsewhere: it is not sent, the prefill
-   waits for it. A missing key with no eligible encoder: 503.
+   waits for it; unless it is held for an encoder this attempt will not send to (one that failed
+   this request, or out of rotation: ``_gone``), which may never end it: then it is taken over for
+   the encoder picked now (``contract.claims``). A missing key with no eligible encoder: 503.
 3. Redis round trips, however many images: one with ``cache_aware`` (an encoder per key is known
    before the lookup: ``lookup_claim`` looks up and claims in one call), two with ``round_robin`` and
    ``least_load``, which pick for the missing keys only (``contains_many``, then ``claim_many``).
@@ -19,12 +21,14 @@ Redis down at the router (``CacheUnavailable``): every image is sent to its enco
 encoder claims it itself); the encoder and the prefill then answer 503 naming Redis if they cannot
 reach it either, so the client gets that answer, never a hang.
 
-Abort (``Plan.on_abort``, run by the dispatcher when an attempt ends without success): each encoder
-of the plan gets ``POST /v1/abort {"room"}`` (its queued work for the room is dropped; closing the
-connection does not), within ``--health-timeout-s``; the claims of an encoder the attempt could not
-reach, or that refused it, are released, so a retry's encoder can claim the keys at once instead of
-waiting for the lease, and the requests waiting on those keys elsewhere hear that the encode was
-abandoned (``EmbeddingCache.abandon``: their prefill answers 503 ``encode_abandoned``, retried).
+Abort (``Plan.on_abort``, run by the dispatcher when an attempt ends without success): the claims
+the attempt took that their encoder has not taken up are released (only those: a claim taken up is
+its encoder's to end, one taken anew for another request after this one lapsed is that request's),
+so a retry's encoder can claim the keys at once instead of waiting for the lease, and the requests
+waiting on those keys elsewhere hear that the encode was abandoned (``EmbeddingCache.abandon``: their
+prefill answers 503 ``encode_abandoned``, retried); each encoder of the plan that may have the request
+gets ``POST /v1/abort {"room"}`` (its queued work for the room is dropped and ended as abandoned;
+closing the connection does not), within ``--health-timeout-s``.
 """
 
 from __future__ import annotations
@@ -72,11 +76,13 @@ class EPDPlanner:
             return pd
         room = pd.room
         assert room is not None
+        takeover = self._gone(exclude)
         if self.config.policy_encoder == "cache_aware" and (candidates := self._candidates(call.model, exclude)):
-            cached, sent = await self._look_up_and_claim(keys, candidates)
+            cached, sent = await self._look_up_and_claim(keys, candidates, str(room), takeover)
         else:
             cached, claims = await self._cached(keys)
-            sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, claims)
+            sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, str(room),
+                                      takeover if claims else None)
         by_key = {image.key: image for image in call.images}
         targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
                         for worker, mine in sent)
@@ -96,8 +102,14 @@ class EPDPlanner:
         """The eligible encoders with the router's vision fingerprint."""
         return [w for w in self.encoders.candidates(model, exclude) if w.vision_fingerprint == self.fingerprint]
 
-    async def _look_up_and_claim(self, keys: Sequence[str],
-                                 candidates: Sequence[Worker]) -> tuple[set[str], list[tuple[Worker, list[str]]]]:
+    def _gone(self, exclude: Collection[str]) -> list[str]:
+        """The ids of the encoders this attempt will not send to (failed this request, or out of
+        rotation): a claim held for one of them is taken over (``contract.claims``), as it may never end."""
+        return [w.encoder_id for w in self.encoders.workers
+                if w.encoder_id is not None and (w.url in exclude or not w.eligible())]
+
+    async def _look_up_and_claim(self, keys: Sequence[str], candidates: Sequence[Worker], tag: str,
+                                 takeover: Sequence[str]) -> tuple[set[str], list[tuple[Worker, list[str]]]]:
         """cache_aware: each key's encoder is a function of the key, known before the lookup, so the
         lookup and the claims are one Redis call (``EmbeddingCache.lookup_claim``). The cached keys
         and the encoders that get images (``_assign``'s answer). Redis down: nothing cached, every
@@ -106,40 +118,42 @@ class EPDPlanner:
         assert all(worker.encoder_id is not None for _, worker in chosen)
         try:
             found = await self.cache.lookup_claim([(key, worker.encoder_id or "") for key, worker in chosen],
-                                                  self.config.claim_lease_s)
+                                                  self.config.claim_lease_s, tag, takeover)
         except CacheUnavailable as exc:
             log.warning("epd: sending every image to an encoder unclaimed: %s", exc)
             found = [Lookup.CLAIMED] * len(chosen)
         cached = {key for (key, _), got in zip(chosen, found) if got is Lookup.CACHED}
         return cached, _by_encoder([pair for pair, got in zip(chosen, found) if got is Lookup.CLAIMED])
 
-    async def _assign(self, missing: list[str], model: str | None, exclude: Collection[str],
-                      claims: bool) -> list[tuple[Worker, list[str]]]:
+    async def _assign(self, missing: list[str], model: str | None, exclude: Collection[str], tag: str,
+                      takeover: Sequence[str] | None) -> list[tuple[Worker, list[str]]]:
         """round_robin, least_load: the encoders that get images, each with its keys, picked for the
         missing keys only (a cached key takes no turn); keys claimed elsewhere are dropped (they are
-        pending there)."""
+        pending there). ``takeover`` None: Redis is down, nothing is claimed."""
         if not missing:
             return []
         candidates = self._candidates(model, exclude)
         if not candidates:
             raise no_worker("encoder", model)
         chosen = [(key, self.encoders.pick(candidates, key)) for key in missing]
-        won = await self._claim(chosen) if claims else [True] * len(chosen)
+        won = await self._claim(chosen, tag, takeover) if takeover is not None else [True] * len(chosen)
         return _by_encoder([pair for pair, mine in zip(chosen, won) if mine])
 
-    async def _claim(self, chosen: Sequence[tuple[str, Worker]]) -> list[bool]:
+    async def _claim(self, chosen: Sequence[tuple[str, Worker]], tag: str, takeover: Sequence[str]) -> list[bool]:
         """Each key claimed for its encoder, all in one Redis call (``EmbeddingCache.claim_many``)."""
         assert all(worker.encoder_id is not None for _, worker in chosen)
         try:
             return await self.cache.claim_many([(key, worker.encoder_id or "") for key, worker in chosen],
-                                               self.config.claim_lease_s)
+                                               self.config.claim_lease_s, tag, takeover)
         except CacheUnavailable as exc:  # Redis went away since contains_many: the encoders claim them themselves
             log.warning("epd: sending %d image(s) unclaimed: %s", len(chosen), exc)
             return [True] * len(chosen)
 
     async def _abort(self, room: int, sent: Sequence[tuple[Worker, list[str]]], unreachable: frozenset[str]) -> None:
-        await asyncio.gather(*(self._release(worker, keys) if worker.url in unreachable
-                               else self._post_abort(room, worker) for worker, keys in sent))
+        """Every claim this attempt took that its encoder has not taken up is abandoned; each encoder
+        that may have the request is told to drop the room's work (the claims it took up end so)."""
+        await asyncio.gather(*(self._release(room, worker, keys) for worker, keys in sent),
+                             *(self._post_abort(room, worker) for worker, _ in sent if worker.url not in unreachable))
 
     async def _post_abort(self, room: int, worker: Worker) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
@@ -150,13 +164,13 @@ class EPDPlanner:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("epd: could not abort room %d at encoder %s: %s", room, worker.url, exc)
 
-    async def _release(self, worker: Worker, keys: Sequence[str]) -> None:
-        """The claims taken for ``worker``, which never took the request, released in one Redis call;
-        the requests waiting on those keys hear the encode was abandoned (a retry claims it anew)."""
+    async def _release(self, room: int, worker: Worker, keys: Sequence[str]) -> None:
+        """The claims taken in ``room`` for ``worker`` that it has not taken up, released in one Redis
+        call; the requests waiting on those keys hear the encode was abandoned (a retry claims it anew)."""
         assert worker.encoder_id is not None
-        reason = f"the request that claimed it never reached its encoder {worker.url} (refused, or not sent)"
+        reason = f"the request that claimed it for encoder {worker.url} ended before that encoder took it up"
         try:
-            await self.cache.abandon(keys, worker.encoder_id, reason)
+            await self.cache.abandon(keys, worker.encoder_id, reason, str(room))
         except CacheUnavailable as exc:
             log.info("epd: could not release the claims of %s (they lapse by themselves): %s", worker.url, exc)
 

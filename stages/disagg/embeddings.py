@@ -13,9 +13,11 @@ gets as the room's failure reason; one about an image names its key in the ``ima
 
     503 cache_unavailable   Redis down, unreachable or slow past --cache-op-timeout-s (names Redis)
     400 image_not_cached    the key is neither cached nor being encoded (at once, no wait)
-    502 encode_failed       the encoder reported a failure, or died (its claim lapsed)
-    503 encode_abandoned    the encode was given up unfinished: the requests that started it were
-                            refused or went away (Retry-After: 1; a new try claims the key anew)
+    502 encode_failed       the encode failed (``contract.claims``: the encoder reported a failure,
+                            or died with the claim taken up: it lapsed)
+    503 encode_abandoned    the encode ended as back-pressure (``contract.claims``: refused, cancelled,
+                            its cache write refused or timed out, its claim lapsed before the encoder
+                            took it up, ...): Retry-After: 1; a new try claims the key anew
     504 embedding_timeout   still being encoded at --embedding-timeout-s
     502 embedding_mismatch  the entry does not fit the reference or this model (deleted)
 """
@@ -32,6 +34,7 @@ import torch
 
 from cache.errors import CacheUnavailable, EncodeAbandoned, EncodeFailed, NotPending, ReadyTimeout
 from cache.store import CachedEmbedding, EmbeddingCache
+from contract.claims import RETRY_AFTER_S, ClaimState, ended_status
 from contract.errors import Code
 from stages.api.schemas import ImageRef
 from stages.disagg.errors import DisaggError
@@ -137,12 +140,13 @@ class ImageInputs:
                               "it to an encoder first (it may also have been evicted since).", Code.IMAGE_NOT_CACHED,
                               f"{param}.key", image_key=key) from None
         except EncodeAbandoned as exc:
-            raise DisaggError(503, f"The encode of image {key} that this request waited for was abandoned: "
-                              f"{exc.reason}. Nothing is wrong with the image; retry after 1 s.", Code.ENCODE_ABANDONED, param,
-                              image_key=key, retry_after_s=1) from None
+            raise DisaggError(ended_status(ClaimState.Abandoned), f"The encode of image {key} that this request waited "
+                              f"for was abandoned: {exc.reason}. Nothing is wrong with the image; retry after "
+                              f"{RETRY_AFTER_S} s.", Code.ENCODE_ABANDONED, param, image_key=key,
+                              retry_after_s=RETRY_AFTER_S) from None
         except EncodeFailed as exc:
-            raise DisaggError(502, f"The encoder failed on image {key}: {exc.reason}", Code.ENCODE_FAILED,
-                              param, image_key=key) from None
+            raise DisaggError(ended_status(ClaimState.Failed), f"The encoder failed on image {key}: {exc.reason}",
+                              Code.ENCODE_FAILED, param, image_key=key) from None
         except ReadyTimeout:
             raise DisaggError(504, f"Image {key} was still being encoded after {self.timeout_s:g} s "
                               "(--embedding-timeout-s).", Code.EMBEDDING_TIMEOUT, param, image_key=key) from None

@@ -3,14 +3,15 @@
 ``Flights.start`` creates a flight and, shielded from the caller's cancellation, claims the key for
 this encoder (``renew`` first: the router may have claimed it on this encoder's behalf; then
 ``claim``, NX). Won: the job is queued for the encoder thread and a completion task waits for it,
-writes the entry (``put``), or publishes the failure (``publish_failed``), and always releases the
-claim. Lost: the flight ends at once as ``pending_elsewhere``. A flight ends exactly once: its
+then ends the claim in one Redis call (``contract.claims``): the entry written (``put``), or how the
+encode ended told to every waiter (``end`` of an ``EncodeEnd``: back-pressure or failure). Lost: the
+flight ends at once as ``pending_elsewhere``. A flight ends exactly once: its
 ``result`` future holds ``"encoded"``, ``"pending_elsewhere"`` or a ``Failure``; it leaves the table
 (``get`` no longer finds it) in the same step.
 
 Interest: a flight knows which requests (serial -> room) wait for it. ``forget`` drops interests;
-a job nobody waits for that is still queued is cancelled (its completion task then publishes it as
-abandoned, so waiters elsewhere know to try again, and releases the claim). Work already running
+a job nobody waits for that is still queued is cancelled (its completion task then ends it as
+``CANCELLED``: abandoned, so waiters elsewhere know to try again). Work already running
 finishes and is cached.
 
 Single event loop: everything here runs on the server's loop except ``deliver`` (the encoder
@@ -23,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cache.errors import CacheUnavailable, EntryTooLarge
 from cache.store import EmbeddingCache
+from contract.claims import EncodeEnd
 from contract.encode import ENCODED, PENDING_ELSEWHERE
 from contract.errors import Code
 from stages.config import EncoderConfig
@@ -160,8 +162,9 @@ class Flights:
             _set(flight.encoded, result)
 
     async def _complete(self, flight: Flight) -> None:
-        """Wait for the encoder thread, write the entry (or report the failure), release the claim."""
+        """Wait for the encoder thread, then end the claim: the entry written, or the end told."""
         key, outcome = flight.job.key, None
+        end, reason = EncodeEnd.SHUTDOWN, "the encoder stopped before it was encoded"
         try:
             try:
                 result = await asyncio.wait_for(asyncio.shield(flight.encoded), self.config.encode_timeout_s)
@@ -169,29 +172,38 @@ class Flights:
                 self.batcher.cancel(flight.job)
                 result = f"not encoded within {self.config.encode_timeout_s:g} s (--encode-timeout-s)"
             if isinstance(result, ImageEmbedding):
-                outcome = await self._store(key, result)
+                outcome, end, reason = await self._store(key, result)
             else:
-                outcome = _encode_failure(result, cancelled=flight.cancelled)
-                await self._quietly("report the failure",
-                                    self.cache.publish_failed(key, result, abandoned=flight.cancelled))
+                outcome, end, reason = _encode_failure(result, flight.cancelled), _ending(result, flight), result
         finally:
-            await self._quietly("release the claim", self.cache.release(key, self.encoder_id))
+            if end is not EncodeEnd.ENCODED:
+                await self._end_claim(key, end, reason)
             self._end(flight, outcome or Failure(500, "The encoder stopped before this image was encoded.",
                                                  Code.ENCODE_FAILED))
 
-    async def _store(self, key: str, embedding: ImageEmbedding) -> str | Failure:
+    async def _store(self, key: str, embedding: ImageEmbedding) -> tuple[str | Failure, EncodeEnd, str]:
+        """Write the entry (the claim ends with it); else the encoder's own answer and how it ended."""
         tensors = {"embeds": embedding.embeds}
         if embedding.deepstack is not None:
             tensors["deepstack"] = embedding.deepstack
         try:
             await self.cache.put(key, tensors, num_tokens=embedding.num_tokens,
                                  image_grid=list(embedding.grid_thw or ()), encoder=self.encoder_id)
-        except (CacheUnavailable, EntryTooLarge) as exc:
-            await self._quietly("report the failure", self.cache.publish_failed(key, f"cache write failed: {exc}"))
-            if isinstance(exc, CacheUnavailable):
-                return redis_failure(exc)
-            return Failure(500, f"The embedding could not be cached: {exc}", Code.CACHE_ENTRY_TOO_LARGE)
-        return ENCODED
+        except CacheUnavailable as exc:
+            return redis_failure(exc), EncodeEnd.CACHE_REFUSED, f"cache write failed: {exc}"
+        except EntryTooLarge as exc:
+            return (Failure(500, f"The embedding could not be cached: {exc}", Code.CACHE_ENTRY_TOO_LARGE),
+                    EncodeEnd.TOO_LARGE, f"cache write failed: {exc}")
+        return ENCODED, EncodeEnd.ENCODED, ""
+
+    async def _end_claim(self, key: str, end: EncodeEnd, reason: str) -> None:
+        """``cache.end``, tried twice (a call lost under load would leave the waiters a lapse to find)."""
+        for attempt in (1, 2):
+            try:
+                await self.cache.end(key, self.encoder_id, end, reason)
+                return
+            except CacheUnavailable as exc:
+                log.warning("could not end the claim on image %s (try %d of 2): %s", key, attempt, exc)
 
     def _end(self, flight: Flight, outcome: str | Failure) -> None:
         if self._table.get(flight.job.key) is flight:
@@ -199,15 +211,18 @@ class Flights:
         flight.ended_at = time.monotonic()
         _set(flight.result, outcome)
 
-    async def _quietly(self, what: str, call: Awaitable[object]) -> None:
-        try:
-            await call
-        except CacheUnavailable as exc:
-            log.warning("could not %s: %s", what, exc)
-
 
 def redis_failure(exc: CacheUnavailable) -> Failure:
     return Failure(503, f"The embedding cache is unavailable: {exc}", Code.CACHE_UNAVAILABLE)
+
+
+def _ending(reason: str, flight: Flight) -> EncodeEnd:
+    """How an encode that gave no embedding ended (``reason``: the encoder thread's, or the timeout's)."""
+    if flight.cancelled:
+        return EncodeEnd.CANCELLED
+    if reason.startswith("not encoded within"):
+        return EncodeEnd.TIMED_OUT
+    return EncodeEnd.ENCODE_ERROR
 
 
 def _encode_failure(reason: str, cancelled: bool) -> Failure:

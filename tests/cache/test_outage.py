@@ -18,6 +18,7 @@ from cache.embedded import EmbeddedRedis
 from cache.errors import CacheUnavailable
 from cache.keys import image_key
 from cache.store import EmbeddingCache
+from contract.claims import EncodeEnd
 from tests.support.redis_fixtures import make_config, waiting
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,8 +52,8 @@ def every_call(cache: EmbeddingCache):
         "delete": lambda: cache.delete(key(1)),
         "claim": lambda: cache.claim(key(6), "enc", 5.0),
         "renew": lambda: cache.renew(key(6), "enc", 5.0),
-        "release": lambda: cache.release(key(6), "enc"),
-        "publish_failed": lambda: cache.publish_failed(key(6), "x"),
+        "end": lambda: cache.end(key(6), "enc", EncodeEnd.ENCODE_ERROR, "x"),
+        "abandon": lambda: cache.abandon([key(6)], "enc", "x"),
         "stored_bytes": lambda: cache.stored_bytes(),
         "wait_ready": lambda: cache.wait_ready(key(6), 10.0),
     }

@@ -9,9 +9,11 @@ import time
 import pytest
 import torch
 
+from cache import scripts
 from cache.errors import EncodeAbandoned, EncodeFailed, NotPending, ReadyTimeout
 from cache.keys import image_key
 from cache.store import CachedEmbedding, EmbeddingCache
+from contract.claims import ClaimState, EncodeEnd
 from tests.support.redis_fixtures import cache, make_config, redis_server, redis_url, waiting  # noqa: F401
 
 pytestmark = pytest.mark.timeout(30)
@@ -52,14 +54,14 @@ async def test_a_waiter_wakes_when_its_key_lands_in_about_a_millisecond(redis_ur
             EmbeddingCache(make_config(redis_url)) as encoder:
         wake_ms = []
         for n in range(10):
-            assert await encoder.claim(key(n), "enc-a", LEASE_S)
+            assert await encoder.claim(key(n), "enc", LEASE_S)
             task = await waiting(prefill, key(n))
             started = time.perf_counter()
             await put(encoder, n)
             hit = await asyncio.wait_for(task, 2.0)
             wake_ms.append((time.perf_counter() - started) * 1000)
             assert torch.equal(hit.tensors["embeddings"], embedding(n)["embeddings"])
-            assert await encoder.release(key(n), "enc-a")
+            assert not await encoder._redis.exists(scripts.claim_key(key(n)))  # the put ended the claim
         print(f"put() start -> waiter woken with its entry: p50 {statistics.median(wake_ms):.2f} ms, "
               f"max {max(wake_ms):.2f} ms over {len(wake_ms)}")
         assert statistics.median(wake_ms) < 50  # ~1 ms on an idle loopback; generous for shared CPUs
@@ -72,7 +74,8 @@ async def test_an_encoder_failure_wakes_every_waiter_with_its_reason(redis_url: 
         assert await encoder.claim(key(1), "enc-a", LEASE_S)
         tasks = [await waiting(prefill, key(1)) for _ in range(3)]
         started = time.monotonic()
-        await encoder.publish_failed(key(1), "image is not decodable: truncated PNG")
+        assert await encoder.end(key(1), "enc-a", EncodeEnd.ENCODE_ERROR, "image is not decodable: truncated PNG") \
+            is ClaimState.Failed
         for task in tasks:
             with pytest.raises(EncodeFailed) as info:
                 await asyncio.wait_for(task, 2.0)
@@ -84,11 +87,11 @@ async def test_an_encoder_failure_wakes_every_waiter_with_its_reason(redis_url: 
 async def test_abandoned_claims_are_released_and_their_waiters_told_so_in_one_call(redis_url: str) -> None:
     """The router gives up the claims it took for an encoder that refused the request: the owner's
     claims go, each waiter hears ``EncodeAbandoned`` at once (not a lapsed claim after claim_check_s),
-    and a claim that is another owner's by now is left alone, its waiter still waiting."""
+    and a claim its encoder took up (its to end) is left alone, its waiter still waiting."""
     async with EmbeddingCache(make_config(redis_url)) as prefill, \
             EmbeddingCache(make_config(redis_url)) as router:
-        assert await router.claim_many([(key(1), "enc-a"), (key(2), "enc-a"), (key(3), "enc-b")], LEASE_S) \
-            == [True, True, True]
+        assert await router.claim_many([(key(1), "enc-a"), (key(2), "enc-a")], LEASE_S) == [True, True]
+        assert await router.claim(key(3), "enc-a", LEASE_S)  # an encoder's own claim: its to end
         tasks = {n: await waiting(prefill, key(n)) for n in (1, 2, 3)}
         started = time.monotonic()
         assert await router.abandon([key(1), key(2), key(3)], "enc-a", "refused as busy") == 2
@@ -98,7 +101,7 @@ async def test_abandoned_claims_are_released_and_their_waiters_told_so_in_one_ca
             assert str(info.value) == f"encode of image {key(n)} failed: refused as busy"
         assert time.monotonic() - started < 0.5 and not tasks[3].done()
         assert await router.claim(key(1), "enc-c", LEASE_S)  # released: a new try claims it at once
-        assert await router.release(key(3), "enc-b")
+        await router._redis.delete(scripts.claim_key(key(3)))  # its encoder died: the claim lapses
         with pytest.raises(EncodeFailed) as lapsed:
             await asyncio.wait_for(tasks[3], 2.0)
         assert not isinstance(lapsed.value, EncodeAbandoned)
@@ -112,7 +115,7 @@ async def test_a_lapsed_claim_wakes_waiters_with_an_error_not_a_timeout(cache: E
     with pytest.raises(EncodeFailed) as info:
         await asyncio.wait_for(task, 5.0)
     assert time.monotonic() - started < 0.3 + 0.1 + 0.5  # lease + claim_check_s + slack
-    assert info.value.reason == "its encoder stopped without a result (the claim lapsed or was released)"
+    assert info.value.reason == "its encoder stopped without a result (the claim lapsed)"
 
 
 async def test_a_claim_renewed_in_time_keeps_waiters_waiting_until_the_deadline(cache: EmbeddingCache) -> None:
@@ -130,10 +133,9 @@ async def test_claims_belong_to_their_owner(cache: EmbeddingCache) -> None:
     assert await cache.claim(key(1), "enc-a", LEASE_S)
     assert not await cache.claim(key(1), "enc-b", LEASE_S)
     assert not await cache.renew(key(1), "enc-b", LEASE_S)
-    assert not await cache.release(key(1), "enc-b")
+    assert await cache.end(key(1), "enc-b", EncodeEnd.ENCODE_ERROR, "not mine") is ClaimState.Claimed  # left alone
     assert await cache.renew(key(1), "enc-a", LEASE_S)
-    assert await cache.release(key(1), "enc-a")
-    assert not await cache.release(key(1), "enc-a")
+    assert await cache.end(key(1), "enc-a", EncodeEnd.CANCELLED, "nobody waits") is ClaimState.Abandoned
     assert await cache.claim(key(1), "enc-b", LEASE_S)
     await put(cache, 2)
     assert not await cache.claim(key(2), "enc-a", LEASE_S)  # cached: nothing to encode
@@ -149,7 +151,6 @@ async def test_twenty_concurrent_requests_across_two_encoders_encode_once(redis_
             encodes.append(owner)
             await asyncio.sleep(0.05)  # the vision tower
             await put(cache, 7)
-            await cache.release(key(7), owner)
         return await cache.wait_ready(key(7), 5.0)
 
     async with EmbeddingCache(make_config(redis_url)) as enc_a, EmbeddingCache(make_config(redis_url)) as enc_b:
@@ -164,7 +165,7 @@ async def test_waiters_on_other_keys_are_not_woken(cache: EmbeddingCache) -> Non
     assert await cache.claim(key(2), "enc-a", LEASE_S)
     task = await waiting(cache, key(1), deadline_s=0.6)
     await put(cache, 2)
-    await cache.publish_failed(key(2), "unrelated")
+    await cache.end(key(2), "enc-a", EncodeEnd.ENCODE_ERROR, "unrelated")
     with pytest.raises(ReadyTimeout):
         await asyncio.wait_for(task, 2.0)
 

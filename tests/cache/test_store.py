@@ -16,6 +16,7 @@ from cache.errors import CacheUnavailable, EntryTooLarge
 from cache.keys import image_key
 from cache.metrics import register_cache_metrics
 from cache.store import CacheStats, EmbeddingCache, Lookup
+from contract.claims import ClaimState, EncodeEnd
 from process.ports import free_port
 from tests.support.redis_fixtures import cache, make_config, redis_server, redis_url  # noqa: F401
 
@@ -278,7 +279,8 @@ async def test_metrics_read_the_stats_at_scrape_time(redis_url: str) -> None:
         # free -> CLAIMED for its owner (both misses)
         assert await cache.lookup_claim([(key(3), "a"), (key(9), "a"), (key(6), "c")], 5.0) == \
             [Lookup.CACHED, Lookup.PENDING, Lookup.CLAIMED]
-        assert not await cache.claim(key(6), "a", 5.0) and await cache.release(key(6), "c")
+        assert not await cache.claim(key(6), "a", 5.0)
+        assert await cache.end(key(6), "c", EncodeEnd.REFUSED, "x") is ClaimState.Abandoned
         assert await cache.lookup_claim([], 5.0) == []
         with pytest.raises(ValueError, match="distinct keys"):
             await cache.lookup_claim([(key(5), "a"), (key(5), "b")], 5.0)

@@ -30,6 +30,10 @@ def charged(url: str, status: int, code: str, key: str, message: str = "the pref
     (prefill_failure(400, "image_not_cached", K2), charged("", 503, "encode_abandoned", K2, retry_after="1", message=(
         f"the encode of image {K2} that this request waited for (under way for another request) ended without an "
         "entry before the prefill looked. Nothing is wrong with the image; retry after 1 s."))),
+    # the claim this attempt took lapsed (or ended) before the prefill looked: back-pressure, nobody charged
+    (prefill_failure(400, "image_not_cached", K1), charged("", 503, "encode_abandoned", K1, retry_after="1", message=(
+        f"the encode of image {K1} that this request waited for (sent to http://e:1) ended without an entry before "
+        "the prefill looked. Nothing is wrong with the image; retry after 1 s."))),
     (prefill_failure(503, "encode_abandoned", K1), charged("", 503, "encode_abandoned", K1, retry_after="1")),
     (prefill_failure(503, "encode_abandoned", K2), charged("", 503, "encode_abandoned", K2, retry_after="1")),
     # a key the router did not put there (a client's own image_ref): the client's 400 as it is

@@ -81,7 +81,7 @@ async def test_missing_images_go_to_their_encoders_claimed_for_them(planned):
         assert target.path == "/v1/encode" and msgspec.json.decode(target.body)["room"] == plan.room
         for key in sent(plan)[target.worker.url]:  # claimed for that encoder: its own claim is not free
             assert not await planned.cache.claim(key, "someone-else", 1.0)
-            assert await planned.cache.release(key, target.worker.encoder_id)
+            assert await planned.cache.abandon([key], target.worker.encoder_id, "done", str(plan.room)) == 1
     decode_body = msgspec.json.decode(plan.answer.body)
     assert decode_body["bootstrap_room"] == plan.room
     assert [p["type"] for p in decode_body["messages"][0]["content"]] == ["image_ref"] * 4 + ["text"]
@@ -146,7 +146,7 @@ async def test_an_encoder_excluded_or_of_another_fingerprint_gets_nothing(planne
     other = next(w for w in planned.encoders.workers if w is not owner)
     plan = await planned.plan(body_with(a), exclude={owner.url})
     assert list(sent(plan)) == [other.url]
-    await planned.cache.release(image_key(a, FP), other.encoder_id)
+    assert await planned.cache.abandon([image_key(a, FP)], other.encoder_id, "done", str(plan.room)) == 1
     other.vision_fingerprint = OTHER_FP
     with pytest.raises(RouterError) as error:
         await planned.plan(body_with(a), exclude={owner.url})
@@ -165,8 +165,9 @@ async def test_redis_down_sends_every_image_unclaimed():
         await planned.close()
 
 
-async def test_abort_posts_to_reached_encoders_and_releases_the_claims_of_unreachable_ones(redis_url):  # noqa: F811
-    """``on_abort``: a live encoder gets /v1/abort {room}; a dead one's claims are released."""
+async def test_abort_posts_to_reached_encoders_and_releases_the_claims_nobody_took_up(redis_url):  # noqa: F811
+    """``on_abort``: a live encoder gets /v1/abort {room} (a claim it took up is its to end); every
+    claim of the attempt no encoder took up, a dead one's or a live one's, is released."""
     aborted: list[dict] = []
 
     async def abort(request: web.Request) -> web.Response:
@@ -191,12 +192,13 @@ async def test_abort_posts_to_reached_encoders_and_releases_the_claims_of_unreac
         by_url = sent(plan)
         assert set(by_url) == {live, "http://127.0.0.1:2"}  # 12 keys: both encoders get some
         assert plan.on_abort is not None
+        taken, *untaken = by_url[live]
+        assert await planned.cache.renew(taken, planned.encoders.workers[0].encoder_id or "", 5.0)
         await plan.on_abort(frozenset({"http://127.0.0.1:2"}))
         assert aborted == [{"room": plan.room}]
-        for key in by_url["http://127.0.0.1:2"]:  # released: free to claim
+        for key in [*by_url["http://127.0.0.1:2"], *untaken]:  # released: free to claim
             assert await planned.cache.claim(key, "enc-next", 1.0)
-        for key in by_url[live]:  # still the live encoder's
-            assert not await planned.cache.claim(key, "enc-next", 1.0)
+        assert not await planned.cache.claim(taken, "enc-next", 1.0)  # still the live encoder's
     finally:
         await planned.close()
         await runner.cleanup()

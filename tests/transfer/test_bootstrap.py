@@ -21,6 +21,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from tests.support.bootstrap_peers import FP, HOST, kv_request, raw_router
 from transfer.bootstrap_client import BootstrapClient, PrefillFailed
 from transfer.bootstrap_common import BootstrapClosed, HandshakeError, HandshakeTimeout, PeerNotAllowed
 from transfer.bootstrap_server import BootstrapServer
@@ -46,25 +47,6 @@ from transfer.rooms import RoomClosed, RoomTable
 
 pytestmark = pytest.mark.timeout(30)
 aio = pytest.mark.asyncio
-
-FP = Fingerprint(
-    model="qwen2_vl-0123456789abcdef",
-    backend="mooncake",
-    dtype="bfloat16",
-    block_size=16,
-    num_layers=4,
-    num_kv_heads=2,
-    head_dim=64,
-    block_bytes=4 * 2 * 16 * 2 * 64 * 2,
-)
-HOST = "127.0.0.1"
-
-
-def kv_request(room: int, fp: Fingerprint = FP, **changes: object) -> KVRequest:
-    req = KVRequest(
-        room=room, fingerprint=fp, block_ids=[3, 4], prompt_tokens=20, descriptor=b"\x00pool", decode_id="d0"
-    )
-    return msgspec.structs.replace(req, **changes)
 
 
 def first_token(room: int) -> int:
@@ -370,19 +352,6 @@ async def test_version_mismatch_is_rejected_by_prefill() -> None:
             "protocol version differs: prefill 2, decode 1; run the same release on prefill and decode"
         )
         assert server.bad_frames == 1
-
-
-@asynccontextmanager
-async def raw_router() -> AsyncIterator[tuple[zmq.asyncio.Socket, int]]:
-    """A bare ROUTER standing in for a prefill that misbehaves."""
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port(f"tcp://{HOST}")
-    try:
-        yield sock, port
-    finally:
-        ctx.destroy(linger=0)
 
 
 @aio

@@ -19,8 +19,8 @@ from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_common import HandshakeTimeout
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Accepted, Heartbeat, KVReady, KVRequest, decode, encode
-from tests.transfer.test_bootstrap import FP, HOST, kv_request
-from tests.transfer.test_bootstrap import raw_router as mute_prefill  # a bare ROUTER that accepts rooms and says nothing
+from tests.support.bootstrap_peers import FP, HOST, kv_request
+from tests.support.bootstrap_peers import raw_router as mute_prefill  # a bare ROUTER that accepts rooms and says nothing
 
 pytestmark = pytest.mark.timeout(30)
 aio = pytest.mark.asyncio

@@ -27,7 +27,7 @@ from tests.conftest import REPO
 from tests.deploy.prometheus_server import Prometheus, tool
 from tests.deploy.promql_names import metric_names
 from tests.support.router_helpers import data_url, png
-from tests.stages.launch.test_stage_up import Up
+from tests.support.stage_up import Up
 
 pytestmark = pytest.mark.timeout(600)
 STARTUP_S = 240.0

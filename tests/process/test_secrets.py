@@ -28,7 +28,7 @@ from cli import build_parser
 from cli.serve import server_config
 from tests.conftest import REPO
 from tests.support.router_helpers import data_url, png
-from tests.stages.launch.test_stage_up import Up, cmdlines
+from tests.support.stage_up import Up, cmdlines
 
 pytestmark = pytest.mark.timeout(300)
 PASSWORD = secrets.token_hex(16)

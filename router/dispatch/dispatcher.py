@@ -63,6 +63,8 @@ from router.fleet.workers import Lease, lease_all
 
 log = logging.getLogger(__name__)
 PEER_GRACE_S = 1.0  # a decode reports its prefill's failure: the prefill's own answer is this close behind
+# a prefill's image codes that can mean the claim taken for the encoder ended before that encoder took it up
+UNTAKEN_CODES = frozenset({Code.ENCODE_ABANDONED, Code.IMAGE_NOT_CACHED})
 
 
 @dataclass
@@ -337,7 +339,13 @@ async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: Ba
     """``error``, or the encoder's own failure behind it: a prefill failing on an image this attempt
     sent to an encoder (``IMAGE_CODES``, its ``image_key``) reports that encoder's failure, and the
     encoder's own answer, at most ``PEER_GRACE_S`` behind, names the cause (a 503 busy is
-    back-pressure, not the encoder's fault). Whichever of the two the event loop hands over first."""
+    back-pressure, not the encoder's fault). Whichever of the two the event loop hands over first.
+
+    An encode that ended as back-pressure before the encoder took it up (``UNTAKEN_CODES``: the
+    claim taken for it lapsed untaken, ``contract.claims``) while that encoder's call stays silent
+    ``PEER_GRACE_S`` more is the encoder's silence, not back-pressure: a live encoder at its limits
+    refuses at once (its 503 busy is its own answer); one frozen or cut off says nothing for the
+    claim's whole lease. It is charged (``_silent_encoder``) and left out of the retry."""
     if not isinstance(error, StageError) or error.failure.stage != "prefill" or error.failure.code not in IMAGE_CODES:
         return error
     url = plan.images.get(error.failure.image_key or "")
@@ -348,4 +356,15 @@ async def _encoder_behind(plan: Plan, sides: Sequence[asyncio.Future], error: Ba
     if not encoder.done():
         await asyncio.wait([encoder], timeout=PEER_GRACE_S)
     own = encoder.exception() if encoder.done() and not encoder.cancelled() else None
-    return own if isinstance(own, StageError) else error
+    if isinstance(own, StageError):
+        return own
+    if not encoder.done() and error.failure.code in UNTAKEN_CODES:
+        return StageError(_silent_encoder(error.failure, plan.sides[index].worker.url))
+    return error
+
+
+def _silent_encoder(reported: Failure, url: str) -> Failure:
+    """The encoder's failure when the claim taken for it ended untaken and its own call said nothing."""
+    return Failure("encoder", url, 504, f"{url} sent nothing while the claim taken for it on image "
+                   f"{reported.image_key} ended untaken (the {reported.stage} stage reports: {reported.message})",
+                   Code.UPSTREAM_TIMEOUT, room=reported.room, image_key=reported.image_key)

@@ -90,3 +90,25 @@ async def test_a_prefill_whose_decode_never_came_charges_the_decode_while_it_has
                                                                                              "kv_transfer_failed")
     assert await _decode_behind(plan, went_idle, never) is not never  # nor does it speak for a partner never come
     pending.cancel()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("code", ["encode_abandoned", "image_not_cached"])
+async def test_a_claim_that_ended_untaken_while_its_encoder_stayed_silent_charges_that_encoder(code):
+    """A lapsed untaken claim is back-pressure to the prefill; with the encoder's own call silent
+    ``PEER_GRACE_S`` more (a frozen or cut-off host: a busy one refuses at once), it is the encoder's
+    silence: charged to it (no Retry-After), so the retry takes its claim over for another encoder."""
+    plan, _ = _image_plan()
+    reported = StageError(Failure("prefill", "http://prefill:1", 503, "lapsed", code, retry_after="1", room=7,
+                                  image_key="k" * 64))
+    silent = asyncio.get_running_loop().create_future()
+    started = time.monotonic()
+    cause = await _encoder_behind(plan, [silent, _failed(reported.failure)], reported)
+    assert PEER_GRACE_S <= time.monotonic() - started < PEER_GRACE_S + 0.5
+    assert isinstance(cause, StageError) and not cause.failure.busy
+    assert (cause.failure.stage, cause.failure.url, cause.failure.status, cause.failure.code, cause.failure.room,
+            cause.failure.image_key) == ("encoder", "http://encoder:1", 504, "upstream_timeout", 7, "k" * 64)
+    answered = asyncio.get_running_loop().create_future()
+    answered.set_result(0.01)  # it answered (it took the image, or never needed it): back-pressure as reported
+    assert await _encoder_behind(plan, [answered, _failed(reported.failure)], reported) is reported
+    silent.cancel()

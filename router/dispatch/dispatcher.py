@@ -24,7 +24,8 @@ failed, timed out, or the cache entry went away) is charged to that image's enco
 came, while the decode has not answered, or whose KV write into it failed, while the decode stays
 silent as long, charges the decode: ``_decode_behind``), and a prefill reporting an
 image's failure waits as long for the encoder's own answer (``_encoder_behind``: an encoder that
-refused the image as busy makes the request's answer a 503 with Retry-After, not a 502).
+refused the image as busy makes the request's answer a 503 with Retry-After, not a 502; one still
+silent when the claim taken for it ended untaken is charged).
 
 The answer carries ``x-epd-room`` (the attempt's room), ``x-epd-stage-times`` (seconds of each
 call, sent to its last byte: a JSON answer every stage's, as it is sent once every side call has

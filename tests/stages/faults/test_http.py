@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
-import pytest
 
 from stages.api.errors import install_error_handlers
 from stages.api.schemas import ChatCompletionRequest

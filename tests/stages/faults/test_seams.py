@@ -13,6 +13,7 @@ import pytest
 from stages.faults.points import POINTS
 from tests.support.import_graph import PACKAGES
 
+pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
 FAULTS = Path("stages/faults")
 EXITS = {Path("process/children.py")}  # a forked child whose parent died before exec: os._exit is its way out

@@ -12,6 +12,8 @@ from stages.faults.transfer import FaultyBackend
 from tests.support.transfer_fakes import FakeBackend
 from transfer.base import TransferError, WriteOp
 
+pytestmark = pytest.mark.unit
+
 SIZE = 4096
 
 

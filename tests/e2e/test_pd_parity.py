@@ -4,13 +4,8 @@ test_engine_parity; test_pd_servers compares PD and a colocated server directly)
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import io
-import random
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import torch
 
@@ -21,18 +16,13 @@ from tests.conftest import launch
 from tests.support.devices import DEVICE
 from tests.support.generated_models import VARIANTS, model_dir
 from tests.support.hf_reference import hf_greedy, random_image
+from tests.support.pd_pair import run_room
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 10
 CASES = {"text": ("hello, who are you?", []), "one_image": ("what is it", [(64, 64)]),
          "two_images": ("compare", [(64, 64), (96, 128)])}
 PAIRS = [(variant, transfer) for variant in sorted(VARIANTS) for transfer in ("mooncake", "nixl")]
-
-
-def png_url(width: int, height: int, seed: int) -> str:
-    buffer = io.BytesIO()
-    random_image(width, height, seed).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=[f"{v}-{t}" for v, t in PAIRS])
@@ -58,21 +48,6 @@ def reference(pair):
     adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)  # generate() on the servers' device
     prompts = PromptBuilder.load(path, adapter)
     return adapter, prompts.tokenizer, prompts
-
-
-async def run_room(prefill, decode, bootstrap: int, text: str, sizes: list[tuple[int, int]],
-                   max_tokens: int) -> tuple[httpx.Response, httpx.Response]:
-    """One greedy request (``text`` after PNGs of ``sizes``) sent to ``prefill`` and ``decode`` at once
-    with a fresh bootstrap room; both answers, each asserted 200."""
-    parts = [{"type": "image_url", "image_url": {"url": png_url(w, h, i)}} for i, (w, h) in enumerate(sizes)]
-    body = {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
-            "max_tokens": max_tokens, "temperature": 0, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
-            "bootstrap_room": random.getrandbits(63)}
-    async with httpx.AsyncClient(timeout=60) as client:
-        p, d = await asyncio.gather(client.post(f"{prefill.url}/v1/chat/completions", json=body),
-                                    client.post(f"{decode.url}/v1/chat/completions", json=body))
-    assert p.status_code == d.status_code == 200, (p.text, d.text)
-    return p, d
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -20,9 +20,8 @@ from tests.conftest import launch
 from tests.support.devices import DEVICE, on_gpu
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import random_image
-from tests.stages.test_colocated_server import metrics
-from tests.e2e.test_pd_parity import png_url
-from tests.stages.disagg.test_pd_servers import wait_blocks_free
+from tests.support.pd_pair import png_url, wait_blocks_free
+from tests.support.prom_samples import metrics
 
 pytestmark = pytest.mark.timeout(300)
 MAX_TOKENS = 560  # 5 requests of ~600 tokens at their longest: ~2.5x the 2048 slots of a 1 MiB pool

@@ -28,8 +28,8 @@ from tests.support.devices import DEVICE
 from tests.support.epd_helpers import Image, start_epd
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import hf_greedy
+from tests.support.pd_pair import wait_blocks_free
 from tests.support.redis_fixtures import redis_server  # noqa: F401
-from tests.stages.disagg.test_pd_servers import wait_blocks_free
 
 pytestmark = pytest.mark.timeout(300)
 VARIANT = "qwen3_vl"  # M-RoPE and deepstack

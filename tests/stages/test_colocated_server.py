@@ -17,7 +17,8 @@ import httpx
 import openai
 import pytest
 from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.prom_samples import metrics
 
 MODEL = "tiny-vl"
 MAX_MODEL_LEN = 2048
@@ -71,18 +72,6 @@ def user(*parts) -> list[dict]:
 
 
 IMAGE_CHAT = user(image(png_url()), "What is in this picture?")
-
-
-def metrics(http) -> dict[str, float]:
-    """Every sample of /metrics, keyed by name plus labels."""
-    response = http.get("/metrics")
-    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 def wait_for(condition, what: str, timeout_s: float = DEADLINE_S):

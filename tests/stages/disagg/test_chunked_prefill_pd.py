@@ -17,8 +17,7 @@ from tests.conftest import launch
 from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import hf_greedy, random_image
-from tests.e2e.test_pd_parity import run_room
-from tests.stages.disagg.test_pd_servers import wait_blocks_free
+from tests.support.pd_pair import run_room, wait_blocks_free
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 10

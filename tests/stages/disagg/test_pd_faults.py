@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from stages.supervisor import Supervisor
-from tests.stages.disagg.test_pd_servers import FAST, Pair, blocks_used, chat, start_prefill, wait_blocks_free
+from tests.support.pd_pair import FAST, Pair, blocks_used, chat, start_prefill, wait_blocks_free
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Fingerprint, KVRequest

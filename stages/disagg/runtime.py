@@ -12,7 +12,7 @@ from stages.faults.seams import Seams
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from transfer.base import TransferBackend, TransferConfig
-from transfer.messages import Fingerprint, model_identity
+from transfer.fingerprint import Fingerprint, model_identity
 from transfer.registry import create_backend
 
 

@@ -15,8 +15,8 @@ from stages.supervisor import Supervisor
 from tests.support.pd_pair import FAST, Pair, blocks_used, chat, start_prefill, wait_blocks_free
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_server import BootstrapServer
-from transfer.messages import Fingerprint, KVRequest
-
+from transfer.fingerprint import Fingerprint
+from transfer.messages import KVRequest
 pytestmark = pytest.mark.timeout(300)
 KV_TIMEOUT_S = 3
 BODY = chat("the same words after every fault", max_tokens=8)

@@ -17,6 +17,7 @@ from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_server import BootstrapServer
 from transfer.fingerprint import Fingerprint
 from transfer.messages import KVRequest
+
 pytestmark = pytest.mark.timeout(300)
 KV_TIMEOUT_S = 3
 BODY = chat("the same words after every fault", max_tokens=8)

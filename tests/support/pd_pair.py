@@ -1,7 +1,8 @@
 """Helpers for the tests of a prefill and a decode over a real transfer (1P1D): short deadlines
 (``FAST``), a PNG data URL, a chat body, a ``Pair`` that sends one body to both halves with a
 fresh room, a prefill started on its own bootstrap port, KV blocks in use and waiting for them to
-be freed, one greedy request to both halves at once (``run_room``)."""
+be freed, one greedy request to both halves at once (``run_room``), a fault point armed on a server
+(``arm``) and an answer's error object (``error``)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,13 @@ async def run_room(prefill, decode, bootstrap: int, text: str, sizes: list[tuple
                                     client.post(f"{decode.url}/v1/chat/completions", json=body))
     assert p.status_code == d.status_code == 200, (p.text, d.text)
     return p, d
+
+
+def arm(server, point: str, delay_s: float = 0.0) -> None:
+    response = httpx.post(f"{server.url}/debug/faults", json={"point": point, "delay_s": delay_s}, timeout=10)
+    assert response.status_code == 200, response.text
+    assert {"point": point, "times": 1, "delay_s": delay_s} in response.json()["armed"]
+
+
+def error(response: httpx.Response) -> dict:
+    return response.json()["error"]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from stages.supervisor import Supervisor
-from tests.support.pd_pair import FAST, Pair, blocks_used, chat, start_prefill, wait_blocks_free
+from tests.support.pd_pair import FAST, Pair, arm, blocks_used, chat, error, start_prefill, wait_blocks_free
 from transfer.bootstrap_client import BootstrapClient
 from transfer.bootstrap_server import BootstrapServer
 from transfer.fingerprint import Fingerprint
@@ -53,16 +53,6 @@ async def _both_once(pair: Pair, body: dict) -> tuple[httpx.Response, httpx.Resp
 async def both(client: httpx.AsyncClient, pair: Pair, body: dict) -> tuple[httpx.Response, httpx.Response]:
     return await asyncio.gather(client.post(f"{pair.prefill.url}/v1/chat/completions", json=body),
                                 client.post(f"{pair.decode.url}/v1/chat/completions", json=body))
-
-
-def arm(server, point: str, delay_s: float = 0.0) -> None:
-    response = httpx.post(f"{server.url}/debug/faults", json={"point": point, "delay_s": delay_s}, timeout=10)
-    assert response.status_code == 200, response.text
-    assert {"point": point, "times": 1, "delay_s": delay_s} in response.json()["armed"]
-
-
-def error(response: httpx.Response) -> dict:
-    return response.json()["error"]
 
 
 async def still_serves(pair: Pair, reference: str) -> None:

@@ -13,8 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.stages.disagg.test_pd_faults import arm, error
-from tests.support.pd_pair import FAST, Pair, chat, start_prefill, wait_blocks_free
+from tests.support.pd_pair import FAST, Pair, arm, chat, error, start_prefill, wait_blocks_free
 
 pytestmark = pytest.mark.timeout(300)
 KV_TIMEOUT_S = 3

@@ -26,9 +26,7 @@ import redis
 from cache import scripts
 from cache.config import MIB
 from cache.embedded import EmbeddedRedis
-from cache.keys import image_key
-from router.plan.policy import CacheAware
-from tests.support.epd_helpers import EPD, start_epd
+from tests.support.epd_helpers import EPD, image_for, key_of, start_epd
 from tests.support.router_helpers import arm, ask, data_url, messages, metric, mixed_answers, png, wait_metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,32 +106,11 @@ def stages_end_clean(epd):
         time.sleep(0.1)
 
 
-def image_for(epd: EPD, encoder_url: str, seed: int) -> bytes:
-    """A new PNG whose key the router's cache_aware policy maps to ``encoder_url`` (both encoders up)."""
-    ring = CacheAware()
-    candidates = [_Named(e.url) for e in epd.encoders]
-    for s in range(seed, seed + 100):
-        data = png(40, 40, s)
-        if ring.choose(candidates, key_of(epd, data)).name == encoder_url:
-            return data
-    raise AssertionError("no image maps to that encoder")
-
-
-def key_of(epd: EPD, data: bytes) -> str:
-    return image_key(data, epd.fingerprint)
-
-
 def wait_until(check, within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
     while not check():
         assert time.monotonic() < deadline, "still not so"
         time.sleep(0.05)
-
-
-@dataclass(frozen=True)
-class _Named:
-    name: str
-    outstanding: int = 0
 
 
 def claimed(redis_url: str, key: str) -> bool:

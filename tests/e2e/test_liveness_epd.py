@@ -25,10 +25,9 @@ import redis
 from cache import scripts
 from cache.config import MIB
 from cache.embedded import EmbeddedRedis
-from tests.support.epd_helpers import EPD, start_epd
+from tests.support.epd_helpers import EPD, image_for, key_of, start_epd
 from tests.support.process_stop import stopped
 from tests.support.router_helpers import arm, data_url, messages, metric, png
-from tests.e2e.test_epd_router import image_for, key_of
 
 pytestmark = pytest.mark.timeout(240)
 DEADLINE_S = 10.0

@@ -4,7 +4,8 @@ with one room, all at once.
 
 ``start_epd(variant, transfer, redis_url, logs, encoders=1, ...) -> EPD`` starts the servers in
 parallel (most of the wait is imports); ``epd.stop()`` stops them. ``await epd.run(client, images,
-...)`` sends one request and returns the three answers.
+...)`` sends one request and returns the three answers. ``key_of(epd, data)`` is an image's key;
+``image_for(epd, encoder_url, seed)`` a new PNG the router's cache_aware policy sends to that encoder.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cache.config import MIB, CacheConfig
 from cache.keys import image_key
 from cache.store import EmbeddingCache
 from process.ports import free_port
+from router.plan.policy import CacheAware
 from tests.conftest import ServerProcess, launch
 from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
@@ -181,3 +183,24 @@ def _launch_or_none(role: str, flags: list[str], log_path: Path) -> ServerProces
         return launch(role, flags, log_path, START_TIMEOUT_S)
     except RuntimeError:
         return None
+
+
+def image_for(epd: EPD, encoder_url: str, seed: int) -> bytes:
+    """A new PNG whose key the router's cache_aware policy maps to ``encoder_url`` (both encoders up)."""
+    ring = CacheAware()
+    candidates = [_Named(e.url) for e in epd.encoders]
+    for s in range(seed, seed + 100):
+        data = png(40, 40, s)
+        if ring.choose(candidates, key_of(epd, data)).name == encoder_url:
+            return data
+    raise AssertionError("no image maps to that encoder")
+
+
+def key_of(epd: EPD, data: bytes) -> str:
+    return image_key(data, epd.fingerprint)
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
+    outstanding: int = 0

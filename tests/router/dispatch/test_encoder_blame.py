@@ -9,6 +9,8 @@ import pytest
 
 from router.dispatch.verdict import Failure, blame_encoder, from_answer, from_event
 
+pytestmark = pytest.mark.unit
+
 K1, K2, K3 = "1" * 64, "2" * 64, "3" * 64
 IMAGES = {K1: "http://e:1", K2: ""}
 

@@ -24,6 +24,7 @@ from functools import partial
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from contract.bootstrap import BOOTSTRAP_FIELDS
 from contract.errors import Code
 from contract.json_depth import TOO_DEEP, too_deep
 from contract.paths import (CHAT_PATH, COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, OPENAPI_PATH,
@@ -95,8 +96,8 @@ async def _read_call(request: Request, router: Router, started: float, path: str
     """The request's body and what the router reads of it; a completions body (``path``) has no
     messages: no image is resolved and no chat-text bound applies (its stage checks its prompt)."""
     limits = router.stage_limits()  # the tightest over the workers, once per request
-    raw = await _read_body(request, *router.body_cap(limits))
-    body = _parse(raw)
+    read = await _read_body(request, *router.body_cap(limits))
+    body, raw = _without_router_fields(_parse(read), read)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("Invalid value for 'model': must be a string.", "model", Code.INVALID_VALUE)
@@ -115,6 +116,15 @@ async def _read_call(request: Request, router: Router, started: float, path: str
     # the client's bytes are sent on (``router.plan.modes``) unless an image was fetched into the body
     same = all(part.url[:5].lower() == "data:" for part in parts)
     return Call(body, body.get("stream") is True, model, started, images, raw=raw if same else None)
+
+
+def _without_router_fields(body: dict, raw: bytes) -> tuple[dict, bytes | None]:
+    """``body`` without the fields the router writes itself (``contract.bootstrap``: its
+    /openapi.json shows them to no client), and the bytes that are exactly it (None once one is
+    dropped). In every mode: a colocated stage would otherwise read a client's."""
+    if not any(name in body for name in BOOTSTRAP_FIELDS):
+        return body, raw
+    return {name: value for name, value in body.items() if name not in BOOTSTRAP_FIELDS}, None
 
 
 async def _read_body(request: Request, max_bytes: int, refuse: Callable[[int | str, int], RouterError]) -> bytes:

@@ -2,7 +2,8 @@
 
 The chat route's and the completions route's request bodies and 200 answers are the stages' own: the
 router imports nothing of ``stages``, so it takes them from a stage's ``/openapi.json`` when it
-registers that stage (``chat_part``, cached by ``router.runtime.Router``); until a stage has
+registers that stage (``chat_part``, cached by ``router.runtime.Router``), less the fields the router
+writes itself (the bootstrap fields: a client never sends them); until a stage has
 answered (or for a stage without ``/v1/completions``), a body is documented as a plain JSON object. Every other route is described here: ``/v1/models``, ``/health``,
 ``/metrics`` (Prometheus text), ``/server_info`` and the admin API (bearer token). Every error
 answer is an OpenAI error body (``ErrorBody``).
@@ -10,11 +11,11 @@ answer is an OpenAI error body (``ErrorBody``).
 
 from __future__ import annotations
 
+from contract.bootstrap import BOOTSTRAP_FIELDS
+from contract.paths import CHAT_PATH, COMPLETIONS_PATH, HEALTH_PATH, MODELS_PATH, SERVER_INFO_PATH
 from router.version import VERSION
 
 REF = "#/components/schemas/"
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 ERROR_REF = {"$ref": REF + "ErrorBody"}
 OBJECT = {"type": "object"}
 ERROR_SCHEMAS = {
@@ -102,9 +103,11 @@ ADMIN_ROUTES: tuple[tuple[str, str, str, dict | None, list[dict], dict[int, str]
 def chat_part(stage_document: dict) -> dict:
     """From a stage's ``/openapi.json``: its chat request body schema, its 200 answer's content, the
     same of its completions route (``completions``; None if it has none) and the component schemas
-    they refer to (transitively). KeyError or TypeError if it has no chat route."""
-    request, answer = _route_part(stage_document, CHAT)
-    completions = _route_part(stage_document, COMPLETIONS) if COMPLETIONS in stage_document["paths"] else None
+    they refer to (transitively), the request bodies without the bootstrap fields. KeyError or
+    TypeError if it has no chat route."""
+    request, answer = _route_part(stage_document, CHAT_PATH)
+    completions = (_route_part(stage_document, COMPLETIONS_PATH) if COMPLETIONS_PATH in stage_document["paths"]
+                   else None)
     available = stage_document.get("components", {}).get("schemas", {})
     schemas: dict[str, dict] = {}
     pending = _refs(request) + _refs(answer) + _refs(list(completions or ()))
@@ -113,8 +116,25 @@ def chat_part(stage_document: dict) -> dict:
         if name not in schemas:
             schemas[name] = available[name]
             pending += _refs(schemas[name])
+    _without_router_fields(schemas, request)
+    if completions is not None:
+        _without_router_fields(schemas, completions[0])
     return {"request": request, "answer": answer, "schemas": schemas,
             "completions": None if completions is None else {"request": completions[0], "answer": completions[1]}}
+
+
+def _without_router_fields(schemas: dict[str, dict], request: dict) -> None:
+    """The request body a client may send: the stage's without the fields the router writes itself
+    (``contract.bootstrap.BOOTSTRAP_FIELDS``; a client's own are dropped, as any unknown field).
+    ``request``: a reference to one of ``schemas``, replaced by a copy."""
+    ref = request.get("$ref")
+    if isinstance(ref, str) and ref.removeprefix(REF) in schemas:
+        name = ref.removeprefix(REF)
+        schema = schemas[name]
+        schemas[name] = {**schema, "properties": {key: value for key, value in schema.get("properties", {}).items()
+                                                  if key not in BOOTSTRAP_FIELDS}}
+        if "required" in schema:
+            schemas[name]["required"] = [key for key in schema["required"] if key not in BOOTSTRAP_FIELDS]
 
 
 def _route_part(stage_document: dict, path: str) -> tuple[dict, dict]:
@@ -141,26 +161,26 @@ def document(chat: dict | None) -> dict:
     chat = chat or {**unknown, "schemas": {}}
     completions: dict = chat.get("completions") or unknown
     paths = {
-        CHAT: {"post": _operation("Create a chat completion (OpenAI-compatible), routed to the stages",
+        CHAT_PATH: {"post": _operation("Create a chat completion (OpenAI-compatible), routed to the stages",
                                   {200: {"description": "The completion; with `stream: true`, a server-sent event "
                                          "stream.", "content": chat["answer"]}},
                                   CHAT_ERRORS, body=_json_body(chat["request"]))},
-        COMPLETIONS: {"post": _operation(
+        COMPLETIONS_PATH: {"post": _operation(
             "Create a completion (OpenAI's legacy completions API, text only), routed to the stages as chat is",
             {200: {"description": "The completion; with `stream: true`, a server-sent event stream of "
                    "text_completion chunks.", "content": completions["answer"]}},
             CHAT_ERRORS, body=_json_body(completions["request"]))},
-        "/v1/models": {"get": _operation("The models the answering stages serve", _ok({
+        MODELS_PATH: {"get": _operation("The models the answering stages serve", _ok({
             "type": "object", "required": ["object", "data"], "properties": {
                 "object": {"const": "list"}, "data": {"type": "array", "items": OBJECT}}}))},
-        "/health": {"get": _operation("200 while the router can route", _ok({
+        HEALTH_PATH: {"get": _operation("200 while the router can route", _ok({
             "type": "object", "required": ["status", "mode"], "properties": {
                 "status": {"const": "ok"}, "mode": {"type": "string"}}}), {
             503: "A loop of the router died (unhealthy), or no request can be served now (no_healthy_worker)."})},
         "/metrics": {"get": _operation("Prometheus metrics (epd_router_* names)", {200: {
             "description": "Prometheus text exposition format.",
             "content": {"text/plain": {"schema": {"type": "string"}}}}})},
-        "/server_info": {"get": _operation("What this router is: mode, version, workers per role, limits", _ok({
+        SERVER_INFO_PATH: {"get": _operation("What this router is: mode, version, workers per role, limits", _ok({
             "type": "object", "required": ["role", "mode", "version", "workers", "limits"]}))},
     }
     for method, path, summary, body, parameters, errors in ADMIN_ROUTES:

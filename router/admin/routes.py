@@ -159,7 +159,7 @@ async def _rooms(router: Router, request: Request) -> Response:
 
 async def _room(router: Router, request: Request) -> Response:
     text = request.match_info["room"]
-    record = router.rooms.get(int(text)) if text.isdigit() else None
+    record = router.rooms.get(int(text)) if text.isascii() and text.isdigit() else None  # not "²"
     if record is None:
         raise RouterError(404, f"room {text} is not among the last {router.rooms.capacity} rooms "
                           "(--room-history)", code=Code.ROOM_NOT_FOUND)

@@ -15,11 +15,11 @@ prompt index * n + sequence (vLLM's numbering). The response models at the end d
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contract.bootstrap import ROOM_MAX
 from contract.errors import Code
@@ -81,9 +81,17 @@ class _Request(Struct, gc=False):
     bootstrap_room: Scalar | UnsetType = UNSET
 
 
+# best_of <= n (n is 1 when absent or null), the model validator below, for /openapi.json: one branch per n
+BEST_OF_WITHIN_N: list[Any] = [{"properties": {"best_of": {"anyOf": [{"type": "null"}, {"maximum": 1}]}}}] + [
+    {"properties": {"n": {"type": "number", "minimum": n}, "best_of": {"anyOf": [{"type": "null"}, {"maximum": n}]}},
+     "required": ["n"]} for n in range(2, MAX_N + 1)]
+
+
 class CompletionRequest(StopAndStreamFields, RequestModel):
     """An OpenAI (legacy) completion request, text only. Unknown fields are ignored; ``suffix`` and a
     ``best_of`` above ``n`` would change the answer and are refused (400 naming them)."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": BEST_OF_WITHIN_N})
 
     prompt: (Annotated[str, Field(min_length=1)]
              | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]

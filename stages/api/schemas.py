@@ -137,7 +137,9 @@ class ToolCall(RequestModel):
 
 class ChatMessage(RequestModel):
     model_config = ConfigDict(json_schema_extra={"anyOf": [  # the model validator below, for /openapi.json
-        {"properties": {"role": {"const": "tool"}, "tool_call_id": {"type": "string"}, "tool_calls": {"type": "null"}},
+        {"properties": {"role": {"const": "tool"}, "tool_call_id": {"type": "string"}, "tool_calls": {"type": "null"},
+                        "content": {"anyOf": [{"not": {"type": "array"}},
+                                              {"items": {"properties": {"type": {"const": "text"}}}}]}},
          "required": ["tool_call_id"]},
         {"properties": {"role": {"enum": ["system", "developer", "user"]}, "tool_call_id": {"type": "null"},
                         "tool_calls": {"type": "null"}}},
@@ -269,6 +271,14 @@ class ChatCompletionRequest(StopAndStreamFields, RequestModel):
     implemented (audio, modalities other than ["text"], prediction, web_search_options, functions,
     function_call, reasoning_effort, verbosity) get 400 unsupported_parameter naming the field, unless null."""
 
+    model_config = ConfigDict(json_schema_extra={"allOf": [  # the field validators below, for /openapi.json
+        {"anyOf": [{"properties": {"top_logprobs": {"type": "null"}}},
+                   {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}]},
+        {"anyOf": [{"properties": {"tool_choice": {"not": {"const": "required"}}}},
+                   {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}]},
+        {"anyOf": [{"properties": {"response_format": {"anyOf": [{"type": "null"},
+                                                                  {"properties": {"type": {"const": "text"}}}]}}},
+                   {"properties": {"tool_choice": {"enum": [None, "none", "auto"]}}}]}]})
     messages: list[ChatMessage] = Field(
         min_length=1, max_length=MAX_MESSAGES,
         description=f"The conversation: 1 to {MAX_MESSAGES} messages. A prompt longer than the model's context "

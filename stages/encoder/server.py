@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -37,6 +37,7 @@ from stages.api.errors import (APIError, bad_request, install_error_handlers, ov
                                validation_error)
 from stages.api.images import decode_base64, decode_data_url
 from stages.api.json_depth import check_json_depth
+from stages.api.schemas import AsInteger
 from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE
@@ -63,15 +64,18 @@ class ImagePart(BaseModel):
         return self
 
 
+Room = Annotated[int, Field(ge=0, le=ROOM_MAX, strict=True), AsInteger]  # not true, not "7"; 7.0 is 7
+
+
 class EncodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    room: int = Field(ge=0, le=ROOM_MAX)
+    room: Room
     images: list[ImagePart]
 
 
 class AbortRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    room: int = Field(ge=0, le=ROOM_MAX)
+    room: Room
 
 
 def new_encoder_id() -> str:

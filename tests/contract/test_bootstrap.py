@@ -31,3 +31,15 @@ def test_the_stages_request_models_take_the_fields():
         assert set(BOOTSTRAP_FIELDS) <= set(fields), model
         room = fields["bootstrap_room"]["anyOf"][0]
         assert (room["minimum"], room["maximum"]) == (0, ROOM_MAX), model
+
+
+def test_the_router_drops_a_clients_bootstrap_fields_in_every_mode():
+    """The router's read of a body (``router.app``): a client's bootstrap fields are dropped before any
+    plan (colocated too), and the client's bytes no longer stand for the body."""
+    from router.app import _without_router_fields
+
+    raw = b'{"messages":[],"bootstrap_room":{},"bootstrap_port":"x"}'
+    body, sent = _without_router_fields(msgspec.json.decode(raw), raw)
+    assert (body, sent) == ({"messages": []}, None)
+    plain = b'{"messages":[]}'
+    assert _without_router_fields(msgspec.json.decode(plain), plain) == ({"messages": []}, plain)

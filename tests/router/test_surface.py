@@ -16,6 +16,7 @@ import httpx
 import pytest
 import schemathesis
 
+from contract.bootstrap import BOOTSTRAP_FIELDS
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.plan.images import check_count
@@ -101,7 +102,10 @@ def test_the_document_is_valid_openapi_with_the_stages_chat_schema(router, coloc
     assert chat["requestBody"] == stage_chat["requestBody"]
     assert chat["responses"]["200"]["content"] == stage_chat["responses"]["200"]["content"]
     schemas = mine["components"]["schemas"]
-    assert schemas["ChatCompletionRequest"] == stage["components"]["schemas"]["ChatCompletionRequest"]
+    stage_request = stage["components"]["schemas"]["ChatCompletionRequest"]
+    assert set(BOOTSTRAP_FIELDS) <= set(stage_request["properties"])  # the stage takes them; a client never sends them
+    assert schemas["ChatCompletionRequest"] == {**stage_request, "properties": {
+        name: value for name, value in stage_request["properties"].items() if name not in BOOTSTRAP_FIELDS}}
     assert set(chat["responses"]) == {"200", "400", "403", "404", "409", "413", "500", "502", "503", "504"}
     assert "Retry-After" in chat["responses"]["503"]["headers"]
     assert list(mine["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
@@ -277,5 +281,21 @@ def test_chat_part_takes_the_schemas_it_refers_to_and_no_others():
                                    "B": {"type": "string"}, "C": {"type": "object"}, "Unused": {}}}}
     part = chat_part(stage)
     assert set(part["schemas"]) == {"A", "B", "C"}
+    assert part["schemas"]["A"] == stage["components"]["schemas"]["A"]
+
+
+def test_chat_part_leaves_out_the_fields_the_router_writes():
+    """A client's body is the stage's less the bootstrap fields (the router adds them; it drops a client's)."""
+    request = {"type": "object", "required": ["messages", "bootstrap_room"], "properties": {
+        "messages": {"type": "array"}, **{name: {"type": "integer"} for name in BOOTSTRAP_FIELDS}}}
+    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Req"}}}}
+    answer = {"200": {"content": {"application/json": {"schema": {"type": "object"}}}}}
+    stage = {"paths": {CHAT: {"post": {"requestBody": body, "responses": answer}},
+                       "/v1/completions": {"post": {"requestBody": body, "responses": answer}}},
+             "components": {"schemas": {"Req": request}}}
+    part = chat_part(stage)
+    assert part["schemas"]["Req"] == {"type": "object", "required": ["messages"],
+                                      "properties": {"messages": {"type": "array"}}}
+    assert set(stage["components"]["schemas"]["Req"]["properties"]) > set(BOOTSTRAP_FIELDS)  # the stage's is kept
     with pytest.raises(KeyError):
         chat_part({"paths": {}})

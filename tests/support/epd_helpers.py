@@ -105,9 +105,10 @@ class EPD:
                 "bootstrap_room": random.getrandbits(63) if room is None else room}
 
     async def claim(self, images: list[Image], encoder: Encoder) -> list[bool]:
-        """Claim each image's key for ``encoder`` (as the router does before dispatching)."""
+        """Claim each image's key for ``encoder`` as the router does before dispatching (``Claimed``, not
+        yet taken up: ``contract.claims``)."""
         async with EmbeddingCache(CacheConfig(url=self.redis_url, budget_bytes=MIB, ttl_s=60.0)) as cache:
-            return [await cache.claim(self.key(im), encoder.encoder_id, CLAIM_LEASE_S) for im in images]
+            return await cache.claim_many([(self.key(im), encoder.encoder_id) for im in images], CLAIM_LEASE_S)
 
     async def encode(self, client: httpx.AsyncClient, images: list[Image], encoder: Encoder,
                      room: int) -> httpx.Response:

@@ -14,7 +14,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.support.import_graph import module_names
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = ("cli", "contract", "process", "stages", "transfer", "cache", "router")

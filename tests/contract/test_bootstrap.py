@@ -4,12 +4,15 @@ the stages' request models take them with the contract's room bound."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from contract.bootstrap import BOOTSTRAP_FIELDS, ROOM_MAX
 from contract.paths import CHAT_PATH
 from router.plan.modes import Call, pd_bodies
 from stages.api.completion_schema import CompletionRequest
 from stages.api.schemas import ChatCompletionRequest
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_fields_and_the_room_bound():

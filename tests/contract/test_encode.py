@@ -11,6 +11,8 @@ from contract.encode import (IMAGE_STATUSES, AbortAnswer, AbortRequest, EncodeAn
 from stages.encoder import openapi as encoder_openapi
 from stages.encoder import server as encoder_server
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("struct, model", [
     (EncodeRequest, encoder_server.EncodeRequest), (EncodeImage, encoder_server.ImagePart),

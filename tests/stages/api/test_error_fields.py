@@ -22,6 +22,8 @@ from stages.api.errors import APIError, ErrorFields, stamped
 from stages.disagg.errors import DisaggError, bad_gateway
 from stages.disagg.server import _api_error
 
+pytestmark = pytest.mark.unit
+
 KEY, OTHER = "ab" * 32, "cd" * 32
 OPENAI = ("message", "type", "param", "code")
 

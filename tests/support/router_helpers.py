@@ -1,4 +1,4 @@
-"""Helpers shared by the router's end-to-end tests (tests/test_router_*.py): test images as data
+"""Helpers shared by the router's end-to-end tests (tests/e2e/, tests/router/): test images as data
 URLs, chat messages, the official client's greedy answer, a /metrics sample (now, or once it
 reaches a value), arming a stage's fault."""
 
@@ -34,7 +34,7 @@ def ask(base_url: str, msgs: list[dict], stream: bool, max_tokens: int = 12) -> 
     """Greedy text and usage through the official client. The usage leaves out
     ``prompt_tokens_details``: its ``cached_tokens`` depends on what the server's prefix cache saw
     before (the same prompt asked twice hits the second time), which the parity tests here do not
-    hold fixed; tests/e2e/test_prefix_cache.py and test_router_prefix_http.py assert it."""
+    hold fixed; tests/e2e/test_prefix_cache.py and test_prefix_routing.py assert it."""
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=60)
     kwargs = dict(model=client.models.list().data[0].id, messages=msgs, max_tokens=max_tokens, temperature=0,
                   extra_body={"ignore_eos": True})

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from contract.paths import SERVER_INFO_PATH
 from stages.config import ServerConfig
 
 
@@ -44,7 +45,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(parts, app_config(config, prompts, "colocated"))
     seams.install(app)
 
-    @app.get("/server_info")
+    @app.get(SERVER_INFO_PATH)
     async def server_info() -> dict:
         stats = async_engine.stats()
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,

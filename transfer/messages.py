@@ -34,10 +34,10 @@ from typing import Union
 
 import msgspec
 
+from contract.bootstrap import ROOM_MAX
 from transfer.fingerprint import Fingerprint, check_compatible, check_version
 
 PROTOCOL_VERSION = 2  # 2: Heartbeat (P's liveness while it holds a room)
-MAX_ROOM = 2**63 - 1  # rooms are random 63-bit ints drawn by the router
 
 
 class ProtocolError(Exception):
@@ -237,7 +237,7 @@ def _raise_if_other_version(data: bytes) -> None:
         return
     version, room = raw.get("version"), raw.get("room")
     if isinstance(version, int) and version != PROTOCOL_VERSION:
-        valid_room = isinstance(room, int) and 0 <= room <= MAX_ROOM
+        valid_room = isinstance(room, int) and 0 <= room <= ROOM_MAX
         raise VersionMismatch(version, room if valid_room else None)
 
 
@@ -247,7 +247,7 @@ def check_kv_request(req: KVRequest, mine: Fingerprint) -> str | None:
         return reason
     if reason := check_compatible(mine, req.fingerprint):
         return reason
-    if not 0 <= req.room <= MAX_ROOM:
+    if not 0 <= req.room <= ROOM_MAX:
         return f"room {req.room} is not a 63-bit non-negative int"
     if req.prompt_tokens <= 0:
         return f"prompt_tokens must be > 0, got {req.prompt_tokens}"

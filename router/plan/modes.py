@@ -172,7 +172,7 @@ _rooms: list[int] = []
 
 
 def new_room() -> int:
-    """A random 63-bit room id (the stages accept [0, 2**63 - 1]), from the OS's CSPRNG as
+    """A random 63-bit room id (the stages accept [0, ``contract.bootstrap.ROOM_MAX``]), from the OS's CSPRNG as
     ``secrets.randbits`` draws them, ``ROOM_BATCH`` at a time."""
     if not _rooms:
         data = os.urandom(8 * ROOM_BATCH)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import Code
-from contract.paths import CHAT_PATH, ENCODE_PATH
+from contract.paths import CHAT_PATH, ENCODE_PATH, HEALTH_PATH
 from stages.api.errors import APIError, ErrorFields
 from stages.drain import Drain
 
@@ -65,7 +65,7 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            if scope["path"] == "/health":
+            if scope["path"] == HEALTH_PATH:
                 await _send_json(send, 503, DRAINING_HEALTH)
             else:
                 await _send_error(send, draining_error(self.stage))
@@ -78,7 +78,7 @@ class DrainGate:
 
     def _gated(self, scope: Scope) -> bool:
         path = scope["path"]
-        return (path == "/health" and self.drain.draining) or (path in WORK_PATHS and scope["method"] == "POST")
+        return (path == HEALTH_PATH and self.drain.draining) or (path in WORK_PATHS and scope["method"] == "POST")
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app's answer, unless the drain expires first: then the app is cancelled and the

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from contract.errors import Code
+from contract.paths import CHAT_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH
 from stages.api import openapi
 from stages.api.admission import Admission
 from stages.api.app_config import AppConfig, AppParts
@@ -68,23 +69,23 @@ def create_app(parts: AppParts, config: AppConfig) -> FastAPI:
     app.add_middleware(ReleaseMemory)
     openapi.install(app)
 
-    @app.get("/health", **openapi.HEALTH_ROUTE)
+    @app.get(HEALTH_PATH, **openapi.HEALTH_ROUTE)
     async def health() -> dict:
         failures = supervisor.failures()
         if failures:
             raise unhealthy(failures)
         return {"status": "ok"}
 
-    @app.get("/v1/models", **openapi.MODELS_ROUTE)
+    @app.get(MODELS_PATH, **openapi.MODELS_ROUTE)
     async def models() -> dict:
         return {"object": "list", "data": [model_card(model_name, created, config.owned_by)]}
 
-    @app.get("/metrics", **openapi.METRICS_ROUTE)
+    @app.get(METRICS_PATH, **openapi.METRICS_ROUTE)
     async def prometheus() -> Response:
         metrics.refresh(engine.stats())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/chat/completions", **openapi.CHAT_ROUTE)
+    @app.post(CHAT_PATH, **openapi.CHAT_ROUTE)
     async def chat_completions(request: Request) -> Response:
         return await admitted(gate, _chat(request))
 

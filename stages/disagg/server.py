@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from contract.bootstrap import BOOTSTRAP_FIELDS
+from contract.paths import SERVER_INFO_PATH
 from stages.api.chat import ImageMode, Preparer, image_refs
 from stages.disagg.admin import add_bootstrap_route
 from stages.api.errors import APIError, ErrorFields, bad_request
@@ -169,7 +170,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(parts, app_config(config, runtime.prompts, config.role))
     seams.install(app)
 
-    @app.get("/server_info")
+    @app.get(SERVER_INFO_PATH)
     async def server_info() -> dict:
         return stage_info(config, runtime, coordinator, mode)
 

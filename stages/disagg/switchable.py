@@ -27,6 +27,7 @@ from contextlib import aclosing, asynccontextmanager
 from fastapi import FastAPI, Request
 
 from contract.errors import Code
+from contract.paths import SERVER_INFO_PATH
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.completion_schema import AnyRequest
@@ -172,7 +173,7 @@ def build(config: ServerConfig) -> FastAPI:
     app = create_app(parts, app_config(config, runtime.prompts, lambda: slot.role))
     seams.install(app)
 
-    @app.get("/server_info")
+    @app.get(SERVER_INFO_PATH)
     async def server_info() -> dict:
         coordinator = slot.coordinator
         if coordinator is None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
-    from stages.engine.engine import EngineStats
+    from stages.engine.outputs import EngineStats
     from transfer.base import TransferStats
 
 FINISH_REASONS = ("stop", "length", "abort", "error")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from stages.api.chat_response import TokenText, choice, chunk_choice, logprobs_body, message
 from stages.api.tool_output import ToolOutput, ToolStream
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.request import FinishReason
 

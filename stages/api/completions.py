@@ -38,7 +38,7 @@ from stages.api.lifetime import (DONE, KEEPALIVE, Generate, admitted, event_stre
                                  unless_disconnected)
 from stages.api.chat_response import usage
 from stages.engine.async_engine import EngineUnavailable
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.request import FinishReason
 from stages.metrics import RequestTimer
 from stages.text_bound import TextBound

@@ -22,7 +22,7 @@ from stages.api.admission import Admission
 from stages.api.completion_schema import AnyRequest
 from stages.api.errors import engine_unavailable, overloaded
 from stages.engine.async_engine import AsyncEngine, EngineUnavailable
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 

@@ -39,7 +39,7 @@ from stages.api.schemas import ChatCompletionRequest
 from stages.api.tool_output import ToolOutput
 from stages.api.tools import tool_output
 from stages.engine.async_engine import EngineUnavailable
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.request import FinishReason
 from stages.metrics import RequestTimer
 from stages.text_bound import TextBound

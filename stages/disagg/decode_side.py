@@ -43,7 +43,7 @@ from stages.disagg.errors import DisaggError, bad_gateway, conflict, not_allowed
 from stages.disagg.hooks import DecodeHooks
 from stages.disagg.ready import read
 from stages.disagg.runtime import StageRuntime
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.prefilled import Prefilled
 from stages.engine.sampling_params import SamplingParams

@@ -53,7 +53,7 @@ from stages.disagg.hooks import PrefillHooks
 from stages.disagg.ready import ready_message
 from stages.disagg.runtime import StageRuntime
 from stages.engine.block_allocator import blocks_for_tokens
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor

@@ -13,7 +13,7 @@ can make the frame big (18 + 15 k bytes a prompt token): ``check_size`` refuses 
 from __future__ import annotations
 
 from stages.disagg.errors import DisaggError, bad_gateway
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.prefilled import FirstTokens
 from stages.engine.sampling_params import SamplingParams

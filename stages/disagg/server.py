@@ -36,7 +36,7 @@ from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.ready import check_size
 from stages.disagg.runtime import StageRuntime, start_runtime
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams

@@ -38,7 +38,7 @@ from stages.disagg.decode_side import DecodeCoordinator
 from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.runtime import StageRuntime, start_runtime
 from stages.disagg.server import decode_generate, prefill_generate, stage_info
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults.seams import Seams, seams_for

@@ -34,7 +34,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from stages.engine.engine import Engine, EngineStats, RequestOutput
+from stages.engine.engine import Engine
+
+from stages.engine.outputs import EngineStats, RequestOutput
 from stages.engine.kv_pool import KVLayout
 from stages.engine.multimodal import Prompt
 from stages.engine.prefilled import Prefilled

@@ -42,8 +42,6 @@ Not thread-safe: exactly one thread calls into an Engine (see ``AsyncEngine``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-
 import torch
 
 from stages.engine.attention import ATTENTION_NAME
@@ -53,10 +51,11 @@ from stages.engine.detokenizer import TextDecoding
 from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
-from stages.engine.image_encoding import encode_prompts
-from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.engine.image_encoding import encode_missing
+from stages.engine.multimodal import Prompt
+from stages.engine.outputs import EngineStats, RequestOutput
 from stages.engine.prefilled import FirstTokens, Prefilled
-from stages.engine.prefix_cache import block_hashes, image_spans
+from stages.engine.prefix_cache import block_hashes
 from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
 from stages.engine.sampler import make_generator
@@ -65,41 +64,6 @@ from stages.engine.scheduler import ScheduledBatch, Scheduler
 from stages.engine.step_sampling import Tracked, sample_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request: new text and tokens, and how it ended if it did."""
-
-    request_id: str
-    text: str  # new visible text (stop tokens and stop strings are not shown)
-    token_ids: list[int]  # tokens sampled this step, shown or not
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None
-    rope_delta: int = 0
-    blocks: list[int] | None = None  # a finished hand-off request's blocks, now owned by the caller
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (here, or on the prefill)
-    index: int = 0  # which of the request's ``params.n`` sequences this output belongs to
-    logprobs: list[TokenLogprob] | None = None  # one per ``token_ids`` entry when ``params.logprobs`` is set
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # the request's first output only (position 0: None)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    waiting: int
-    running: int
-    blocks_used: int  # referenced by live requests (or held for a KV transfer)
-    blocks_total: int
-    blocks_cached: int = 0  # prefix cache: cached blocks nobody references (evictable)
-    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
-    prefix_hit_tokens: int = 0  # of those, tokens found there
-    preemptions: dict[str, int] = field(default_factory=dict)  # by kind ("recompute", "swap"), since start
 
 
 class Engine:
@@ -238,7 +202,7 @@ class Engine:
         if not batch:
             return []
         errors: dict[str, str] = {}  # request id -> why it failed in this step
-        self._encode_missing(batch.prefills, errors)
+        encode_missing(self.adapter.encode, self.adapter.image_token_id, batch.prefills, errors)
         self._forked = []
         tokens = self._forward([r for r in batch.prefills if r.request_id not in errors], batch.decodes, errors)
         outputs = [self._finish(r, FinishReason.ABORT, error=errors[r.request_id]) if r.request_id in errors
@@ -301,38 +265,6 @@ class Engine:
             self._swapped[request.request_id] = self.pool.copy_out(blocks)
         for request, blocks in batch.swap_in:
             self.pool.copy_in(blocks, self._swapped.pop(request.request_id))
-
-    def _encode_missing(self, requests: list[Request], errors: dict[str, str]) -> None:
-        """Give the requests that came with pixels the embeddings their prefill needs; record those that
-        fail. Images whose placeholders lie wholly in the request's cached prefix are not encoded (their
-        KV is there): they get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute
-        (preemption) finds less of the prompt cached."""
-        pending: list[tuple[Request, list[int]]] = []  # each request with the indexes of its images to encode
-        for request in requests:
-            if request.prompt.images:
-                wanted = self._images_to_encode(request)
-                if wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
-                    pending.append((request, wanted))
-        encoded = encode_prompts(self.adapter.encode, [[r.prompt.images[i] for i in wanted] for r, wanted in pending])
-        for (request, wanted), result in zip(pending, encoded):
-            if isinstance(result, str):
-                errors[request.request_id] = result
-                continue
-            embeddings, had = dict(zip(wanted, result)), request.prompt.embeddings
-            request.prompt.embeddings = [embeddings[i] if i in embeddings else had[i] if had is not None
-                                         else ImageEmbedding.skipped(image)
-                                         for i, image in enumerate(request.prompt.images)]
-
-    def _images_to_encode(self, request: Request) -> list[int]:
-        """Indexes of the request's images with a placeholder at or past ``num_computed`` and no
-        embedding yet (none, or a stand-in)."""
-        had = request.prompt.embeddings
-        if not request.num_computed:
-            wanted = list(range(len(request.prompt.images)))
-        else:
-            spans = image_spans(request.prompt.token_ids, self.adapter.image_token_id, request.prompt.image_tokens)
-            wanted = [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
-        return [i for i in wanted if had is None or had[i].stand_in]
 
     def _forward(self, prefills: list[Request], decodes: list[Request], errors: dict[str, str]) -> dict[str, int]:
         """Run one forward pass over ``prefills`` + ``decodes`` and sample each that has logits (a

@@ -1,7 +1,9 @@
 """Encodes the images of a step's new prompts so that one prompt's bad image fails only that prompt.
 
-Called by ``Engine.step`` on the engine thread with the model's vision encoder, with each prompt's
-images to encode (all of them, or with prefix caching those not wholly in its cached prefix). All
+Called by ``Engine.step`` on the engine thread (``encode_missing``) with the model's vision encoder:
+each prompt's images to encode are all of them, or with prefix caching those not wholly in its
+cached prefix (those get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute finds
+less of the prompt cached). All
 images go to the encoder in one call; if that raises, each prompt's images are encoded in a call of
 their own, so the error lands on the prompt that caused it. A prompt whose embeddings do not fill
 exactly its image placeholders (the encoder disagrees with the image processor) fails too, by name.
@@ -13,6 +15,8 @@ import logging
 from collections.abc import Callable
 
 from stages.engine.multimodal import ImageEmbedding, ImageInput
+from stages.engine.prefix_cache import image_spans
+from stages.engine.request import Request
 
 log = logging.getLogger(__name__)
 Encoder = Callable[[list[ImageInput]], list[ImageEmbedding]]
@@ -50,3 +54,36 @@ def _encode(encode: Encoder, prompts: list[list[ImageInput]]) -> list[list[Image
         results.append(mine if bad is None else
                        f"image {bad} was encoded to {sizes[bad][0]} tokens but fills {sizes[bad][1]} placeholders")
     return results
+
+
+def encode_missing(encode: Encoder, image_token_id: int, requests: list[Request], errors: dict[str, str]) -> None:
+    """Give the requests that came with pixels the embeddings their prefill needs; record in ``errors``
+    (request id -> why) those that fail. Images whose placeholders lie wholly in the request's cached
+    prefix are not encoded (their KV is there): they get ``ImageEmbedding.skipped`` stand-ins."""
+    pending: list[tuple[Request, list[int]]] = []  # each request with the indexes of its images to encode
+    for request in requests:
+        if request.prompt.images:
+            wanted = _images_to_encode(request, image_token_id)
+            if wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
+                pending.append((request, wanted))
+    encoded = encode_prompts(encode, [[r.prompt.images[i] for i in wanted] for r, wanted in pending])
+    for (request, wanted), result in zip(pending, encoded):
+        if isinstance(result, str):
+            errors[request.request_id] = result
+            continue
+        embeddings, had = dict(zip(wanted, result)), request.prompt.embeddings
+        request.prompt.embeddings = [embeddings[i] if i in embeddings else had[i] if had is not None
+                                     else ImageEmbedding.skipped(image)
+                                     for i, image in enumerate(request.prompt.images)]
+
+
+def _images_to_encode(request: Request, image_token_id: int) -> list[int]:
+    """Indexes of the request's images with a placeholder at or past ``num_computed`` and no
+    embedding yet (none, or a stand-in)."""
+    had = request.prompt.embeddings
+    if not request.num_computed:
+        wanted = list(range(len(request.prompt.images)))
+    else:
+        spans = image_spans(request.prompt.token_ids, image_token_id, request.prompt.image_tokens)
+        wanted = [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
+    return [i for i in wanted if had is None or had[i].stand_in]

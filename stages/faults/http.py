@@ -15,7 +15,7 @@ from contract.paths import CHAT_PATH, ENCODE_PATH
 from stages.api.completion_schema import AnyRequest
 from stages.api.errors import bad_request
 from stages.api.lifetime import Generate
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults.points import POINTS, Fault, Faults

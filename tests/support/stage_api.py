@@ -21,8 +21,8 @@ from stages.api.images import ImageLimits
 from stages.api.app_config import AppConfig, AppParts
 from stages.api.routes import create_app
 from stages.api.schemas import ChatCompletionRequest
-from stages.engine.engine import EngineStats
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import EngineStats
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.metrics import Metrics

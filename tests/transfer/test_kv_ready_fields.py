@@ -13,7 +13,7 @@ import pytest
 
 from stages.disagg.errors import DisaggError
 from stages.disagg.ready import check_size, read, ready_message
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams

@@ -24,7 +24,7 @@ from stages.api.app_config import AppConfig, AppParts
 from stages.api.routes import create_app
 from stages.api.common_schemas import ErrorBody, ModelList, model_card
 from stages.api.token_text import TokenText, token_id_text
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason

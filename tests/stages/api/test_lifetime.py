@@ -9,7 +9,7 @@ import pytest
 
 from stages.api import lifetime
 from stages.api.errors import APIError
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from tests.support.stage_api import FakeAsyncEngine
 

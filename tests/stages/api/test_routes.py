@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stages.engine.engine import RequestOutput
+from stages.engine.outputs import RequestOutput
 from stages.engine.request import FinishReason
 from stages.metrics import Metrics
 from tests.support.stage_api import (MODEL, FakeAsyncEngine, chat, client_for, data_url, error_of, image_part, png,

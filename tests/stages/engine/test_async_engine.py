@@ -20,7 +20,8 @@ import pytest
 
 from stages.engine.async_engine import AsyncEngine, EngineTimeout, EngineUnavailable
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine, RequestOutput
+from stages.engine.engine import Engine
+from stages.engine.outputs import RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.prefilled import FirstTokens, Prefilled

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine, RequestOutput
+from stages.engine.engine import Engine
+from stages.engine.outputs import RequestOutput
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.prefilled import FirstTokens, Prefilled
 from stages.loading import load_engine

@@ -14,7 +14,8 @@ import pytest
 import stages.engine.engine as engine_module
 import stages.engine.sampler as sampler_module
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine, RequestOutput
+from stages.engine.engine import Engine
+from stages.engine.outputs import RequestOutput
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
 from stages.engine.prefilled import FirstTokens, Prefilled

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine, RequestOutput
+from stages.engine.engine import Engine
+from stages.engine.outputs import RequestOutput
 from stages.engine.sampling_params import SamplingParams
 from stages.loading import load_engine
 from tests.support.generated_models import model_dir

@@ -19,7 +19,8 @@ import pytest
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 from stages.engine.config import EngineConfig
-from stages.engine.engine import Engine, RequestOutput
+from stages.engine.engine import Engine
+from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason, Preemption, Request
 from stages.engine.sampling_params import SamplingParams

@@ -3,9 +3,11 @@
 What a caller does with each (a stage server maps them to HTTP answers):
 - ``CacheUnavailable``: Redis is down, slow past the deadline, or refused the command -> 503.
 - ``NotPending``: a key that is neither cached nor being encoded -> an immediate 4xx/5xx, never a wait.
-- ``EncodeFailed``: the encode of a key failed (reported by its encoder, or its claim lapsed) -> 5xx.
-- ``EncodeAbandoned`` (an ``EncodeFailed``): the encode was given up, not failed: the requests that
-  started it were refused or went away -> 503 with Retry-After (another try claims the key anew).
+- ``EncodeFailed``: the encode of a key ended ``Failed`` (``contract.claims``: reported by its encoder,
+  or the claim it had taken up lapsed) -> 5xx.
+- ``EncodeAbandoned`` (an ``EncodeFailed``): the encode ended ``Abandoned``, as back-pressure, not a
+  failure (refused, cancelled, its write refused or timed out, its claim lapsed before the encoder
+  took it up, ...) -> 503 with Retry-After (another try claims the key anew).
 - ``ReadyTimeout``: the key did not land within the caller's deadline -> 504.
 - ``EntryTooLarge``: one entry is larger than the whole byte budget -> the encoder reports it as failed.
 - ``CorruptEntry``: raised by ``entry.unpack``; the store turns it into a miss and deletes the entry.
@@ -40,9 +42,9 @@ class EncodeFailed(CacheError):
 
 
 class EncodeAbandoned(EncodeFailed):
-    """The encode the waiter was waiting for was given up before it ended (its encoder refused or
-    lost the requests that started it, and nobody else there wanted the image): nothing is wrong
-    with the image or the encoder, so a new try (which claims the key anew) may well succeed."""
+    """The encode the waiter was waiting for ended as back-pressure (``contract.claims.BACK_PRESSURE``):
+    nothing is wrong with the image or the encoder, so a new try (which claims the key anew) may well
+    succeed."""
 
 
 class ReadyTimeout(CacheError):

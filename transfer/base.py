@@ -14,8 +14,8 @@ Offsets in a ``WriteOp`` are relative to each side's registered region, so neith
 the other's raw pointers. A region is host memory (``"DRAM"``) or one GPU's memory (``"VRAM"`` with
 that GPU's index as ``device_id``); the descriptor and the ``Peer`` carry both, so a backend can
 address the remote side by its own kind (NIXL needs the remote GPU's id). Whether two kinds may be
-paired is decided above this layer (the room handshake's fingerprint, ``transfer.messages``). ``coalesce`` and ``block_ops`` are pure and turn block ids into the fewest
-ops. The backends (``transfer/mooncake.py``, ``transfer/nixl.py``) only implement the underscored
+paired is decided above this layer (the room handshake's fingerprint, ``transfer.fingerprint``). Block ids
+become the fewest ops in ``transfer.ops`` (pure). The backends (``transfer/mooncake.py``, ``transfer/nixl.py``) only implement the underscored
 hooks; validation, coalescing, caching, statistics and the release protocol live here, so every
 backend (and the test fake) behaves the same at the edges.
 """
@@ -27,11 +27,13 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, TypeVar
 
 import msgspec
+
+from transfer.ops import WriteOp, coalesce
 
 DESCRIPTOR_VERSION = 2  # 2: regions carry their memory kind and device id
 PROTOCOLS = ("tcp", "rdma", "ucx")
@@ -80,59 +82,6 @@ def _is_unspecified(host: str) -> bool:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pure helpers
-
-
-@dataclass(frozen=True)
-class WriteOp:
-    """Copy ``length`` bytes from local region offset ``local_offset`` to remote ``remote_offset``."""
-
-    local_offset: int
-    remote_offset: int
-    length: int
-
-    def __post_init__(self) -> None:
-        if self.local_offset < 0 or self.remote_offset < 0 or self.length <= 0:
-            raise ValueError(f"{self}: offsets must be >= 0 and length > 0")
-
-
-def coalesce(ops: Iterable[WriteOp]) -> list[WriteOp]:
-    """Merge ops that are contiguous on both sides, after sorting by local offset. O(n log n)."""
-    return _merge(sorted((op.local_offset, op.remote_offset, op.length) for op in ops))
-
-
-def block_ops(local_blocks: Sequence[int], remote_blocks: Sequence[int], block_bytes: int) -> list[WriteOp]:
-    """Ops that copy local block ``local_blocks[i]`` into remote block ``remote_blocks[i]`` for every i,
-    coalesced (block b of a region starts at offset ``b * block_bytes``)."""
-    if len(local_blocks) != len(remote_blocks):
-        raise ValueError(f"block_ops: {len(local_blocks)} local blocks but {len(remote_blocks)} remote blocks")
-    if block_bytes <= 0:
-        raise ValueError(f"block_ops: block_bytes must be > 0, got {block_bytes}")
-    if min(local_blocks, default=0) < 0 or min(remote_blocks, default=0) < 0:
-        raise ValueError("block_ops: block ids must be >= 0")
-    if len(set(remote_blocks)) != len(remote_blocks):
-        raise ValueError("block_ops: a remote block id appears twice (two sources for one destination)")
-    return _merge(sorted((lb * block_bytes, rb * block_bytes, block_bytes)
-                         for lb, rb in zip(local_blocks, remote_blocks)))
-
-
-def _merge(runs: list[tuple[int, int, int]]) -> list[WriteOp]:
-    """Merge sorted (local, remote, length) runs that continue each other on both sides."""
-    merged: list[WriteOp] = []
-    if not runs:
-        return merged
-    local, remote, length = runs[0]
-    for nl, nr, nn in runs[1:]:
-        if local + length == nl and remote + length == nr:
-            length += nn
-        else:
-            merged.append(WriteOp(local, remote, length))
-            local, remote, length = nl, nr, nn
-    merged.append(WriteOp(local, remote, length))
-    return merged
 
 
 def check_ops(ops: Sequence[WriteOp], local_length: int, remote_length: int) -> None:

@@ -51,7 +51,8 @@ from mooncake.engine import TransferEngine
 
 from process.addresses import host_port
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
-                           TransferError, WriteOp, decode_descriptor)
+                           TransferError, decode_descriptor)
+from transfer.ops import WriteOp
 from transfer.mooncake_handshake import Handshakes
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,8 @@ import msgspec
 import nixl._bindings as nb  # nixl/__init__ picks the wheel flavour (nixl_cu12/cu13) and aliases it
 
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
-                           TransferError, WriteOp, decode_descriptor)
+                           TransferError, decode_descriptor)
+from transfer.ops import WriteOp
 from transfer.ucx_listen import ucx_params
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ def micro(fn, iters: int) -> float:
 
 def breakdown(paths: Paths, iters: int) -> dict:
     """Our layer's parts, timed in isolation on this cell's ids and ops (median microseconds)."""
-    from transfer.base import block_ops, check_ops, coalesce
+    from transfer.base import check_ops
+    from transfer.ops import block_ops, coalesce
 
     backend, peer = paths.backend, paths.peer
     out = {

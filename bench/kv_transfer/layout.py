@@ -31,7 +31,7 @@ def make_layout(shape: dict, num_blocks: int):  # -> KVLayout
 
 def fragmented_ids(n: int, pool_blocks: int, rng: random.Random, block_bytes: int) -> list[int]:
     """Remote ids drawn at random from the pool, none continuing its predecessor (one op per block)."""
-    from transfer.base import block_ops
+    from transfer.ops import block_ops
 
     for _ in range(100):
         ids = rng.sample(range(pool_blocks), n)

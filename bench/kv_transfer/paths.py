@@ -15,7 +15,7 @@ class Paths:
     """Callables moving one cell's ops for each path; built once per (size, layout), outside the timing."""
 
     def __init__(self, backend, peer, src, dst, local_ids: list[int], remote_ids: list[int], block_bytes: int) -> None:
-        from transfer.base import block_ops
+        from transfer.ops import block_ops
 
         self.backend, self.peer = backend, peer
         self.local_ids, self.remote_ids, self.block_bytes = local_ids, remote_ids, block_bytes
@@ -41,7 +41,7 @@ class Paths:
         getattr(self, "_" + path)()
 
     def _ours(self) -> None:
-        from transfer.base import block_ops
+        from transfer.ops import block_ops
 
         moved = self.backend.write(self.peer, block_ops(self.local_ids, self.remote_ids, self.block_bytes))
         assert moved == self.bytes

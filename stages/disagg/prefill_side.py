@@ -58,9 +58,10 @@ from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
-from transfer.base import TransferError, block_ops
+from transfer.base import TransferError
 from transfer.bootstrap_server import BootstrapServer
 from transfer.messages import Abort, KVRequest
+from transfer.ops import block_ops
 from transfer.rooms import DuplicateRoom, Entry, Room, RoomClosed, RoomStatus, RoomTable
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stages.faults.points import Faults
-from transfer.base import PROTOCOLS, Peer, Region, TransferBackend, TransferError, WriteOp
+from transfer.base import PROTOCOLS, Peer, Region, TransferBackend, TransferError
+from transfer.ops import WriteOp
 
 
 class FaultyBackend(TransferBackend):

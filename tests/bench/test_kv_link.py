@@ -38,7 +38,7 @@ def test_sizes_are_whole_blocks_and_the_pools_hold_twice_the_largest():
 
 @pytest.mark.unit
 def test_cells_are_a_contiguous_run_and_a_fragmented_sample_per_size():
-    from transfer.base import block_ops
+    from transfer.ops import block_ops
 
     contiguous, fragmented = cells([16], ["contiguous", "fragmented"], BLOCK, 1024, random.Random(0))
     assert (contiguous.mib, contiguous.layout, contiguous.blocks) == (16, "contiguous", 128)

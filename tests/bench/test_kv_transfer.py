@@ -11,7 +11,7 @@ import pytest
 from bench.kv_transfer.analysis import GOAL_RATIO, cell_ratios, goal, summarize
 from bench.kv_transfer.layout import fragmented_ids, reps_for
 from bench.kv_transfer.report import figures
-from transfer.base import block_ops
+from transfer.ops import block_ops
 
 pytestmark = pytest.mark.unit
 

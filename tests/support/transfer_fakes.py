@@ -19,7 +19,8 @@ import uuid
 import msgspec
 
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
-                           TransferError, WriteOp, decode_descriptor)
+                           TransferError, decode_descriptor)
+from transfer.ops import WriteOp
 
 _LIVE: dict[str, FakeBackend] = {}  # registered, unreleased fakes by name
 _LIVE_LOCK = threading.Lock()

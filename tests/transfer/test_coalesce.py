@@ -1,4 +1,4 @@
-"""Pure helpers of transfer/base.py: op coalescing, block ids to ops, range checks, config and
+"""Pure helpers of transfer/ops.py and transfer/base.py: op coalescing, block ids to ops, range checks, config and
 descriptor validation. No library, no I/O."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import msgspec
 import pytest
 
-from transfer.base import (DESCRIPTOR_VERSION, RegionDescriptor, TransferConfig, TransferError, WriteOp,
-                           block_ops, check_ops, coalesce, decode_descriptor)
+from transfer.base import DESCRIPTOR_VERSION, RegionDescriptor, TransferConfig, TransferError, check_ops, decode_descriptor
+from transfer.ops import WriteOp, block_ops, coalesce
 
 pytestmark = pytest.mark.unit
 

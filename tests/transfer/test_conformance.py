@@ -28,7 +28,8 @@ from tests.support.devices import DEVICE, on_gpu
 from tests.support.process_stop import stop
 from tests.support.transfer_fakes import FakeBackend
 from transfer.base import (DESCRIPTOR_VERSION, Peer, RegionDescriptor, TransferBackend, TransferConfig, TransferError,
-                           WriteOp, block_ops, decode_descriptor)
+                           decode_descriptor)
+from transfer.ops import WriteOp, block_ops
 
 KINDS = ("fake", "mooncake", "nixl")
 LIBRARIES = {"mooncake": "mooncake.engine", "nixl": "nixl"}

@@ -10,7 +10,8 @@ import pytest
 from stages.faults.points import Fault, Faults
 from stages.faults.transfer import FaultyBackend
 from tests.support.transfer_fakes import FakeBackend
-from transfer.base import TransferError, WriteOp
+from transfer.base import TransferError
+from transfer.ops import WriteOp
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ behind (``stages.server`` adds it), outermost of ours.
 While the server drains:
 - ``GET /health`` answers 503 ``{"status": "draining"}`` (the router takes the worker out of rotation
   at once, without charging its breaker; Kubernetes' readiness probe fails);
-- a new work request (``WORK_PATHS``: chat, encode) answers 503 with the OpenAI error code
+- a new work request (``WORK_PATHS``: chat, completions, encode) answers 503 with the OpenAI error code
   ``draining`` before anything of it is read (the router retries it on another worker);
 - everything else (``/v1/abort``, ``/server_info``, ``/metrics``, the admin calls) is served as usual.
 
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import Code
-from contract.paths import CHAT_PATH, ENCODE_PATH, HEALTH_PATH
+from contract.paths import CHAT_PATH, COMPLETIONS_PATH, ENCODE_PATH, HEALTH_PATH
 from stages.api.errors import APIError, ErrorFields
 from stages.drain import Drain
 
-WORK_PATHS = frozenset({CHAT_PATH, ENCODE_PATH})
+WORK_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, ENCODE_PATH})
 DRAINING_HEALTH = b'{"status":"draining"}'
 
 

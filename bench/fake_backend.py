@@ -31,6 +31,8 @@ from collections import Counter
 
 from aiohttp import web
 
+from contract.paths import ABORT_PATH, CHAT_PATH, ENCODE_PATH, HEALTH_PATH, MODELS_PATH, SERVER_INFO_PATH
+
 MODEL = "fake-model"
 CARD = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}
 
@@ -89,11 +91,11 @@ def make_app(role: str, args: argparse.Namespace, stats: Counter) -> web.Applica
         return web.json_response({"status": "ok"})
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", ok)
+    app.router.add_post(CHAT_PATH, chat)
+    app.router.add_get(HEALTH_PATH, ok)
     app.router.add_get("/health_generate", ok)
-    app.router.add_get("/v1/models", lambda _: _json(CARD))
-    app.router.add_get("/server_info", lambda _: _json(info))
+    app.router.add_get(MODELS_PATH, lambda _: _json(CARD))
+    app.router.add_get(SERVER_INFO_PATH, lambda _: _json(info))
     app.router.add_get("/get_server_info", lambda _: _json(info))
     app.router.add_get("/get_model_info", lambda _: _json({"model_path": MODEL, "is_generation": True}))
     app.router.add_get("/bench/stats", lambda _: _json(dict(stats)))
@@ -116,10 +118,10 @@ def make_encoder_app(stats: Counter) -> web.Application:
         return web.json_response({"status": "ok"})
 
     app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/v1/encode", encode)
-    app.router.add_post("/v1/abort", ok)
-    app.router.add_get("/health", ok)
-    app.router.add_get("/server_info", lambda _: _json(info))
+    app.router.add_post(ENCODE_PATH, encode)
+    app.router.add_post(ABORT_PATH, ok)
+    app.router.add_get(HEALTH_PATH, ok)
+    app.router.add_get(SERVER_INFO_PATH, lambda _: _json(info))
     app.router.add_get("/bench/stats", lambda _: _json(dict(stats)))
     return app
 

@@ -19,6 +19,8 @@ import time
 
 from aiohttp import web
 
+from contract.paths import CHAT_PATH, HEALTH_PATH, MODELS_PATH
+
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -55,9 +57,9 @@ def build(model: str, ttft_s: float, itl_s: float) -> web.Application:
         return web.json_response({"status": "ok"})
 
     app = web.Application(client_max_size=64 * 2**20)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
+    app.router.add_post(CHAT_PATH, chat)
+    app.router.add_get(MODELS_PATH, models)
+    app.router.add_get(HEALTH_PATH, health)
     return app
 
 

@@ -4,8 +4,8 @@ An error answer is an OpenAI error body, ``{"error": {"message", "type", "param"
 then the typed fields a stage knows (``TYPED_FIELDS``, absent when unknown, never null). The router
 decides on the ``code`` and the typed fields only, never on the message (prose for people):
 
-1. ``Code.X.status``: the HTTP status a stage answers with ``X``, and what an in-band error event
-   (``data: {"error": ...}`` on a 200 stream) with ``X`` stands for.
+1. ``Code.X.status``: the HTTP status a stage answers with ``X``, and, when a 5xx, what an in-band
+   error event (``data: {"error": ...}`` on a 200 stream) with ``X`` stands for (any other: 502).
 2. ``Code.X.blame``: whom the router charges when a stage answers ``X`` (``Blame``): its breaker
    counts it, a retry avoids it, the client's error names it (``router.dispatch.verdict``).
 

@@ -26,7 +26,8 @@ from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.sampling import sampling_params as shared_sampling_params
-from stages.api.schemas import ChatCompletionRequest, ImageRef
+from stages.api.message_schemas import ImageRef
+from stages.api.schemas import ChatCompletionRequest
 from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
 from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt

@@ -28,9 +28,9 @@ from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.bounded_json import Scalar, check_map, decode_shape, more_items, shape_error
 from stages.api.parse import STOP_LIST_BOUND
 from stages.api.common_schemas import StrictModel
-from stages.api.schemas import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE, MIN_TOP_P,
-                                SEED_MAX, SEED_MIN, AsInteger, ChatCompletionRequest, RequestModel,
-                                StopAndStreamFields, StopString, StreamOptions, TokenCount)
+from stages.api.schema_types import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE,
+                                     MIN_TOP_P, SEED_MAX, SEED_MIN, AsInteger, RequestModel, StopString, TokenCount)
+from stages.api.schemas import ChatCompletionRequest, StopAndStreamFields, StreamOptions
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
 from stages.text_bound import TextBound
 

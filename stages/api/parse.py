@@ -27,8 +27,9 @@ from pydantic import ValidationError
 from contract.errors import Code
 from stages.api.bounded_json import Scalar, check_map, decode_shape
 from stages.api.errors import bad_request, validation_error
-from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
-                                MAX_SCHEMA_BYTES, MAX_TOOL_CALLS, MAX_TOOLS, UNSUPPORTED, ChatCompletionRequest)
+from stages.api.schema_types import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
+                                     MAX_SCHEMA_BYTES, MAX_TOOL_CALLS, MAX_TOOLS, UNSUPPORTED)
+from stages.api.schemas import ChatCompletionRequest
 from stages.text_bound import TextBound, prompt_chars
 
 _MAPS = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA}  # the maps of the schema, and their bounds

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from contract.errors import Code
 from stages.api.errors import bad_request
-from stages.api.schemas import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
+from stages.api.schema_types import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 from stages.engine.guide import Guide
 from stages.engine.sampling_params import SamplingParams
 

@@ -36,7 +36,7 @@ from cache.errors import CacheUnavailable, EncodeAbandoned, EncodeFailed, NotPen
 from cache.store import CachedEmbedding, EmbeddingCache
 from contract.claims import RETRY_AFTER_S, ClaimState, ended_status
 from contract.errors import Code
-from stages.api.schemas import ImageRef
+from stages.api.message_schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.prompt import PromptBuilder

@@ -37,7 +37,7 @@ from stages.api.errors import (APIError, bad_request, install_error_handlers, ov
                                validation_error)
 from stages.api.images import decode_base64, decode_data_url
 from stages.api.json_depth import check_json_depth
-from stages.api.schemas import AsInteger
+from stages.api.schema_types import AsInteger
 from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE

@@ -32,7 +32,8 @@ from schemathesis import checks as schemathesis_checks
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from contract.errors import Code
-from stages.api.schemas import MAX_HOST_CHARS, ChatCompletionRequest
+from stages.api.schema_types import MAX_HOST_CHARS
+from stages.api.schemas import ChatCompletionRequest
 from process.ports import free_port
 from tests.support.redis_fixtures import redis_server  # noqa: F401
 

@@ -18,8 +18,9 @@ import pytest
 from stages.api.chat import ImageMode, Preparer
 from stages.api.errors import APIError
 from stages.api.parse import _Request, parse_request
-from stages.api.schemas import (MAX_LOGIT_BIAS_TOKENS, MAX_METADATA, MAX_SCHEMA_BYTES, MIN_REPETITION_PENALTY,
-                                UNSUPPORTED, ChatCompletionRequest)
+from stages.api.schema_types import (MAX_LOGIT_BIAS_TOKENS, MAX_METADATA, MAX_SCHEMA_BYTES, MIN_REPETITION_PENALTY,
+                                     UNSUPPORTED)
+from stages.api.schemas import ChatCompletionRequest
 from stages.config import ImageLimits
 from stages.engine.config import EngineConfig
 from stages.loading import load_engine

@@ -72,7 +72,7 @@ def test_sampling_clamps_as_chat_does():
     """Completions and chat share one mapping: a denormal repetition_penalty is raised to 0.01 (it
     would scale the logits out of float range), echo with logprobs asks for the prompt's."""
     from stages.api.completion_prompts import sampling_params
-    from stages.api.schemas import MIN_REPETITION_PENALTY
+    from stages.api.schema_types import MIN_REPETITION_PENALTY
 
     body = parse_completion_request(b'{"prompt": "x", "repetition_penalty": 1e-300, "temperature": 1e-9, '
                                     b'"logprobs": 3, "echo": true, "logit_bias": {"7": -100}}')

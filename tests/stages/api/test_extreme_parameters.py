@@ -14,8 +14,8 @@ import torch
 from stages.api.chat import sampling_params
 from stages.api.errors import APIError
 from stages.api.parse import parse_request
-from stages.api.schemas import (MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_STOP_CHARS, MIN_TEMPERATURE, MIN_TOP_P,
-                                ChatCompletionRequest)
+from stages.api.schema_types import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_STOP_CHARS, MIN_TEMPERATURE, MIN_TOP_P
+from stages.api.schemas import ChatCompletionRequest
 from stages.engine.sampler import make_generator, sample
 from stages.engine.sampling_params import SamplingParams
 from tests.support.stage_api import FakeAsyncEngine, FakeEngine, client_for, error_of
@@ -186,10 +186,10 @@ def test_parse_request_refuses_what_is_not_a_request_object():
 @pytest.mark.unit
 def test_the_first_pass_knows_every_field_of_the_schema():
     """``parse`` drops what its shapes do not name: a field added to the schema alone would vanish."""
-    from stages.api import parse, schemas
+    from stages.api import message_schemas, parse, schemas
 
-    pairs = ((schemas.ChatCompletionRequest, parse._Request), (schemas.ChatMessage, parse._Message),
-             (schemas.ContentPart, parse._Part), (schemas.ImageURL, parse._ImageURL), (schemas.ImageRef, parse._ImageRef),
-             (schemas.StreamOptions, parse._StreamOptions))
+    pairs = ((schemas.ChatCompletionRequest, parse._Request), (message_schemas.ChatMessage, parse._Message),
+             (message_schemas.ContentPart, parse._Part), (message_schemas.ImageURL, parse._ImageURL),
+             (message_schemas.ImageRef, parse._ImageRef), (schemas.StreamOptions, parse._StreamOptions))
     for model, shape in pairs:
         assert set(model.model_fields) == set(shape.__struct_fields__), model.__name__

@@ -1,6 +1,6 @@
 """The admin API's routes (``docs/admin.md``), on the router's own app and port. Every route checks the
 bearer token first (``router.admin.auth``); the work is in ``registry`` (the workers: listed, found,
-resumed, removed), ``membership`` (added, drained, switched), ``pairing``, ``admin_ratio`` and ``admin_rooms``.
+resumed, removed), ``membership`` (added, drained, switched), ``pairing``, ``ratio_loop`` and ``rooms``.
 
     GET    /admin/workers                      every worker, with its stage's queue and KV blocks
     POST   /admin/workers                      {"url", "role", "group"?}: add one

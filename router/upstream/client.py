@@ -21,7 +21,7 @@ or vanished stage trips it); ``--upstream-host-timeout-s``: TCP keepalive probes
 ``TCP_USER_TIMEOUT`` on every connection, so a host that vanished (no RST: its link is down) fails
 any call on it, JSON or stream, after about that long.
 
-Reads are bounded (``upstream_wire.READ_HIGH_BYTES``), a cancelled or abandoned call closes its
+Reads are bounded (``router.upstream.connection.READ_HIGH_BYTES``), a cancelled or abandoned call closes its
 connection (which aborts the request at the stage), and only a connection whose answer was read whole
 goes back to the pool.
 """

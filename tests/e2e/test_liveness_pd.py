@@ -35,6 +35,7 @@ DEADLINE_S = 10.0
 # of the stop (docs/router.md, "Deadlines"), sooner if a request saw it go silent; plus a check's slack
 OUT_OF_ROTATION_S = 3 * (2.0 + 2.0) + 2.0
 CONCURRENT = 8
+LOAD_S = 30.0  # for the first wave to reach the victim before the stop: a precondition, not the bound under test
 POOL = ["--kv-cache-mib", "16"]
 
 
@@ -207,7 +208,7 @@ async def test_a_blackholed_decode_costs_no_stream_more_than_10_s(router, decode
 
         healthy = f'epd_router_worker_healthy{{role="decode",worker="{victim.url}"}}'
         first = [asyncio.create_task(one(i)) for i in range(CONCURRENT)]
-        await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, 10, "streams on the victim decode")
+        await asyncio.to_thread(wait_until, lambda: blocks_used(victim) > 0, LOAD_S, "streams on the victim decode")
         with stopped(victim):
             stopped_at = time.monotonic()
             answers = await asyncio.gather(*first)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.launch.health import wait_healthy
-from process.ports import free_port
 from process.children import stop_process
+from process.ports import free_port
+from stages.launch.health import wait_healthy
 from tests.support import server_forks
 from tests.support.devices import DEVICE
 

@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 
 from process.children import stop_process
+from process.instance import INSTANCE_ENV, new_instance_id
 from process.ports import free_port
-from stages.launch.health import wait_healthy
+from stages.launch.health import ForeignServer, wait_healthy
 from tests.support import server_forks
 from tests.support.devices import DEVICE
 
@@ -123,13 +124,17 @@ class ServerProcess:
 
 
 def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: dict | None = None) -> ServerProcess:
-    """Start ``stage serve ROLE`` on a free port and wait until it is healthy (or fail with its log)."""
+    """Start ``stage serve ROLE`` on a free port and wait until it is healthy (or fail with its log).
+    Each try gives the server its own instance id and waits for that id on the port: a free port can be
+    drawn by two test processes at once, and both children bind it (``SO_REUSEADDR``, neither listening
+    yet); the one that listens second fails, and the other answers on both URLs. Either side of such a
+    collision (a foreign instance id, or "address already in use") is tried again on a new port."""
     if role in MODEL_ROLES and "--device" not in flags:
         flags = [*flags, "--device", DEVICE]
     for attempt in range(START_ATTEMPTS):
         port = free_port()
         argv = ["serve", role, *flags, "--port", str(port)]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", INSTANCE_ENV: new_instance_id(), **(env or {})}
         if not server_forks.forked(role):
             with open(log_path, "wb") as log_file:
                 proc: subprocess.Popen | server_forks.ForkedProcess = subprocess.Popen(
@@ -139,11 +144,12 @@ def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: d
             proc = server_forks.start(argv, log_path, full_env)
         server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
         try:
-            wait_healthy(server.url, proc, timeout_s)
+            wait_healthy(server.url, proc, timeout_s, full_env[INSTANCE_ENV])
             return server
         except (RuntimeError, TimeoutError) as exc:
             server.stop()
-            if attempt + 1 == START_ATTEMPTS or "address already in use" not in server.log().lower():
+            collided = isinstance(exc, ForeignServer) or "address already in use" in server.log().lower()
+            if attempt + 1 == START_ATTEMPTS or not collided:
                 raise RuntimeError(f"{exc}; server log:\n{server.log()[-4000:]}") from None
     raise AssertionError("unreachable")
 

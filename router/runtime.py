@@ -145,7 +145,7 @@ class Router:
         await self.images.close()
         await self.upstream.close()
         if self.epd is not None:
-            await self.epd.cache.aclose()
+            await self.epd.aclose()
 
     def _check_servable(self) -> None:
         for role, pool in self.registry.pools.items():

@@ -68,6 +68,10 @@ class EPDPlanner:
         self.config = config
         self.fingerprint: str | None = None
 
+    async def aclose(self) -> None:
+        """Close the embedding cache's connections (``Router.close``, once, at shutdown)."""
+        await self.cache.aclose()
+
     async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
         refs = dataclasses.replace(call, body=with_refs(call.body, call.images), raw=None) if call.images else call
         pd = await self.pd.plan(refs, exclude)

@@ -27,15 +27,15 @@ Library facts this file relies on (0.3.13):
   (default 15000-17000): the range to firewall (docs/architecture.md, "Listeners"). ``host`` is only
   what peers are told to dial.
 - GPU memory: only a CUDA build (``mooncake-transfer-engine`` for CUDA 12, ``-cuda13`` for CUDA 13;
-  extra ``mooncake-cuda``) can register and move it: its ``register_memory`` finds the GPU from the
-  pointer (location "*"), and its TCP transport stages device memory through host buffers itself.
-  The default build here (``mooncake-transfer-engine-non-cuda``, extra ``mooncake``) would read a
-  device pointer as host memory, so registering VRAM with it is refused, naming the fix.
+  ``transfer.builds``, which ``scripts/setup.sh`` reads to install the one matching torch) can register
+  and move it: its ``register_memory`` finds the GPU from the pointer (location "*"), and its TCP
+  transport stages device memory through host buffers itself. The host-only build
+  (``mooncake-transfer-engine-non-cuda``, beside a CPU torch) would read a device pointer as host
+  memory, so registering VRAM with it is refused, naming the fix.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import math
 import os
@@ -50,6 +50,7 @@ import msgspec
 from mooncake.engine import TransferEngine
 
 from process.addresses import host_port
+from transfer.builds import installed_mooncake, mooncake_gpu_capable
 from transfer.base import (DESCRIPTOR_VERSION, Peer, Region, RegionDescriptor, TransferBackend, TransferConfig,
                            TransferError, decode_descriptor)
 from transfer.ops import WriteOp
@@ -60,20 +61,11 @@ T = TypeVar("T")
 MAX_BATCH = 512  # ops per batch_transfer_sync_write; the TCP transport's per-peer queue holds ~1024
 WORKERS = 4  # library calls running at once per process; a write waits for a free one until its deadline
 MAX_ABANDONED = 4 * WORKERS  # threads left to abandoned calls (stalled peers) beyond which writes fail at once
-# The PyPI distributions of Mooncake built with CUDA (they all install the ``mooncake`` package).
-CUDA_BUILDS = ("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13", "mooncake-transfer-engine-efa",
-               "mooncake-transfer-engine-efa-cuda13")
-
-
-def installed_builds() -> list[str]:
-    """The distributions that installed the ``mooncake`` package (one, unless two builds collide)."""
-    return sorted(set(importlib.metadata.packages_distributions().get("mooncake", [])))
 
 
 def cuda_build() -> bool:
     """Whether the installed Mooncake was built with CUDA (and so can register GPU memory)."""
-    builds = installed_builds()
-    return bool(builds) and all(build in CUDA_BUILDS for build in builds)
+    return mooncake_gpu_capable(installed_mooncake())
 
 
 class MooncakeDescriptor(RegionDescriptor, frozen=True, kw_only=True):
@@ -115,9 +107,9 @@ class MooncakeBackend(TransferBackend):
 
     def _register(self, region: Region) -> None:
         if region.memory == "VRAM" and not cuda_build():
-            raise TransferError(f"mooncake: the installed build ({', '.join(installed_builds()) or 'unknown'}) cannot "
-                                f"move GPU memory; install the CUDA build (pip install 'epd-stage[mooncake-cuda]', "
-                                f"after uninstalling the non-CUDA one), or use --transfer nixl, or --device cpu")
+            raise TransferError(f"mooncake: the installed build ({', '.join(installed_mooncake()) or 'unknown'}) cannot "
+                                "move GPU memory; rerun scripts/setup.sh (it installs the build that matches torch), "
+                                "or use --transfer nixl, or --device cpu")
         rc = self._live().register_memory(region.base, region.length)
         if rc != 0:
             raise TransferError(f"mooncake: register_memory({region.base:#x}, {region.length}) of {region.memory} "

@@ -12,6 +12,7 @@ and the benchmarks (ports, processes, health waits, stacks) is the launching pac
     stage demo [--mode colocated|pd|epd] [--family qwen2_vl] [--workdir DIR]   (stages/launch/demo.py)
     stage up [--mode epd|pd|colocated] [--model DIR | --family F --size S] [--port N] [...]   (stages/launch/up.py)
     stage bench serve|compare ...   (bench/cli.py)
+    stage env [--redis-url URL] [--device auto] [--transfer both] [--json]   (cli/env.py, stages/envcheck/)
 
 Building the parser imports no torch, transformers, aiohttp or fastapi, so ``--help`` answers at
 once; each subcommand loads what it needs in its run. ``python -m cli`` is the same command.
@@ -24,6 +25,7 @@ import logging
 
 from bench.cli import add_parser as add_bench_parser
 from cli.admin import add_admin_args
+from cli.env import add_env_parser
 from cli.make_model import add_make_model_parser
 from cli.router import add_router_parser
 from cli.serve import add_role_parsers
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_admin_args(commands.add_parser("admin", help="the router's admin API: workers, pairing, ratio, rooms"))
     add_bench_parser(commands)
+    add_env_parser(commands)
     return parser
 
 

@@ -3,8 +3,11 @@
 JSON comes out in one layout: no free whitespace, ``", "`` between items and ``": "`` between a
 key and its value (what ``json.dumps`` and the chat templates' ``tojson`` write), so a random-weight
 model cannot spend its tokens on blank space and a real one sees the spacing it was trained on.
-Compiled grammars are kept in an LRU keyed by the schema's JSON text (key order kept: it is the
-order properties are generated in). Compiling can take milliseconds on a large schema: call it off
+An object schema that declares properties and leaves ``additionalProperties`` unstated is closed
+(``stages.guided.closed``), as llama.cpp and xgrammar's strict mode do: llguidance alone would
+leave it open, and a random-weight model writes extra keys without end. Compiled grammars are
+kept in an LRU keyed by the schema's JSON text (key order kept: it is the order properties are
+generated in). Compiling can take milliseconds on a large schema: call it off
 the event loop, as the request preparer does.
 """
 
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 import llguidance.hf
 
+from stages.guided.closed import closed_objects
 from stages.guided.matcher import LlgGuide
 
 if TYPE_CHECKING:
@@ -62,14 +66,20 @@ class GuideCompiler:
         raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
     def compile_schema(self, schema: dict) -> LlgGuide:
-        """A grammar every output of which is JSON valid against ``schema``. ValueError naming what
-        cannot be compiled (an unsupported keyword, a remote $ref, an unsatisfiable schema...)."""
+        """A grammar every output of which is JSON valid against ``schema``, its objects closed after
+        their declared properties where the schema does not say (``stages.guided.closed``); if the
+        closed schema cannot be compiled (a required key only the open object allowed), the schema as
+        written. ValueError naming what cannot be compiled (an unsupported keyword, a remote $ref, an
+        unsatisfiable schema...)."""
         if not isinstance(schema, dict):
             raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        text = _json_text(schema)
+        closed = _json_text(closed_objects(schema))
         try:
-            text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the JSON schema is not JSON: {exc}") from None
+            return self._compile(closed)
+        except ValueError:
+            if closed == text:
+                raise
         return self._compile(text)
 
     def _compile_text(self, schema_text: str) -> LlgGuide:
@@ -78,6 +88,14 @@ class GuideCompiler:
         if start.is_error():
             raise ValueError(f"the JSON schema cannot be used to constrain output: {_one_line(start.get_error())}")
         return LlgGuide(start, self.vocab_size)
+
+
+def _json_text(schema: dict) -> str:
+    """The schema's compact JSON text (key order kept): the cache's key. ValueError if it is not JSON."""
+    try:
+        return json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the JSON schema is not JSON: {exc}") from None
 
 
 def _one_line(text: str) -> str:

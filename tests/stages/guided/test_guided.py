@@ -187,3 +187,33 @@ def test_the_engine_samples_valid_json_under_a_guide():
     assert set(finish.values()) == {FinishReason.STOP}, finish
     for text in texts.values():
         jsonschema.validate(json.loads(text), BOUNDED)
+
+
+UNSTATED = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_object_that_does_not_state_additional_properties_ends_after_its_own(compiler, tokenizer, eos, seed):
+    """Random logits leaning to ``"``, ``,`` and ``:`` (what an extra key is made of) still end with
+    the declared key alone: the object is closed (``stages.guided.closed``)."""
+    lean = {tokenizer.convert_tokens_to_ids(c): 6.0 for c in ('"', ",", ":")}
+    assert json.loads(sample(compiler.compile_schema(UNSTATED), tokenizer, eos, seed, lean)).keys() == {"city"}
+
+
+def test_an_object_open_as_written_stays_open(compiler, tokenizer):
+    """``additionalProperties: true`` and ``{"type": "object"}`` allow a key after the first: a ","."""
+    comma = tokenizer.convert_tokens_to_ids(",")
+    for schema in ({**UNSTATED, "additionalProperties": True}, UNSTATED):
+        matcher = compiler.compile_schema(schema).matcher()
+        for token in tokenizer.encode('{"city": "Paris"'):
+            matcher.accept(token)
+        logits = torch.zeros(len(tokenizer) + EXTRA_VOCAB)
+        matcher.mask(logits)
+        assert bool(torch.isfinite(logits[comma])) is (schema is not UNSTATED)
+
+
+def test_a_schema_that_needs_its_object_open_compiles_as_written(compiler, tokenizer, eos):
+    """A required key the properties do not declare: closed, no object could have it; as written, it can."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["zz"]}
+    lean = {tokenizer.convert_tokens_to_ids(c): 6.0 for c in ('"', "}")}
+    assert "zz" in json.loads(sample(compiler.compile_schema(schema), tokenizer, eos, 0, lean))

@@ -79,7 +79,8 @@ def _members_bring_keys(schema: dict) -> bool:
         return True
     members: list[Any] = [schema.get(key) for key in COMBINED]
     for key in (*COMBINED_LISTS, *ALTERNATIVES):
-        members += schema.get(key) if isinstance(schema.get(key), list) else []
+        listed = schema.get(key)
+        members += listed if isinstance(listed, list) else []
     if isinstance(schema.get("dependentSchemas"), dict):
         members += list(schema["dependentSchemas"].values())
     return any(isinstance(member, dict) and (any(key in member for key in DECLARES) or "$ref" in member)

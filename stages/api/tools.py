@@ -15,17 +15,24 @@ as written.
 ``tool_choice`` "required" or a named function is enforced by constrained generation, vLLM's way:
 ``forced_tool_schema`` is the JSON schema the output must follow (the function's parameters, or an
 array of ``{"name", "parameters"}``), and ``forced_tool_calls`` / ``ForcedToolStream`` turn such
-output into tool calls. ``tool_output(tools, tool_choice)`` picks a request's parser (whole and
+output into tool calls. A forced output cut by max_tokens is still tool calls, as OpenAI answers
+(finish_reason ``length``, the last call's arguments unfinished JSON): a named function's call holds
+the text so far; ``required`` gives every whole call and the cut one once its name is whole (never
+the text as content). ``tool_output(tools, tool_choice)`` picks a request's parser (whole and
 streaming: ``stages.api.tool_output.ToolOutput``). ``tool_choice`` is given as a string, a dict or None.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+JSON_SPACE = " \t\n\r"
+# the start of a required call cut by max_tokens: its whole name, then its parameters' text if they began
+CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")(?:\s*,\s*"parameters"\s*:\s*(?P<arguments>.*))?', re.S)
 
 
 def call_id() -> str:
@@ -227,8 +234,8 @@ def forced_function(tool_choice: Any) -> str | None:
 
 def forced_tool_schema(tools: list[dict], tool_choice: Any) -> dict | None:
     """The JSON schema the whole output must follow to enforce ``tool_choice`` (vLLM's way), or None
-    (``auto``, ``none``, unset): a named function -> its parameters' schema (an object with no
-    parameters: any object); ``required`` -> an array, at least one item, of ``{"name": one of the
+    (``auto``, ``none``, unset): a named function -> its parameters' schema (a function without
+    parameters: an object without properties, which compiles closed: ``{}``); ``required`` -> an array, at least one item, of ``{"name": one of the
     tools, "parameters": its schema}`` (each tool's ``$defs`` lifted to the top, where their
     ``$ref``s point). ValueError if the named function is not among ``tools`` or ``$defs`` clash."""
     name = forced_function(tool_choice)
@@ -264,25 +271,61 @@ def _parameters(function: dict) -> dict:
 def forced_tool_calls(output_text: str, tool_choice: Any) -> list[dict]:
     """The tool calls an output constrained by ``forced_tool_schema`` makes: a named function -> one
     call with the output as its arguments; ``required`` -> one call per array item (arguments: the
-    item's parameters as JSON text). [] if the output is not that JSON (cut by max_tokens)."""
+    item's parameters as JSON text). Cut by max_tokens: a named function's call with the text so
+    far; ``required``'s whole items and the cut one once its name is whole (arguments: its
+    parameters' text so far, '' before they begin)."""
     name = forced_function(tool_choice)
     if name is not None:
         return [tool_call(name, output_text)]
+    return required_calls(output_text)
+
+
+def required_calls(text: str) -> list[dict]:
+    """The calls of an output of ``required``'s schema, ``[{"name": ..., "parameters": {...}}, ...]``,
+    whole or cut (see ``forced_tool_calls``); [] for text that does not begin so."""
+    decoder = json.JSONDecoder()
+    calls: list[dict] = []
+    text = text.lstrip(JSON_SPACE)
+    if not text.startswith("["):
+        return []
+    at = _skip(text, 1, JSON_SPACE)
+    while at < len(text) and text[at] != "]":
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            cut = _cut_call(text[at:])
+            return calls + ([cut] if cut is not None else [])
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            calls.append(tool_call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+        at = _skip(text, at, JSON_SPACE + ",")
+    return calls
+
+
+def _skip(text: str, at: int, chars: str) -> int:
+    """The first index from ``at`` whose character is not one of ``chars`` (``len(text)`` if none)."""
+    while at < len(text) and text[at] in chars:
+        at += 1
+    return at
+
+
+def _cut_call(item: str) -> dict | None:
+    """An array item cut by max_tokens, ``{"name": "f", "parameters": {"a``: the call to ``f`` with
+    the parameters' text so far as its arguments ('' before they begin); None before the name is whole."""
+    match = CUT_CALL.match(item)
+    if match is None:
+        return None
     try:
-        items = json.loads(output_text)
-    except json.JSONDecodeError:
-        return []
-    if not isinstance(items, list):
-        return []
-    return [tool_call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False))
-            for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)]
+        name = json.loads(match.group(1))
+    except json.JSONDecodeError:  # a bad escape: not a name the grammar allows
+        return None
+    return tool_call(name, match.group("arguments") or "")
 
 
 class ForcedToolStream:
     """Text deltas of an output constrained by ``forced_tool_schema`` in, OpenAI delta dicts out. A
     named function: its call's id and name in the first delta, then each piece of text as arguments
-    (as OpenAI streams them). ``required``: the calls once the output is whole (``finish``), or its
-    text as content if it is not their JSON (cut by max_tokens)."""
+    (as OpenAI streams them). ``required``: the calls once the output has ended (``finish``), whole
+    or cut by max_tokens (``forced_tool_calls``); never content."""
 
     def __init__(self, tool_choice: Any) -> None:
         self._tool_choice = tool_choice
@@ -310,9 +353,7 @@ class ForcedToolStream:
             return [{"tool_calls": [{"index": 0, **tool_call(self._name, "")}]}]
         calls = forced_tool_calls(self._text, self._tool_choice)
         self.called = bool(calls)
-        if not calls:  # cut by max_tokens: the text, as ForcedToolOutput.parse answers it
-            return [{"content": self._text}] if self._text else []
-        return [{"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}]
+        return [{"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}] if calls else []
 
 
 # --- a request's choice of parser ------------------------------------------------------------------------
@@ -329,14 +370,13 @@ class TaggedToolOutput:
 
 class ForcedToolOutput:
     """Tool calls forced by ``tool_choice`` (required or a named function): the output is the calls'
-    JSON (``forced_tool_schema``); content None when it made calls, else the text."""
+    JSON (``forced_tool_schema``), never content (None): cut before a call's name, no calls either."""
 
     def __init__(self, tool_choice: Any) -> None:
         self.tool_choice = tool_choice
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
-        calls = forced_tool_calls(text, self.tool_choice)
-        return (None if calls else text or None), calls
+        return None, forced_tool_calls(text, self.tool_choice)
 
     def stream(self) -> ForcedToolStream:
         return ForcedToolStream(self.tool_choice)

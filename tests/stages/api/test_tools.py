@@ -211,8 +211,50 @@ def test_forced_output_becomes_tool_calls():
     text = '[{"name": "get_time", "parameters": {"zone": "UTC"}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]'
     assert names_and_arguments(t.forced_tool_calls(text, "required")) == [("get_time", {"zone": "UTC"}),
                                                                           ("get_weather", {"city": "Oslo"})]
-    assert t.forced_tool_calls('[{"name": "get_ti', "required") == []  # cut by max_tokens
-    assert t.ForcedToolOutput("required").parse('[{"name": "get_ti') == ('[{"name": "get_ti', [])
+    assert t.ForcedToolOutput("required").parse(text)[0] is None
+
+
+CUT = [  # a required output cut by max_tokens -> its calls (name, arguments text), as OpenAI answers
+    ("", []),
+    ("[", []),
+    ('[{"name": "get_ti', []),  # the name is not whole yet
+    ('[{"name": "get_time"', [("get_time", "")]),
+    ('[{"name": "get_time", "param', [("get_time", "")]),
+    ('[{"name": "get_time", "parameters": ', [("get_time", "")]),
+    ('[{"name": "get_time", "parameters": {"zone": "U', [("get_time", '{"zone": "U')]),
+    ('[{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", '{"zone": "UTC"}')]),
+    ('[{"name": "get_time", "parameters": {"zone": "UTC"}}, ', [("get_time", '{"zone": "UTC"}')]),
+    ('[{"name": "get_time", "parameters": {"zone": "UTC"}}, {"name": "get_weather", "parameters": {"ci',
+     [("get_time", '{"zone": "UTC"}'), ("get_weather", '{"ci')]),
+    ('[{"name": "get_time", "parameters": {"zone": "UTC"}}]', [("get_time", '{"zone": "UTC"}')]),
+    ('[ {"name":"get_time","parameters":{"zone":"UTC"}} ,{"name" : "a\\"b"', [("get_time", '{"zone": "UTC"}'),
+                                                                        ('a"b', "")]),  # any spacing; an escape
+    ('{"name": "get_time"}', []),  # not an array
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, calls", CUT)
+def test_a_required_output_cut_by_max_tokens_is_still_its_calls_never_content(text, calls):
+    def named(found: list[dict]) -> list[tuple[str, str]]:
+        return [(c["function"]["name"], c["function"]["arguments"]) for c in found]
+    assert named(t.forced_tool_calls(text, "required")) == calls
+    content, parsed = t.ForcedToolOutput("required").parse(text)
+    assert content is None and named(parsed) == calls
+    stream = t.ForcedToolStream("required")
+    assert stream.feed(text) == []
+    deltas = stream.finish()
+    streamed = [call for delta in deltas for call in delta["tool_calls"]]
+    assert all(set(delta) == {"tool_calls"} for delta in deltas) and stream.called is bool(calls)
+    assert [c["index"] for c in streamed] == list(range(len(calls))) and named(streamed) == calls
+
+
+@pytest.mark.unit
+def test_a_named_call_cut_by_max_tokens_holds_the_text_so_far():
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    (call,) = t.ForcedToolOutput(named).parse('{"city": "Os')[1]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Os'}
+    assert t.ForcedToolOutput(named).parse('{"city": "Os')[0] is None
 
 
 @pytest.mark.unit

@@ -2,7 +2,8 @@
 starts), send one image+text chat request with the official ``openai`` client, print the answer and
 the room's per-stage times, stop everything.
 
-    stage demo [--mode epd|pd|colocated] [--family qwen2_vl] [--transfer mooncake|nixl] [--workdir DIR]
+    stage demo [--mode epd|pd|colocated] [--model DIR | --family qwen2_vl] [--device DEVICE[,...]]
+               [--transfer mooncake|nixl] [--workdir DIR]
 
 epd (the default): a private Redis (the embedding cache), an encoder, a prefill, a decode and the
 router. The router computes the image's cache key, finds it missing, claims it for the encoder and
@@ -11,7 +12,9 @@ prefill and the decode, with one room. pd: the router sends the body with one ro
 and the decode. colocated: one server. The per-stage times are the router's ``x-epd-room`` and
 ``x-epd-stage-times`` answer headers (``docs/router.md``).
 
-It prints the prompt, then the answer with what its ``finish_reason`` means, its usage and the stage
+Devices and transfer are ``stage up``'s (``stages.launch.placement``): on a machine whose torch sees a
+GPU the stages run there, and a combination that cannot work here is one line, exit 2, before
+anything starts. It prints the prompt, then the answer with what its ``finish_reason`` means, its usage and the stage
 times, all before the stack stops. The model is the one ``stage up`` makes by default (same family
 and size, kept in the same cache dir); the servers' logs go to a new run directory under
 ``WORKDIR/logs``, of which the last 10 runs are kept (``stages.launch.run_logs``).
@@ -34,7 +37,9 @@ from stages.config import TRANSFERS
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
 from stages.launch.run_logs import new_run_dir
 from stages.launch.stack import MODES, Stack, StackConfig, StackError
-from stages.launch.up import add_redis_args, stack_redis_url
+from stages.launch.placement import Machine
+from stages.launch.up import add_device_arg, add_redis_args, placed, placement_line, stack_redis_url
+from stages.model_dir import check_model_dir
 from stages.modelgen import FAMILIES, SIZES
 
 if TYPE_CHECKING:  # openai is imported where used: the CLI stays fast
@@ -51,6 +56,8 @@ FINISH_REASONS = {
 
 
 def add_demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="checkpoint directory (e.g. a downloaded Qwen2.5-VL); default: "
+                        "the generated --family model of --size, made on first run under --workdir")
     parser.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY, help="model family")
     parser.add_argument("--size", choices=SIZES, default=DEFAULT_SIZE, help="model size (stage up's default too)")
     parser.add_argument("--workdir", default=str(cache_dir()),
@@ -59,7 +66,10 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="epd",
                         help="epd: encoder + prefill + decode and a private Redis (the embedding cache); pd: prefill "
                              "+ decode with KV moved between them; colocated: one server (all behind the router)")
-    parser.add_argument("--transfer", choices=TRANSFERS, default="mooncake", help="KV transfer (pd, epd)")
+    parser.add_argument("--transfer", choices=TRANSFERS, default=None,
+                        help="KV transfer (pd, epd); default: mooncake where its installed build can move the KV's "
+                             "memory (a CUDA build for GPU memory), else nixl")
+    add_device_arg(parser)
     add_redis_args(parser, "a private one")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the servers and the answer")
@@ -71,35 +81,41 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        config = StackConfig(model=workdir / f"{args.family}-{args.size}", log_dir=Path(), mode=args.mode,
-                             transfer=args.transfer, redis_url=stack_redis_url(args), startup_timeout_s=args.timeout)
+        config = StackConfig(model=Path(args.model or workdir / f"{args.family}-{args.size}"), log_dir=Path(),
+                             mode=args.mode, redis_url=stack_redis_url(args), startup_timeout_s=args.timeout)
+        if args.model is not None:
+            check_model_dir(config.model, tokenizer=True)
+        config = placed(config, args, Machine.here())  # imports torch: after the cheap checks
     except ValueError as exc:
         print(f"stage demo: error: {exc}", file=sys.stderr)
         return 2
-    config = dataclasses.replace(config, model=ensure_model(config.model, args.family, args.size),
+    model = config.model if args.model is not None else ensure_model(config.model, args.family, args.size)
+    config = dataclasses.replace(config, model=model,
                                  log_dir=new_run_dir(workdir / "logs", f"demo-{args.mode}").resolve())
+    print(f"{args.mode} mode, model {config.model}: {placement_line(config)}", flush=True)
     try:
         with Stack(config, say=lambda line: print(line, flush=True)) as stack:
             print(f"prompt: [image: {DEMO_IMAGE_SIZE}x{DEMO_IMAGE_SIZE} PNG, {IMAGE_DESCRIPTION}] {QUESTION}",
                   flush=True)
             reply, headers = _ask(stack.base_url, args)
-            print(describe_answer(reply, headers, args.max_tokens), flush=True)
+            print(describe_answer(reply, headers, args.max_tokens, generated=args.model is None), flush=True)
     except (StackError, openai.APIError) as exc:
         print(f"stage demo: error: {type(exc).__name__}: {exc} (server logs in {config.log_dir})", file=sys.stderr)
         return 1
     return 0
 
 
-def describe_answer(reply: ChatCompletion, headers: dict, max_tokens: int) -> str:
-    """The answer's lines: its text and finish_reason, what that reason means, the usage, and the
-    room's per-stage times when the router sent them."""
+def describe_answer(reply: ChatCompletion, headers: dict, max_tokens: int, generated: bool = True) -> str:
+    """The answer's lines: its text and finish_reason, what that reason means, the usage (``generated``:
+    from a random-weight model, said so), and the room's per-stage times when the router sent them."""
     choice = reply.choices[0]
     meaning = FINISH_REASONS.get(choice.finish_reason, "see the OpenAI chat completions reference")
     usage = (f"{reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens"
              if reply.usage is not None else "not reported")
     lines = [f"answer ({choice.finish_reason}): {choice.message.content!r}",
              f"finish_reason {choice.finish_reason!r}: {meaning.format(max_tokens=max_tokens)}",
-             f"usage: {usage} (a random-weight model: the words are noise, the plumbing is real)"]
+             f"usage: {usage}" + (" (a random-weight model: the words are noise, the plumbing is real)"
+                                  if generated else "")]
     if "x-epd-room" in headers:
         lines.append(f"room {headers['x-epd-room']}: {stage_times(headers.get('x-epd-stage-times', ''))}")
     return "\n".join(lines)

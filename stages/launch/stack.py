@@ -74,6 +74,8 @@ class StackConfig:
     their default); ``stage_args``: extra flags for every stage server; ``router``: False starts the stages alone.
     ``devices``: ``--device`` of every stage server (one value), or of each in start order (one per
     stage of the mode, e.g. encoder, prefill, decode on three GPUs); () leaves the servers' default.
+    ``memory_shares``: ``--gpu-memory-utilization`` of each stage in start order (None: the server's
+    default), for stages sharing a GPU (``stages.launch.placement``); () gives none.
     ``admin_token``: the router's admin API token (and its stages'), given to every child as
     ``EPD_ADMIN_TOKEN``; None: the admin API is off."""
 
@@ -91,6 +93,7 @@ class StackConfig:
     stage_args: tuple[str, ...] = ()
     router: bool = True
     devices: tuple[str, ...] = ()
+    memory_shares: tuple[float | None, ...] = ()
     admin_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +114,8 @@ class StackConfig:
         if len(self.devices) not in (0, 1, len(STAGE_ROLES[self.mode])):
             raise ValueError(f"--device takes one device for every stage or one per stage of --mode {self.mode} "
                              f"({','.join(STAGE_ROLES[self.mode])}), got {','.join(self.devices)}")
+        if len(self.memory_shares) not in (0, len(STAGE_ROLES[self.mode])):
+            raise ValueError(f"memory_shares takes one entry per stage of --mode {self.mode}, got {self.memory_shares}")
         for name in ("startup_timeout_s", "stop_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -142,7 +147,7 @@ def stage_specs(config: StackConfig, ports: Iterator[int]) -> list[ChildSpec]:
     """The stage servers of ``config.mode`` (pure): colocated; prefill, decode; or encoder, prefill,
     decode (the Redis URL reaches them in their environment, ``Stack._launch``). ``ports`` yields free
     ports, one per server plus the prefill's bootstrap."""
-    common = ("--model", str(config.model), "--host", HOST, "--threads", str(config.threads), *config.stage_args)
+    common = ("--model", str(config.model), "--host", HOST, "--threads", str(config.threads))
     specs = []
     for index, role in enumerate(STAGE_ROLES[config.mode]):
         port, flags = next(ports), []
@@ -153,12 +158,16 @@ def stage_specs(config: StackConfig, ports: Iterator[int]) -> list[ChildSpec]:
             flags += ["--prefix-caching" if config.prefix_caching else "--no-prefix-caching"]
         if (device := config.device_of(index)) is not None:
             flags += ["--device", device]
+        if config.memory_shares and (share := config.memory_shares[index]) is not None:
+            flags += ["--gpu-memory-utilization", str(share)]
         if role in ("prefill", "decode"):
             flags += ["--transfer", config.transfer]
         if role == "prefill":
             other = (next(ports),)
             flags += ["--bootstrap-port", str(other[0])]
-        specs.append(ChildSpec(role, _serve(role, *common, "--port", str(port), *flags), port, other))
+        # stage_args last: a flag given there wins over the stack's own (argparse keeps the last)
+        specs.append(ChildSpec(role, _serve(role, *common, "--port", str(port), *flags, *config.stage_args), port,
+                               other))
     return specs
 
 

@@ -2,7 +2,8 @@
 started and stopped together, until Ctrl-C.
 
     stage up [--model DIR | --family F --size tiny|small] [--port N] [--mode epd|pd|colocated]
-             [--transfer mooncake|nixl] [--redis-url URL | --redis-url-file PATH] [--kv-cache-mib N]
+             [--device DEVICE[,...]] [--transfer mooncake|nixl] [--redis-url URL | --redis-url-file PATH]
+             [--kv-cache-mib N]
              [--log-dir DIR] [--admin-token T | --admin-token-file PATH]
 
 ``--port`` (when not 0) is probed before anything starts, so a port in use is one line and exit 2 at
@@ -31,7 +32,8 @@ from stages.launch.health import HEALTH_POLL_S
 from stages.launch.models import DEFAULT_FAMILY, DEFAULT_SIZE, cache_dir, ensure_model
 from process.ports import probe
 from stages.launch.run_logs import new_run_dir
-from stages.launch.stack import HOST, MODES, Say, Stack, StackConfig, StackError
+from stages.launch.placement import Machine, Placement, place
+from stages.launch.stack import HOST, MODES, STAGE_ROLES, Say, Stack, StackConfig, StackError
 from stages.model_dir import check_model_dir
 from stages.modelgen import FAMILIES, SIZES
 
@@ -50,14 +52,14 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="the router's port (0: any free port)")
     parser.add_argument("--mode", choices=MODES, default=d.mode,
                         help="epd: encoder + prefill + decode (+ Redis); pd: prefill + decode; colocated: one server")
-    parser.add_argument("--transfer", choices=TRANSFERS, default=d.transfer, help="KV transfer (epd, pd)")
+    parser.add_argument("--transfer", choices=TRANSFERS, default=None,
+                        help="KV transfer (epd, pd); default: mooncake where its installed build can move the KV's "
+                             "memory (a CUDA build for GPU memory), else nixl")
     add_redis_args(parser, "an embedded one")
     parser.add_argument("--log-dir", default=None, help="where every child's log goes; default: a new directory "
                         "under the cache dir")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads of each stage server")
-    parser.add_argument("--device", default=None, metavar="DEVICE[,DEVICE...]",
-                        help="--device of every stage server, or one per stage in start order (epd: encoder,prefill,"
-                             "decode; pd: prefill,decode), e.g. cuda:0,cuda:1,cuda:2; default: each server's (auto)")
+    add_device_arg(parser)
     parser.add_argument("--startup-timeout-s", type=float, default=d.startup_timeout_s,
                         help="every child must be healthy within this")
     parser.add_argument("--stop-timeout-s", type=float, default=d.stop_timeout_s,
@@ -72,6 +74,30 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                              f"at least {MIN_TOKEN_CHARS} characters")
     parser.add_argument("--admin-token-file", default=None, metavar="PATH",
                         help="a file holding --admin-token (one trailing newline is dropped)")
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of ``stage up`` and ``stage demo`` (``stages.launch.placement``)."""
+    parser.add_argument("--device", default=None, metavar="DEVICE[,DEVICE...]",
+                        help="--device of every stage server, or one per stage in start order (epd: encoder,prefill,"
+                             "decode; pd: prefill,decode), e.g. cuda:0,cuda:1,cuda:2; default (auto): the GPUs torch "
+                             "sees, one per stage while they last (stages sharing one split its memory), else the CPU")
+
+
+def placed(config: StackConfig, args: argparse.Namespace, machine: Machine) -> StackConfig:
+    """``config`` with every stage's device, memory share and the KV transfer decided for ``machine``
+    (``stages.launch.placement.place``): ValueError, one line naming the fix, for what cannot work here."""
+    placement = place(STAGE_ROLES[config.mode], tuple(args.device.split(",")) if args.device else (), args.transfer,
+                      machine)
+    return dataclasses.replace(config, devices=placement.devices, memory_shares=placement.memory_shares,
+                               transfer=placement.transfer or config.transfer)
+
+
+def placement_line(config: StackConfig) -> str:
+    """Where a ``placed`` config's stages run, in one line (``Placement.describe``)."""
+    roles = STAGE_ROLES[config.mode]
+    return Placement(roles, config.devices, config.memory_shares or (None,) * len(roles),
+                     config.transfer if len(roles) > 1 else None).describe()
 
 
 def add_redis_args(parser: argparse.ArgumentParser, instead_of: str) -> None:
@@ -90,22 +116,22 @@ def stack_redis_url(args: argparse.Namespace) -> str | None:
     return read_secret(args.redis_url, args.redis_url_file, flag="--redis-url", env=REDIS_URL_ENV, environ=environ)
 
 
-def stack_config(args: argparse.Namespace) -> StackConfig:
-    """The validated config of a ``stage up`` command line, its ``log_dir`` still unset. ValueError
-    names the flag to change: a bad value, a ``--model`` directory without what the stages load
+def stack_config(args: argparse.Namespace, machine: Machine | None = None) -> StackConfig:
+    """The validated config of a ``stage up`` command line on ``machine`` (None: ``Machine.here()``, read
+    after the cheap checks, since it imports torch), its ``log_dir`` still unset. ValueError names the flag to change: a bad value, a device or transfer
+    ``machine`` cannot serve (``placed``), a ``--model`` directory without what the stages load
     (``stages.model_dir``), a ``--port`` in use (``process.ports.PortError``)."""
     config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
-                         transfer=args.transfer, redis_url=stack_redis_url(args), threads=args.threads,
+                         redis_url=stack_redis_url(args), threads=args.threads,
                          startup_timeout_s=args.startup_timeout_s, stop_timeout_s=args.stop_timeout_s,
                          kv_cache_mib=args.kv_cache_mib, stage_args=tuple(args.stage_arg),
-                         devices=tuple(args.device.split(",")) if args.device else (),
                          admin_token=read_secret(args.admin_token, args.admin_token_file, flag="--admin-token",
                                                  env=TOKEN_ENV, environ=os.environ))
     if args.model is not None:
         check_model_dir(config.model, tokenizer=True)  # every mode runs a stage with a tokenizer
     if config.port:
         probe(HOST, config.port, "--port")
-    return config
+    return placed(config, args, machine or Machine.here())
 
 
 def ready_line(url: str, admin: bool) -> str:
@@ -131,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, log_dir=log_dir.resolve())
     say: Say = lambda line: print(f"stage up: {line}", flush=True)  # noqa: E731
     say(f"{config.mode} mode, model {config.model}, logs in {config.log_dir}")
+    say(placement_line(config))
     stack = Stack(config, say)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -160,6 +160,21 @@ def test_stage_up_with_its_port_in_use_starts_nothing(model, taken, tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_a_gpu_torch_does_not_see_is_one_line_before_anything_starts(command, model, tmp_path):
+    """This machine's torch sees no GPU: ``--device cuda`` is refused naming the fix (after torch is
+    imported to count GPUs, so no import-time check), nothing started, no log directory made."""
+    where = ("--log-dir", str(tmp_path / "logs"), "--port", "0") if command == "up" else ("--workdir", str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "cli", command, "--model", str(model), "--device", "cuda", *where],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    torch_version = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"stage {command}: error: --device cuda: torch {torch_version} sees no GPU (a CPU build of torch, "
+               "or no driver: stage env says which); use --device cpu, or rerun scripts/setup.sh with a CUDA torch\n")
+    assert not (tmp_path / "logs").exists()
+
+
 def test_stage_up_refuses_a_server_of_another_process_on_a_childs_port(model, tmp_path):
     """The server on the port is a real colocated server with its own instance id: a child expecting
     another id is refused at once with the port named; expecting the server's own id, it is healthy."""

@@ -132,11 +132,12 @@ def test_every_role_answers_a_bad_secret_in_one_line_and_exit_2(tmp_path):
 @pytest.mark.unit
 def test_stage_up_reads_the_environment_only_in_epd_mode(monkeypatch):
     from stages.launch.up import stack_config
+    from tests.support.machines import CPU
 
     parser = build_parser()
     monkeypatch.setenv(REDIS_URL_ENV, "redis://:pw@127.0.0.1:9/0")
-    assert stack_config(parser.parse_args(["up", "--port", "0"])).redis_url == "redis://:pw@127.0.0.1:9/0"
-    assert stack_config(parser.parse_args(["up", "--port", "0", "--mode", "pd"])).redis_url is None
+    assert stack_config(parser.parse_args(["up", "--port", "0"]), CPU).redis_url == "redis://:pw@127.0.0.1:9/0"
+    assert stack_config(parser.parse_args(["up", "--port", "0", "--mode", "pd"]), CPU).redis_url is None
 
 
 # --- real servers on a Redis with a password -------------------------------------------------

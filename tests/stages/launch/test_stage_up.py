@@ -25,6 +25,7 @@ from cli import build_parser
 from stages.config import TOKEN_ENV
 from stages.launch.stack import StackConfig, router_spec, stage_specs
 from stages.launch.up import stack_config
+from tests.support.machines import CPU
 from tests.conftest import REPO
 from tests.support.router_helpers import data_url, png
 from tests.support.stage_up import Up, cmdlines
@@ -48,10 +49,10 @@ def test_pd_command_lines():
     assert [(s.role, s.port, s.other_ports) for s in stages] == [("prefill", 5001, (5002,)), ("decode", 5003, ())]
     assert stages[0].argv[0] == sys.executable
     assert list(stages[0].argv[1:]) == ["-m", "cli", "serve", "prefill", "--model", "/m", "--host", "127.0.0.1",
-                                        "--threads", "1", "--kv-cache-mib=16", "--port", "5001", "--transfer",
-                                        "mooncake", "--bootstrap-port", "5002"]
+                                        "--threads", "1", "--port", "5001", "--transfer", "mooncake",
+                                        "--bootstrap-port", "5002", "--kv-cache-mib=16"]  # stage_args last: they win
     assert list(stages[1].argv[4:]) == ["decode", "--model", "/m", "--host", "127.0.0.1", "--threads", "1",
-                                        "--kv-cache-mib=16", "--port", "5003", "--transfer", "mooncake"]
+                                        "--port", "5003", "--transfer", "mooncake", "--kv-cache-mib=16"]
     router = router_spec(cfg, stages, 8080)
     assert (router.role, router.url) == ("router", "http://127.0.0.1:8080")
     assert list(router.argv[4:]) == ["router", "--host", "127.0.0.1", "--port", "8080",
@@ -72,6 +73,10 @@ def test_epd_and_colocated_command_lines():
                                      "--decode", "http://127.0.0.1:6004", "--startup-timeout-s", "300.0"]
     sized = stage_specs(config("epd", kv_cache_mib=16), iter(range(6001, 6010)))
     assert ["--kv-cache-mib" in s.argv for s in sized] == [False, True, True]  # the encoder has no KV pool
+    shared = stage_specs(config("epd", devices=("cuda:0",), memory_shares=(None, 0.4, 0.4)), iter(range(6001, 6010)))
+    assert [s.argv[s.argv.index("--device") + 1] for s in shared] == ["cuda:0"] * 3
+    assert ["--gpu-memory-utilization" in s.argv for s in shared] == [False, True, True]
+    assert shared[1].argv[shared[1].argv.index("--gpu-memory-utilization") + 1] == "0.4"
     (colocated,) = stage_specs(config("colocated"), iter([7001]))
     assert list(colocated.argv[4:]) == ["colocated", "--model", "/m", "--host", "127.0.0.1", "--threads", "1",
                                         "--port", "7001"]
@@ -98,10 +103,10 @@ def test_config_refusals_name_the_flag(kw, message):
 def test_the_admin_token_comes_from_the_flag_or_the_environment(monkeypatch):
     parser = build_parser()
     monkeypatch.setenv(TOKEN_ENV, "from-the-environment-x")
-    assert stack_config(parser.parse_args(["up", "--port", "0"])).admin_token == "from-the-environment-x"
-    assert stack_config(parser.parse_args(["up", "--port", "0", "--admin-token", TOKEN])).admin_token == TOKEN
+    assert stack_config(parser.parse_args(["up", "--port", "0"]), CPU).admin_token == "from-the-environment-x"
+    assert stack_config(parser.parse_args(["up", "--port", "0", "--admin-token", TOKEN]), CPU).admin_token == TOKEN
     monkeypatch.delenv(TOKEN_ENV)
-    assert stack_config(parser.parse_args(["up", "--port", "0"])).admin_token is None
+    assert stack_config(parser.parse_args(["up", "--port", "0"]), CPU).admin_token is None
 
 
 # --- the real command ------------------------------------------------------------------------

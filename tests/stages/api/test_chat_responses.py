@@ -398,19 +398,20 @@ def test_a_named_tool_call_comes_back_as_tool_calls(client):
         assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
 
 
-def test_required_tool_calls_come_back_as_tool_calls_or_as_text_cut_by_length(client):
-    """A required call is an array of calls: random weights may go on adding calls past max_tokens."""
+def test_required_tool_calls_come_back_as_tool_calls_ended_or_cut_by_length(client):
+    """A required call is an array of calls: random weights may go on adding calls past max_tokens.
+    Cut, it is still tool calls (OpenAI's answer): the whole ones, then the cut one, its arguments a
+    prefix of a call's; never content."""
     fields = dict(model=MODEL, messages=HI, max_tokens=64, temperature=1.0, seed=0, tools=[WEATHER],
                   tool_choice="required", n=8)
     answer = client.chat.completions.create(**fields)
     for choice_ in answer.choices:
-        if choice_.message.tool_calls:  # the array ended (with the end of the sequence, or just at max_tokens)
-            assert choice_.message.content is None and choice_.finish_reason in ("tool_calls", "length")
-            for call in choice_.message.tool_calls:
-                assert call.function.name == "weather"
-                assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
-        else:
-            assert choice_.finish_reason == "length" and choice_.message.content.startswith('[{"name": "weather"')
+        calls = choice_.message.tool_calls
+        assert choice_.message.content is None and calls and choice_.finish_reason in ("tool_calls", "length")
+        assert all(call.function.name == "weather" for call in calls)
+        whole = calls if choice_.finish_reason == "tool_calls" else calls[:-1]
+        assert all(json.loads(call.function.arguments)["city"] in ("Paris", "Rome") for call in whole)
+        assert any(f'{{"city": "{city}"}}'.startswith(calls[-1].function.arguments) for city in ("Paris", "Rome"))
     assert {c.finish_reason for c in answer.choices} == {"tool_calls", "length"}  # both kinds, for the stream below
     streamed: dict[int, list] = {i: [] for i in range(8)}
     for chunk_ in client.chat.completions.create(**fields, stream=True):

@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from stages.chat_template import find_chat_template
 from stages.engine.detokenizer import IncrementalDetokenizer, TextDecoding
 from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageInput, Prompt
+from stages.generation_defaults import GenerationDefaults
 from stages.text_bound import chars_per_token
 
 if TYPE_CHECKING:
@@ -73,13 +75,16 @@ class PromptBuilder:
     """``tokenizer``: the checkpoint's. ``adapter``: the family's rules (either half). ``sizes``: the
     processor config's size rule. ``image_processor``: for pixels; None on a stage that builds
     prompts from sizes only (then ``build``/``preprocess`` raise). ``guides``: compiles structured
-    output for this tokenizer (set by ``stages.loading``; None where nothing compiles grammars)."""
+    output for this tokenizer (set by ``stages.loading``; None where nothing compiles grammars).
+    ``defaults``: the checkpoint's sampling defaults for the fields a request leaves out (set by
+    ``stages.loading`` as ``--generation-config`` says; ``stages.generation_defaults``)."""
 
     tokenizer: Any
     adapter: ModelAdapter
     sizes: SizeRule
     image_processor: Any | None
     guides: GuideCompiler | None = None
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     @classmethod
     def load(cls, model_dir: str | Path, adapter: ModelAdapter, *, pixels: bool = True,
@@ -168,9 +173,16 @@ def _check_size(width: int, height: int) -> None:
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:
+    """The checkpoint's tokenizer with its chat template, wherever the checkpoint keeps it: the
+    tokenizer reads ``chat_template.jinja`` and ``tokenizer_config.json`` itself; a template only in
+    ``chat_template.json`` (the processor's file, as Qwen2-VL, Qwen2.5-VL and LLaVA-1.5 ship it) is
+    set from there (``stages.chat_template``)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template and (found := find_chat_template(model_dir)) is not None:
+        tokenizer.chat_template = found[1]
+    return tokenizer
 
 
 def text_decoding(model_dir: str | Path, tokenizer: Any) -> TextDecoding:

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import images, llava, qwen, specials, templates, tokenizer
+from . import hub, images, llava, qwen, specials, templates, tokenizer
 from .processor import llava_processor_kwargs
 from .sizes import PRESETS, Size, config_vocab
 from .version import GENERATOR_VERSION, VERSION_FILE
@@ -93,8 +93,9 @@ def generation_config(tokens: specials.SpecialTokens):
     )
 
 
-def model_card(r: Recipe, architecture: str, seed: int, n_params: int) -> str:
+def model_card(r: Recipe, architecture: str, seed: int, n_params: int, hub_layout: bool = False) -> str:
     options = f", vision={r.vision}, text={r.text}" if r.family == "llava" else ""
+    options += ", hub layout" if hub_layout else ""
     return (
         f"# {r.family} ({r.size_name}{options}): random weights\n\n"
         "This checkpoint has random weights: it was never trained and its output is meaningless. It exists to\n"
@@ -108,35 +109,41 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _write_files(r: Recipe, out: Path, seed: int) -> None:
+def _write_files(r: Recipe, out: Path, seed: int, hub_layout: bool) -> None:
     tok = tokenizer.wrap(
         tokenizer.train(r.size.text.tokenizer_vocab, r.tokens), r.tokens, r.chat_template, r.size.text.max_positions
     )
     model = random_model(r.config(config_vocab(r.size.text, len(tok))), seed)
     mute(model, [r.tokens.id(t) for t in r.tokens.tokens if t != r.tokens.eos])
     model.generation_config = generation_config(r.tokens)
-    model.save_pretrained(out)
+    n_params = sum(p.numel() for p in model.parameters())
+    if hub_layout:
+        hub.save_weights(model, out)  # bfloat16, sharded
+    else:
+        model.save_pretrained(out)
     tok.save_pretrained(out)
     r.image_processor().save_pretrained(out)
     if r.family == "llava":  # lets AutoProcessor work; Qwen's would need a video processor (torchvision)
         processor = {"image_token": r.tokens.image, "processor_class": "LlavaProcessor"}
         _write_json(out / "processor_config.json", {**processor, **llava_processor_kwargs(model.config)})
-    n_params = sum(p.numel() for p in model.parameters())
-    (out / "README.md").write_text(model_card(r, model.config.architectures[0], seed, n_params))
+    if hub_layout:
+        hub.apply(out, r.family)
+    (out / "README.md").write_text(model_card(r, model.config.architectures[0], seed, n_params, hub_layout))
     (out / VERSION_FILE).write_text(f"{GENERATOR_VERSION}\n")
 
 
-def write(r: Recipe, out: Path, seed: int) -> Path:
+def write(r: Recipe, out: Path, seed: int, hub_layout: bool = False) -> Path:
     """Write into a fresh sibling directory, then rename it to `out`: readers never see half a checkpoint.
 
-    `out` must not exist or be an empty directory.
+    `out` must not exist or be an empty directory. `hub_layout`: as the family's hub repository ships
+    it (`hub.py`), else the standard layout.
     """
     if out.is_dir() and any(out.iterdir()) or out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} exists and is not an empty directory; remove it or choose another")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _write_files(r, staging, seed)
+        _write_files(r, staging, seed, hub_layout)
         for path in staging.iterdir():
             path.chmod(0o644)
         staging.chmod(0o755)

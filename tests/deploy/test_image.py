@@ -1,12 +1,15 @@
 """The container image (deploy/Containerfile), built as this machine can (deploy/image/build.sh:
 mmdebstrap's bookworm base imported by podman under the Containerfile's base name, ``buildah bud
---isolation chroot --format docker``) in a private storage, with the CPU torch wheel from this
-machine's pip find-links folder in the build context (pip inside a build cannot see that folder),
-the rest from the index. ``podman run`` is refused here (crun and this kernel's hybrid cgroups), so
+--isolation chroot --format docker``) in a private storage, with a torch wheel in the build context
+(pip inside a build cannot see this machine's find-links folder): the CPU one from pip's find-links
+folder, or where none is there, the one ``pip download torch==TORCH_VERSION`` fetches from the
+configured index (as ``scripts/setup.sh`` installs torch: a CPU index's ``+cpu`` build outranks a plain
+one; PyPI has only its CUDA 13 build, which runs on a CPU too and brings its nvidia-* wheels into the
+image), kept in the cache dir; the rest from the index. ``podman run`` is refused here (crun and this kernel's hybrid cgroups), so
 ``buildah from`` + ``buildah run --isolation chroot`` runs it:
 
 - the image's config: the HEALTHCHECK command and timings, the non-root USER, ENTRYPOINT ``stage``;
-- inside it, as that user: torch is the CPU build, and ``stage demo --mode epd``, with no network but
+- inside it, as that user: torch is that wheel's build, and ``stage demo --mode epd``, with no network but
   loopback, makes its model in the user's cache (the image holds none) and answers through encoder,
   prefill, decode and router;
 - the image's healthcheck finds a server's port on its command line and reports its 200;
@@ -23,9 +26,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -56,16 +61,42 @@ def pip_config() -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(r"^[^.\n]*\.([\w-]+)='(.*)'$", listed, re.M)}
 
 
-def cpu_torch_wheel() -> Path:
-    """torch==TORCH_VERSION+cpu for this Python from pip's find-links folders, or fail naming where it looked."""
+def torch_wheel() -> Path:
+    """torch==TORCH_VERSION+cpu for this Python from pip's find-links folders; where none is there,
+    ``pip download --no-deps torch==TORCH_VERSION`` from the configured index (its CPU build where it has
+    one), kept in the cache dir (``torch-wheel/``, one file) for the next run. Fails with pip's output."""
     version = containerfile_arg("TORCH_VERSION")
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     folders = [Path(f) for f in pip_config().get("find-links", "").split() if Path(f).is_dir()]
-    pattern = f"torch-{version}+cpu-cp{sys.version_info.major}{sys.version_info.minor}-*.whl"
-    wheels = [w for folder in folders for w in sorted(folder.glob(pattern))]
-    if not wheels:
-        pytest.fail(f"no {pattern} in pip's find-links folders {[str(f) for f in folders]} (`pip config list`): "
-                    "the CPU image is built from it")
-    return wheels[0]
+    local = [w for folder in folders for w in sorted(folder.glob(f"torch-{version}+cpu-{python}-*.whl"))]
+    if local:
+        return local[0]
+    folder = cache_dir() / "image" / "torch-wheel"
+    kept = sorted(folder.glob(f"torch-{version}[-+]*{python}-*.whl"))
+    if kept:
+        return kept[0]
+    partial = folder.with_name(f"torch-wheel.partial.{os.getpid()}")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                           "-d", str(partial), f"torch=={version}"], capture_output=True, text=True, timeout=BUILD_S)
+    wheels = sorted(partial.glob(f"torch-{version}*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        pytest.fail(f"no torch-{version}+cpu wheel in pip's find-links folders {[str(f) for f in folders]}, and "
+                    f"`pip download torch=={version}` from the configured index failed:\n{done.stdout}{done.stderr}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(folder)  # whole or absent: a parallel run reads no half-written wheel
+    except OSError:  # another run kept one first
+        shutil.rmtree(partial, ignore_errors=True)
+    return sorted(folder.glob(f"torch-{version}*.whl"))[0]
+
+
+def wheel_torch(wheel: Path) -> tuple[str, str | None]:
+    """(``torch.__version__``, ``torch.version.cuda``) as the wheel's ``torch/version.py`` says."""
+    with zipfile.ZipFile(wheel) as archive:
+        text = archive.read("torch/version.py").decode()
+    version = re.search(r"^__version__ = '([^']+)'", text, re.M).group(1)
+    cuda = re.search(r"^cuda: Optional\[str\] = (?:'([^']+)'|None)", text, re.M).group(1)
+    return version, cuda
 
 
 def ca_bundle() -> str | None:
@@ -101,11 +132,17 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageStore]:
 
 
 @pytest.fixture(scope="module")
-def image(store: ImageStore) -> str:
-    """Build the CPU image (torch from the local wheel: it outranks the index's 2.13.0, so the index is
-    PyPI's and the CPU index, which this machine cannot reach, is not asked)."""
+def wheel() -> Path:
+    return torch_wheel()
+
+
+@pytest.fixture(scope="module")
+def image(store: ImageStore, wheel: Path) -> str:
+    """Build the cpu variant (host-memory Mooncake) with torch from ``wheel``: pip in the build takes it
+    before the index's (a local ``+cpu`` build outranks the index's 2.13.0; the same file ties with it),
+    so the index is PyPI's and the CPU index, which this machine cannot reach, is not asked."""
     command = [str(REPO / "deploy" / "image" / "build.sh"), "--variant", "cpu", "--tag", TAG, "--store",
-               str(store.folder), "--runroot", str(store.runroot), "--local-wheel", str(cpu_torch_wheel()),
+               str(store.folder), "--runroot", str(store.runroot), "--local-wheel", str(wheel),
                "--torch-index", "https://pypi.org/simple",
                "--base-tar", str(base_tarball())]
     if cert := ca_bundle():
@@ -152,12 +189,14 @@ def test_image_config_has_healthcheck_user_and_entrypoint(store, image):
     assert "HF_HUB_OFFLINE=1" in config["Env"]
 
 
-def test_runs_as_non_root_with_cpu_torch_and_no_model(store, container):
-    done = run_in(store, container, 'id -un; id -u; python -c "import torch; print(torch.__version__)"; '
-                                    'ls "$HOME/.cache/epd-stage" 2>&1; stage serve --help | head -1')
+def test_runs_as_non_root_with_the_wheels_torch_and_no_model(store, container, wheel):
+    done = run_in(store, container, 'id -un; id -u; python -c "import torch; print(torch.__version__, '
+                                    'torch.version.cuda)"; ls "$HOME/.cache/epd-stage" 2>&1; stage serve --help | head -1')
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert lines[:3] == ["epd", "10001", f"{containerfile_arg('TORCH_VERSION')}+cpu"]
+    version, cuda = wheel_torch(wheel)
+    assert version.startswith(containerfile_arg("TORCH_VERSION") + "+"), version
+    assert lines[:3] == ["epd", "10001", f"{version} {cuda}"]  # the wheel's build: "2.13.0+cpu None" from find-links
     assert "No such file or directory" in lines[3]  # no model, no cache: the image carries no weights
     assert lines[4].startswith("usage: stage serve [-h]")
 

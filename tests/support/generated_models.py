@@ -3,6 +3,7 @@
 ``model_dir("qwen2_vl")`` returns a directory holding a tiny random-weight checkpoint. Builds are
 deterministic, so they are cached under ``$EPD_TEST_MODELS`` (default ``~/.cache/epd-stage/test-models``)
 keyed by the options and a hash of ``stages/modelgen``'s source: editing the generator rebuilds.
+``model_dir("qwen2_vl", hub=True)`` is the same model in the hub layout (``stages/modelgen/hub.py``).
 A lock file keeps parallel test processes from building the same model twice.
 """
 
@@ -34,16 +35,16 @@ def _generator_hash() -> str:
     return digest.hexdigest()[:12]
 
 
-def model_dir(variant: str, size: str = "tiny", seed: int = 0) -> Path:
+def model_dir(variant: str, size: str = "tiny", seed: int = 0, hub: bool = False) -> Path:
     family, vision, text = VARIANTS[variant]
     root = Path(os.environ.get("EPD_TEST_MODELS", Path.home() / ".cache" / "epd-stage" / "test-models"))
-    out = root / f"{variant}-{size}-s{seed}-{_generator_hash()}"
+    out = root / f"{variant}-{size}-s{seed}{'-hub' if hub else ''}-{_generator_hash()}"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():  # build beside, then rename: a half-written model is never picked up
             staging = out.with_name(out.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
-            make_model(family=family, size=size, out=staging, seed=seed, vision=vision, text=text)
+            make_model(family=family, size=size, out=staging, seed=seed, vision=vision, text=text, hub_layout=hub)
             staging.rename(out)
     return out

@@ -23,6 +23,7 @@ from process.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig)
 from stages.engine.config import BATCHED_TOKENS, DEVICE_HELP, DTYPES, KV_ALLOCATIONS, PARTS, TEXT, VISION, EngineConfig
+from stages.generation_defaults import GENERATION_CONFIGS
 from stages.model_dir import check_model_dir
 from transfer.base import TransferConfig
 
@@ -74,6 +75,10 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],
                    help="reuse the KV of cached prompt prefixes (images keyed by content); a decode server "
                         "computes no prompt and ignores it")
+    g.add_argument("--generation-config", choices=GENERATION_CONFIGS, default=d["generation_config"],
+                   help="auto: the checkpoint's generation_config.json sampling defaults (temperature, top_p, top_k, "
+                        "repetition_penalty, max_new_tokens) apply to every field a request leaves out (vLLM's "
+                        "flag); none: the API's own defaults. A prefill and its decodes must agree")
 
 
 def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -233,7 +238,7 @@ def role_parts(role: str, epd: bool) -> tuple[str, ...]:
 
 
 _ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
-                 "threads", "seed", "prefix_caching", "kv_allocation")
+                 "threads", "seed", "prefix_caching", "kv_allocation", "generation_config")
 
 
 def server_config(args: argparse.Namespace, role: str) -> ServerConfig:

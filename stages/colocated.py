@@ -21,6 +21,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.api.app_config import AppParts, app_config
     from stages.engine.async_engine import AsyncEngine
     from stages.faults.seams import seams_for
+    from stages.generation_defaults import generation_info
     from stages.loading import load_engine
     from stages.metrics import Metrics
     from stages.resources import limits_info, model_info
@@ -49,6 +50,7 @@ def build(config: ServerConfig) -> FastAPI:
     async def server_info() -> dict:
         stats = async_engine.stats()
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
+                **generation_info(config.engine.generation_config, prompts.defaults),
                 **model_info(engine.adapter, images="pixels"), "limits": limits_info(config, engine.max_model_len, prompts.chars_per_token),
                 "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached}}
 

@@ -37,6 +37,11 @@ class Fingerprint:
     reverse) are refused here, naming ``--device``: seeded sampling carries over from P to D by
     replaying the generator's draws, and torch's CPU and CUDA generators draw different numbers
     from one seed, so a mixed pair could not keep its promise of colocated output.
+
+    ``generation_defaults`` is the sampling defaults both apply to the fields a request leaves out
+    (``--generation-config``; canonical JSON, ``"{}"`` for none): P samples the first token and D the
+    rest, so a pair that differs would sample one answer two ways. A peer too old to send it applies
+    none, which is what its default says.
     """
 
     model: str
@@ -48,6 +53,7 @@ class Fingerprint:
     head_dim: int
     block_bytes: int
     memory: str = "DRAM"
+    generation_defaults: str = "{}"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,6 +61,9 @@ class Fingerprint:
             if f.name == "memory":
                 if value not in MEMORY_KINDS:
                     raise ValueError(f"Fingerprint.memory must be one of {MEMORY_KINDS}, got {value!r}")
+            elif f.name == "generation_defaults":
+                if not isinstance(value, str):
+                    raise ValueError(f"Fingerprint.generation_defaults must be a string, got {value!r}")
             elif f.name in ("model", "backend", "dtype"):
                 if not (isinstance(value, str) and value):
                     raise ValueError(f"Fingerprint.{f.name} must be a non-empty string, got {value!r}")
@@ -93,6 +102,8 @@ _FIELD_HINTS: tuple[tuple[str, str, str], ...] = (
     ("num_kv_heads", "KV head count differs", _SAME_CHECKPOINT),
     ("head_dim", "head dim differs", _SAME_CHECKPOINT),
     ("block_bytes", "KV block bytes differ", "run the same release on {a} and {b} (KV pool layouts differ)"),
+    ("generation_defaults", "sampling defaults differ", "start both with the same --generation-config (and the "
+                                                        "same generation_config.json in the checkpoint)"),
 )
 # A different model already explains different shapes; do not list those too.
 _IMPLIED_BY_MODEL = frozenset({"num_layers", "num_kv_heads", "head_dim", "block_bytes"})

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stages.api.chat_response import TokenText
 from stages.api.errors import Stage
 from stages.api.lifetime import Generate
+from stages.api.sampling import NO_DEFAULTS
 from stages.api.schemas import ChatCompletionRequest
 from stages.api.token_text import TokenText as TokenizerText
 from stages.api.token_text import token_id_text
@@ -20,6 +21,7 @@ from stages.config import ServerConfig
 from stages.engine.async_engine import AsyncEngine
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+from stages.generation_defaults import GenerationDefaults
 from stages.metrics import Metrics
 from stages.supervisor import Supervisor
 
@@ -36,7 +38,9 @@ class AppConfig:
     ``max_in_flight`` requests held at once; bodies over ``max_body_bytes`` get 413; with
     ``chars_per_token`` (the prompt builder's), messages whose text cannot fit the context get 400
     before they are built (``stages.api.parse``). A stream silent for ``stream_keepalive_s`` sends a
-    keep-alive comment."""
+    keep-alive comment. ``generation_defaults``: the checkpoint's sampling defaults (the prompt
+    builder's, ``stages.generation_defaults``), for the fields a ``/v1/completions`` request leaves out
+    (chat's ``Preparer`` reads the same from the builder)."""
 
     model_name: str
     stage: Stage = None
@@ -45,6 +49,7 @@ class AppConfig:
     max_in_flight: int = 512
     chars_per_token: int | None = None
     stream_keepalive_s: float = 2.0
+    generation_defaults: GenerationDefaults = NO_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -73,4 +78,4 @@ def app_config(config: ServerConfig, prompts: PromptBuilder, stage: Stage) -> Ap
     """The HTTP layer's values for a stage server of role ``stage`` that builds its prompts with ``prompts``."""
     return AppConfig(config.model_name, stage=stage, max_body_bytes=config.max_body_bytes,
                      max_in_flight=config.max_in_flight, chars_per_token=prompts.chars_per_token,
-                     stream_keepalive_s=config.stream_keepalive_s)
+                     stream_keepalive_s=config.stream_keepalive_s, generation_defaults=prompts.defaults)

@@ -25,6 +25,7 @@ from cache.keys import image_key
 from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
+from stages.api.sampling import NO_DEFAULTS
 from stages.api.sampling import sampling_params as shared_sampling_params
 from stages.api.message_schemas import ImageRef
 from stages.api.schemas import ChatCompletionRequest
@@ -32,6 +33,7 @@ from stages.api.tools import forced_tool_schema, template_tool_calls, template_t
 from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+from stages.generation_defaults import GenerationDefaults
 from stages.prompt import ToolsNotSupported
 
 if TYPE_CHECKING:
@@ -183,12 +185,15 @@ def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: Imag
 
 
 def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_len: int,
-                    vocab_size: int, guide: Guide | None = None) -> SamplingParams:
-    """The request's sampling (``stages.api.sampling``): ``max_completion_tokens`` wins over
-    ``max_tokens`` (neither: what is left of the context); ``logprobs`` true asks for
+                    vocab_size: int, guide: Guide | None = None,
+                    defaults: GenerationDefaults = NO_DEFAULTS) -> SamplingParams:
+    """The request's sampling (``stages.api.sampling``, with the checkpoint's ``defaults`` for the
+    fields it leaves out): ``max_completion_tokens`` wins over ``max_tokens`` (neither: what is left of
+    the context, or the checkpoint's ``max_new_tokens`` if fewer); ``logprobs`` true asks for
     ``top_logprobs`` (default 0) alternatives per token."""
-    max_tokens = request.max_completion_tokens or request.max_tokens or max(1, max_model_len - prompt_len)
-    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, guide=guide,
+    left = max(1, max_model_len - prompt_len)
+    max_tokens = request.max_completion_tokens or request.max_tokens or min(left, defaults.max_tokens or left)
+    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, guide=guide, defaults=defaults,
                                   logprobs=(request.top_logprobs or 0) if request.logprobs else None)
 
 
@@ -196,8 +201,9 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
 class Preparer:
     """A server's way from a request body to (prompt, sampling parameters): its prompt builder
     (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then ``build``
-    for PIXELS, ``build_from_sizes`` otherwise, and its ``guides`` to compile a request's grammar), its
-    engine's limits, its image limits and how it takes images."""
+    for PIXELS, ``build_from_sizes`` otherwise, its ``guides`` to compile a request's grammar and its
+    ``defaults``, the checkpoint's sampling defaults), its engine's limits, its image limits and how it
+    takes images."""
 
     prompts: Any
     engine: EngineLimits
@@ -218,7 +224,7 @@ class Preparer:
         prompt = self._build(request, messages, images, sizes)
         prompt.image_keys = [key for _, key in keyed]  # for prefix caching: each image's content key
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size,
-                                 guide(request, self.prompts.guides))
+                                 guide(request, self.prompts.guides), self.prompts.defaults)
         try:
             engine.check_request(prompt, params)
         except ValueError as exc:

@@ -16,9 +16,11 @@ from contract.errors import Code
 from stages.api.chat import EngineLimits
 from stages.api.completion_schema import CompletionRequest
 from stages.api.errors import bad_request
+from stages.api.sampling import NO_DEFAULTS
 from stages.api.sampling import sampling_params as shared_sampling_params
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
+from stages.generation_defaults import GenerationDefaults
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,10 @@ class Prepared:
     params: SamplingParams
 
 
-def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: EngineLimits) -> Prepared:
-    """Everything CPU-bound before the request is queued (tokenization); run it off the event loop."""
+def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: EngineLimits,
+                       defaults: GenerationDefaults = NO_DEFAULTS) -> Prepared:
+    """Everything CPU-bound before the request is queued (tokenization); run it off the event loop.
+    ``defaults``: the checkpoint's sampling defaults (``stages.generation_defaults``)."""
     prompts, texts = [], []
     for i, given in enumerate(request.prompts):
         param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
@@ -44,7 +48,8 @@ def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: Engin
                               param, Code.INVALID_VALUE)
         prompts.append(Prompt(token_ids=ids))
         texts.append(text if text is not None else tokenizer.decode(ids))
-    params = sampling_params(request, engine.vocab_size)
+    longest = max(len(prompt.token_ids) for prompt in prompts)
+    params = sampling_params(request, engine.vocab_size, max(1, engine.max_model_len - longest), defaults)
     for i, prompt in enumerate(prompts):
         try:
             engine.check_request(prompt, params)
@@ -57,8 +62,15 @@ def prepare_completion(request: CompletionRequest, tokenizer: Any, engine: Engin
     return Prepared(prompts, texts, params)
 
 
-def sampling_params(request: CompletionRequest, vocab_size: int) -> SamplingParams:
-    """The request's sampling (``stages.api.sampling``): ``max_tokens`` 16 unless given (as OpenAI);
-    ``echo`` with ``logprobs`` asks for the prompt's logprobs too."""
-    return shared_sampling_params(request, vocab_size, max_tokens=request.max_tokens or 16, logprobs=request.logprobs,
-                                  prompt_logprobs=request.logprobs if request.echo else None)
+def sampling_params(request: CompletionRequest, vocab_size: int, left: int | None = None,
+                    defaults: GenerationDefaults = NO_DEFAULTS) -> SamplingParams:
+    """The request's sampling (``stages.api.sampling``, with the checkpoint's ``defaults`` for the
+    fields it leaves out): ``max_tokens`` 16 unless given (as OpenAI), or the checkpoint's
+    ``max_new_tokens`` if it sets one, then at most ``left`` (what the longest prompt leaves of the
+    context: a default never makes a request too long); ``echo`` with ``logprobs`` asks for the
+    prompt's logprobs too."""
+    asked = request.max_tokens if "max_tokens" in request.model_fields_set else None  # the schema fills in 16
+    default = 16 if defaults.max_tokens is None else min(defaults.max_tokens, left or defaults.max_tokens)
+    max_tokens = asked or default
+    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, logprobs=request.logprobs,
+                                  prompt_logprobs=request.logprobs if request.echo else None, defaults=defaults)

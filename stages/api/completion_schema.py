@@ -28,7 +28,7 @@ from stages.api.errors import APIError, bad_request, validation_error
 from stages.api.bounded_json import Scalar, check_map, decode_shape, more_items, shape_error
 from stages.api.parse import STOP_LIST_BOUND
 from stages.api.common_schemas import StrictModel
-from stages.api.schema_types import (MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE,
+from stages.api.schema_types import (GEN, MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_STOP_STRINGS, MIN_TEMPERATURE,
                                      MIN_TOP_P, SEED_MAX, SEED_MIN, AsInteger, RequestModel, StopString, TokenCount)
 from stages.api.schemas import ChatCompletionRequest, StopAndStreamFields, StreamOptions
 from stages.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N
@@ -107,12 +107,15 @@ class CompletionRequest(StopAndStreamFields, RequestModel):
     suffix: str | None = Field(None, description="Not supported: any value but null or \"\" gets 400.")
     max_tokens: Annotated[int, Field(ge=1), AsInteger] | None = Field(
         DEFAULT_MAX_TOKENS, description=f"Tokens to generate per choice at most; default {DEFAULT_MAX_TOKENS} "
-        "(as OpenAI). Each prompt plus this must fit the context (400 context_length_exceeded).")
+        f"(as OpenAI), or the checkpoint's max_new_tokens within the context ({GEN}). Each prompt plus this must "
+        "fit the context (400 context_length_exceeded).")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, allow_inf_nan=False,
-        description=f"In [0, 2]; 0 is greedy. Default 1. Between 0 and {MIN_TEMPERATURE}: raised to it.")
+        description=f"In [0, 2]; 0 is greedy. Default: the checkpoint's ({GEN}), else 1. Between 0 and "
+        f"{MIN_TEMPERATURE}: raised to it.")
     top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False,
-                                description=f"Nucleus sampling in [0, 1], default 1; below {MIN_TOP_P}: raised to it.")
+                                description=f"Nucleus sampling in [0, 1], default the checkpoint's ({GEN}), "
+                                f"else 1; below {MIN_TOP_P}: raised to it.")
     top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
         None, description="Extension: sample among the k most likely tokens; 0 or -1 (or k >= vocabulary) disables it.")
     n: Annotated[int, Field(ge=1, le=MAX_N), AsInteger] | None = Field(

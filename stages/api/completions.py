@@ -68,7 +68,8 @@ def add_completion_route(app: FastAPI, parts: AppParts, config: AppConfig, gener
                               f"this request has {len(body.prompts)}.", "prompt", Code.INVALID_VALUE)
         if not engine.alive:
             raise engine_unavailable()
-        prepared = await run_in_threadpool(prepare_completion, body, parts.tokenizer, engine)
+        prepared = await run_in_threadpool(prepare_completion, body, parts.tokenizer, engine,
+                                           config.generation_defaults)
         run = _Run(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model_name, timer, body, prepared,
                    token_text)
         streams: list[AsyncGenerator[RequestOutput, None]] = []

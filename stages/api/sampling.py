@@ -1,17 +1,22 @@
 """A request's ``SamplingParams`` from the fields chat and legacy completions share, with the clamps
 their schemas document. Each route adds what only it knows: how many tokens at most, which logprobs,
-a grammar.
+a grammar. A field the request leaves out (None) takes the checkpoint's default
+(``stages.generation_defaults``, ``--generation-config``) before the clamps, else the API's own.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.schema_types import MIN_REPETITION_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 from stages.engine.guide import Guide
 from stages.engine.sampling_params import SamplingParams
+from stages.generation_defaults import GenerationDefaults
+
+NO_DEFAULTS = GenerationDefaults()  # --generation-config none, or a checkpoint that sets none
+_T = TypeVar("_T", int, float)
 
 
 class SamplingFields(Protocol):
@@ -33,18 +38,23 @@ class SamplingFields(Protocol):
 
 
 def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None = None, guide: Guide | None = None) -> SamplingParams:
-    """A sampled temperature below ``MIN_TEMPERATURE``, a top_p below ``MIN_TOP_P`` and a
-    repetition_penalty below ``MIN_REPETITION_PENALTY`` are raised to them (smaller ones overflow the
-    logits); a top_k of -1, or at or above the vocabulary size, disables top-k (0). 400 naming
-    ``logit_bias`` for a key that is no token id of this model; 400 for what ``SamplingParams`` refuses."""
-    temperature = 1.0 if request.temperature is None else request.temperature
-    top_k = request.top_k or 0
+                    prompt_logprobs: int | None = None, guide: Guide | None = None,
+                    defaults: GenerationDefaults = NO_DEFAULTS) -> SamplingParams:
+    """``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty`` the request leaves out take
+    ``defaults``' (the checkpoint's), else 1.0, 1.0, off and 1.0. Then a sampled temperature below
+    ``MIN_TEMPERATURE``, a top_p below ``MIN_TOP_P`` and a repetition_penalty below
+    ``MIN_REPETITION_PENALTY`` are raised to them (smaller ones overflow the logits); a top_k of -1, or
+    at or above the vocabulary size, disables top-k (0). 400 naming ``logit_bias`` for a key that is no
+    token id of this model; 400 for what ``SamplingParams`` refuses."""
+    temperature = _given(request.temperature, defaults.temperature, 1.0)
+    top_p = _given(request.top_p, defaults.top_p, 1.0)
+    top_k = _given(request.top_k, defaults.top_k, 0) or 0
+    repetition_penalty = _given(request.repetition_penalty, defaults.repetition_penalty, 1.0)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0,
-            top_p=1.0 if request.top_p is None else max(request.top_p, MIN_TOP_P),
+            top_p=max(top_p, MIN_TOP_P),
             top_k=top_k if 0 < top_k < vocab_size else 0,
             seed=request.seed,
             stop=request.stop_strings,
@@ -52,8 +62,7 @@ def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int
             n=request.n or 1,
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if request.repetition_penalty is None else
-            max(request.repetition_penalty, MIN_REPETITION_PENALTY),
+            repetition_penalty=max(repetition_penalty, MIN_REPETITION_PENALTY),
             logit_bias=logit_bias(request.logit_bias, vocab_size),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -61,6 +70,11 @@ def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int
         )
     except ValueError as exc:
         raise bad_request(str(exc), None, Code.INVALID_VALUE) from None
+
+
+def _given(value: _T | None, default: _T | None, fallback: _T) -> _T:
+    """The request's ``value``; else the checkpoint's ``default``; else the API's ``fallback``."""
+    return value if value is not None else default if default is not None else fallback
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

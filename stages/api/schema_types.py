@@ -17,6 +17,8 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256  # per stop string: the detokenizer holds back that many characters of a stream
 MIN_TEMPERATURE = 0.01  # a sampled temperature below this is raised to it (smaller ones overflow the logits)
 MIN_TOP_P = 1e-6  # a top_p below this is raised to it (both keep only the most likely token)
+# where a sampling field a request leaves out takes its default from (stages.generation_defaults)
+GEN = "its generation_config.json, unless the server runs --generation-config none"
 MIN_REPETITION_PENALTY = 0.01  # a repetition_penalty below this is raised to it (smaller ones overflow the logits)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_HOST_CHARS = 255  # a DNS name's limit

@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 
 from contract.bootstrap import ROOM_MAX
 from stages.api.message_schemas import ChatMessage
-from stages.api.schema_types import (FUNCTION_NAME, MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES, MAX_METADATA,
+from stages.api.schema_types import (GEN, FUNCTION_NAME, MAX_HOST_CHARS, MAX_LOGIT_BIAS_TOKENS, MAX_MESSAGES,
+                                     MAX_METADATA,
                                      MAX_METADATA_KEY, MAX_METADATA_VALUE, MAX_NAME_CHARS, MAX_SCHEMA_BYTES,
                                      MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOOLS, MIN_REPETITION_PENALTY,
                                      MIN_TEMPERATURE, MIN_TOP_P, SEED_MAX, SEED_MIN, AsInteger, Bias, MetadataKey,
@@ -133,18 +134,22 @@ class ChatCompletionRequest(StopAndStreamFields, RequestModel):
                               "any other gets 404 model_not_found.")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, allow_inf_nan=False,
-        description=f"In [0, 2]; 0 is greedy decoding. Default 1. A value between 0 and {MIN_TEMPERATURE} is raised "
+        description=f"In [0, 2]; 0 is greedy decoding. Default: the checkpoint's ({GEN}), else 1. A value "
+        f"between 0 and {MIN_TEMPERATURE} is raised "
         f"to {MIN_TEMPERATURE} (smaller ones would scale the logits out of float range). NaN and infinities get 400.")
     top_p: float | None = Field(
         None, ge=0.0, le=1.0, allow_inf_nan=False,
-        description=f"Nucleus sampling, in [0, 1]. Default 1. A value below {MIN_TOP_P} (0 included, as OpenAI "
+        description=f"Nucleus sampling, in [0, 1]. Default: the checkpoint's ({GEN}), else 1. A value below "
+        f"{MIN_TOP_P} (0 included, as OpenAI "
         f"takes it) is raised to {MIN_TOP_P}: either keeps only the most likely token. NaN gets 400.")
     top_k: Annotated[int, Field(ge=-1), AsInteger] | None = Field(
         None, description="Extension: sample among the k most likely tokens. 0 or -1 disables it, and so "
-        "does a k at or above the vocabulary size (it would keep every token).")
+        f"does a k at or above the vocabulary size (it would keep every token). Default: the checkpoint's ({GEN}), "
+        "else disabled.")
     max_tokens: TokenCount | None = Field(
         None, description="Tokens to generate at most, per choice. The prompt plus this must fit the model's "
-        "context (--max-model-len), else 400 context_length_exceeded. Default: what is left of the context.")
+        "context (--max-model-len), else 400 context_length_exceeded. Default: what is left of the context, or the "
+        f"checkpoint's max_new_tokens if fewer ({GEN}).")
     max_completion_tokens: TokenCount | None = Field(None, description="As max_tokens, which it overrides.")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description=f"Up to {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters "
@@ -163,7 +168,8 @@ class ChatCompletionRequest(StopAndStreamFields, RequestModel):
         "generated it so far.")
     repetition_penalty: float | None = Field(
         None, gt=0.0, le=2.0, allow_inf_nan=False,
-        description="Extension (vLLM's), in (0, 2], default 1: the logit of every token in the prompt or the "
+        description=f"Extension (vLLM's), in (0, 2], default the checkpoint's ({GEN}), else 1: the logit of every "
+        "token in the prompt or the "
         f"output so far is divided by it if positive, multiplied by it if negative. A value below "
         f"{MIN_REPETITION_PENALTY} is raised to {MIN_REPETITION_PENALTY} (smaller ones would scale the logits out "
         "of float range).")

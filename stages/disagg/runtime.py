@@ -1,5 +1,5 @@
 """Start-up shared by the prefill and decode servers: the engine and its prompt builder, the transfer
-backend, the fingerprint."""
+backend, the fingerprint (with the prompt builder's sampling defaults)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from stages.engine.async_engine import AsyncEngine
 from stages.engine.config import EngineConfig
 from stages.engine.engine import Engine
 from stages.faults.seams import Seams
+from stages.generation_defaults import GenerationDefaults
 from stages.loading import load_engine
 from stages.prompt import PromptBuilder
 from transfer.base import TransferBackend, TransferConfig
@@ -39,11 +40,12 @@ def start_runtime(engine_config: EngineConfig, transfer: str, transfer_config: T
     backend = seams.backend(create_backend(transfer, transfer_config))
     backend.register(engine.pool.data_ptr, engine.pool.nbytes, engine.pool.memory, engine.pool.device_id)
     return StageRuntime(AsyncEngine(engine, on_step=on_step, before_step=seams.before_step()), prompts, backend,
-                        fingerprint(engine, transfer))
+                        fingerprint(engine, transfer, prompts.defaults))
 
 
-def fingerprint(engine: Engine, backend: str) -> Fingerprint:
-    """What P and D must agree on for P's KV bytes to mean the same thing in D's blocks."""
+def fingerprint(engine: Engine, backend: str, defaults: GenerationDefaults) -> Fingerprint:
+    """What P and D must agree on for P's KV bytes to mean the same thing in D's blocks, and for P's
+    first token to be sampled as D samples the rest (``defaults``: the checkpoint's sampling defaults)."""
     config, layout = engine.adapter.config, engine.layout
     return Fingerprint(
         model=model_identity(config.model_type, config.to_dict()),
@@ -55,4 +57,5 @@ def fingerprint(engine: Engine, backend: str) -> Fingerprint:
         head_dim=layout.head_dim,
         block_bytes=layout.block_bytes,
         memory=engine.pool.memory,
+        generation_defaults=defaults.key(),
     )

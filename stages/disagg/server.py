@@ -37,6 +37,7 @@ from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.ready import check_size
 from stages.disagg.runtime import StageRuntime, start_runtime
 from stages.engine.outputs import RequestOutput
+from stages.generation_defaults import generation_info
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
@@ -194,6 +195,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "model_path": config.engine.model,
         "transfer_backend": disagg.transfer,
         "fingerprint": dataclasses.asdict(runtime.fingerprint),
+        **generation_info(config.engine.generation_config, runtime.prompts.defaults),
         "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
         "transfer": dataclasses.asdict(runtime.backend.stats),
         "group": disagg.group,

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stages.generation_defaults import GENERATION_CONFIGS
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,6 +40,8 @@ class EngineConfig:
     device: str = "auto"  # see DEVICE_HELP; resolved (and checked against the machine) by torch_device
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (scheduler.py); a decode has none to reuse
     kv_allocation: str = "on_demand"  # KV_ALLOCATIONS: blocks as tokens come (preemption), or all on admission
+    # GENERATION_CONFIGS: auto, the checkpoint's sampling defaults apply to what a request leaves out; none: no defaults
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,6 +49,9 @@ class EngineConfig:
         check_device(self.device)
         if self.kv_allocation not in KV_ALLOCATIONS:
             raise ValueError(f"--kv-allocation must be one of {list(KV_ALLOCATIONS)}, got {self.kv_allocation!r}")
+        if self.generation_config not in GENERATION_CONFIGS:
+            raise ValueError(f"--generation-config must be one of {list(GENERATION_CONFIGS)}, "
+                             f"got {self.generation_config!r}")
         for name in ("block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "threads"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")

@@ -26,6 +26,7 @@ from stages.engine.outputs import RequestOutput
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.metrics import Metrics
+from stages.generation_defaults import GenerationDefaults
 
 MODEL = "tiny-test"
 
@@ -72,6 +73,7 @@ class FakeEngine:
     max_model_len = 64
     vocab_size = 1000
     guides = None  # compiles no grammar
+    defaults = GenerationDefaults()  # the checkpoint sets no sampling default
 
     def __init__(self) -> None:
         self.built: list[tuple[list, list]] = []

@@ -11,12 +11,14 @@ it; a field the file leaves out keeps the API's own default (temperature 1.0, no
 penalty), not transformers' ``generate()`` defaults. ``min_p`` is vLLM's too, but this engine has no
 min-p: it is not taken, and ``ignored`` names it so the server can say so at start.
 
-``do_sample``: vLLM ignores it; ``generate()`` is greedy when it is false. Decision: an explicit
-``"do_sample": false`` makes greedy the default (temperature 0.0) and drops the file's temperature,
-top_p and top_k, which ``generate()`` does not use then either; its repetition_penalty and
-max_new_tokens still apply, as in ``generate()``. A file without ``do_sample`` is taken as vLLM does
-(``generate()`` would be greedy there too, but an OpenAI server's default is sampling at 1.0, and a
-file that sets no sampling field changes nothing).
+``do_sample``: ignored, as vLLM does; ``generate()`` is greedy when it is false (or unset). Decision:
+vLLM's, for three reasons. Files saying ``"do_sample": false`` and no sampling field are common (every
+checkpoint ``stage make-model`` writes is one): taking it would make greedy the default of every request
+that leaves temperature out, silently replacing the OpenAI default of sampling at 1.0, which is not
+what the flag is for. transformers itself refuses to save ``do_sample: false`` beside a temperature,
+top_p or top_k (``GenerationConfig.validate``), so in a well-formed file that sets them ``do_sample`` is
+true and ``generate()`` agrees with this server. And where a file does hold both,
+``sampled_but_greedy`` says so and the server logs a warning (send ``temperature: 0`` for greedy).
 
 ``none`` is the behaviour before the flag: no defaults. A value a request could not set itself
 (outside the API's ranges, or of the wrong type) is refused at start, naming the flag.
@@ -33,6 +35,8 @@ from typing import Any
 GENERATION_CONFIGS = ("auto", "none")  # --generation-config
 FILE = "generation_config.json"
 _SAMPLED = ("temperature", "top_p", "top_k")  # used by generate() only when do_sample is true
+_TAKEN = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+          "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}  # file's name -> API's
 _IGNORED = ("min_p",)  # vLLM takes them; this engine cannot
 
 
@@ -78,17 +82,18 @@ def generation_info(mode: str, defaults: GenerationDefaults) -> dict[str, Any]:
 def from_generation_config(config: Mapping[str, Any]) -> GenerationDefaults:
     """The defaults a parsed ``generation_config.json`` sets (see the module docstring); ValueError naming
     ``--generation-config`` for a value a request could not set."""
-    greedy = config.get("do_sample") is False
-    taken = {name: config.get(name) for name in ("repetition_penalty", *([] if greedy else _SAMPLED))}
-    taken["max_tokens"] = config.get("max_new_tokens")
-    if greedy:
-        taken["temperature"] = 0.0
-    return GenerationDefaults(**{name: value for name, value in taken.items() if value is not None})
+    return GenerationDefaults(**{api: config[name] for name, api in _TAKEN.items() if config.get(name) is not None})
 
 
 def ignored(config: Mapping[str, Any]) -> tuple[str, ...]:
     """Fields vLLM would take from ``config`` that this server cannot apply (a warning at start)."""
     return tuple(name for name in _IGNORED if config.get(name) is not None)
+
+
+def sampled_but_greedy(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The sampling fields ``config`` sets beside ``"do_sample": false`` (applied here, as vLLM does,
+    where ``generate()`` would decode greedily): a warning at start."""
+    return tuple(name for name in _SAMPLED if config.get("do_sample") is False and config.get(name) is not None)
 
 
 def _number(value: object) -> bool:

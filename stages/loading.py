@@ -27,7 +27,7 @@ from pathlib import Path
 
 from stages.engine.config import VISION, EngineConfig
 from stages.engine.engine import Engine
-from stages.generation_defaults import FILE, GenerationDefaults, from_generation_config, ignored
+from stages.generation_defaults import FILE, GenerationDefaults, from_generation_config, ignored, sampled_but_greedy
 from stages.guided import GuideCompiler
 from stages.prompt import PromptBuilder, load_tokenizer, text_decoding
 
@@ -53,7 +53,7 @@ def generation_defaults(model_dir: str | Path, mode: str) -> GenerationDefaults:
     """The sampling defaults of ``model_dir``'s ``generation_config.json`` under ``--generation-config
     mode``: none for ``none`` or a checkpoint without the file. ValueError naming the flag for a file
     that is no JSON object or sets a value a request could not; a warning for a field vLLM would take
-    and this server cannot (``min_p``)."""
+    and this server cannot (``min_p``), and for sampling fields beside ``do_sample: false``."""
     path = Path(model_dir) / FILE
     if mode == "none" or not path.is_file():
         return GenerationDefaults()
@@ -66,6 +66,9 @@ def generation_defaults(model_dir: str | Path, mode: str) -> GenerationDefaults:
     defaults = from_generation_config(config)
     if skipped := ignored(config):
         _log.warning("%s sets %s, which this server does not support; ignored", path, ", ".join(skipped))
+    if sampled := sampled_but_greedy(config):
+        _log.warning("%s sets do_sample false beside %s: applied as defaults (vLLM's reading), where generate() "
+                     "would decode greedily; a request that wants greedy sends temperature 0", path, ", ".join(sampled))
     if defaults.to_json():
         _log.info("sampling defaults from %s (--generation-config %s): %s", path, mode, defaults.to_json())
     return defaults

@@ -14,7 +14,8 @@ from stages.api.completion_prompts import sampling_params as completion_params
 from stages.api.completion_schema import parse_completion_request
 from stages.api.schema_types import MIN_TEMPERATURE, MIN_TOP_P
 from stages.api.schemas import ChatCompletionRequest
-from stages.generation_defaults import GenerationDefaults, from_generation_config, generation_info, ignored
+from stages.generation_defaults import (GenerationDefaults, from_generation_config, generation_info, ignored,
+                                         sampled_but_greedy)
 from stages.loading import generation_defaults
 from transfer.fingerprint import Fingerprint, check_compatible
 
@@ -42,11 +43,14 @@ def test_a_file_without_sampling_fields_sets_no_default():
     assert from_generation_config({"do_sample": True}).to_json() == {}
 
 
-def test_do_sample_false_makes_greedy_the_default_as_generate_does():
-    """generate() ignores temperature, top_k and top_p unless it samples; the penalty still applies."""
-    defaults = from_generation_config({"do_sample": False, "temperature": 0.7, "top_k": 5, "top_p": 0.9,
-                                       "repetition_penalty": 1.2, "max_new_tokens": 7})
-    assert defaults.to_json() == {"temperature": 0.0, "repetition_penalty": 1.2, "max_tokens": 7}
+def test_do_sample_is_ignored_as_vllm_does_and_a_conflict_is_named():
+    """``do_sample: false`` alone (as every generated checkpoint has it) sets no default: requests that
+    leave temperature out still sample at 1.0. Beside sampling fields they apply, and are named."""
+    assert from_generation_config({"do_sample": False, "bos_token_id": 0}) == GenerationDefaults()
+    config = {"do_sample": False, "temperature": 0.7, "top_k": 5, "repetition_penalty": 1.2}
+    assert from_generation_config(config).to_json() == {"temperature": 0.7, "top_k": 5, "repetition_penalty": 1.2}
+    assert sampled_but_greedy(config) == ("temperature", "top_k")
+    assert sampled_but_greedy({**config, "do_sample": True}) == sampled_but_greedy({"temperature": 0.7}) == ()
 
 
 @pytest.mark.parametrize("field, value", [("temperature", 3.0), ("temperature", -1), ("top_p", 0), ("top_k", -2),

@@ -3,7 +3,8 @@ the decode (the same body to the prefill at once, as a PD router sends it) and t
 logprobs, the first token's included, equal colocated's and Hugging Face's ``log_softmax`` within 1e-4;
 ``n=3`` seeded equals colocated's ``n=3`` choice by choice (stream too, logprobs by index); penalties and
 ``logit_bias`` give colocated's tokens; ``response_format`` outputs and a forced tool call parse, validate
-and equal colocated's; ``/v1/completions``
+and equal colocated's; a forced call of a tool whose object leaves ``additionalProperties`` unsaid ends in
+EPD (issue 31), and ``required`` cut by max_tokens is still tool calls; ``/v1/completions``
 ``echo`` with ``logprobs`` gets the prompt's logprobs from the prefill (``KVReady``) equal to colocated's; and
 the KV blocks of both stages are back to their baseline after an ``n=3`` request and after an aborted one."""
 
@@ -291,6 +292,67 @@ async def test_a_forced_tool_call_through_pd_parses_and_equals_colocated(pd, col
     jsonschema.validate(json.loads(call.function.arguments), TOOL["function"]["parameters"])
     assert call.function.arguments == c.choices[0].message.tool_calls[0].function.arguments
     pd.wait_blocks_free()
+
+
+OPEN_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                              "parameters": {"type": "object", "properties": {  # additionalProperties unsaid
+                                                  "city": {"type": "string", "maxLength": 8},
+                                                  "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}}
+FORCED = {"named": {"type": "function", "function": {"name": "get_weather"}}, "required": "required"}
+# seeds where the open object wrote an extra key past 60 tokens (additionalProperties true: length); closed, the
+# call ends (and required's array after it). CUT: required's array goes on to a second call, cut in its arguments.
+FORCED_SEED = {"named": 0, "required": 4}
+CUT_SEED, CUT_TOKENS = 2, 90
+
+
+def _calls(answer, stream: bool) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    """(content, [(name, arguments)], finish_reason) of an answer's first choice, whole or streamed."""
+    if not stream:
+        ch = answer.choices[0]
+        return ch.message.content, [(c.function.name, c.function.arguments) for c in ch.message.tool_calls or ()], \
+            ch.finish_reason
+    pieces = [chunk.choices[0] for chunk in answer if chunk.choices]
+    calls: dict[int, list[str]] = {}
+    for delta in (call for piece in pieces for call in piece.delta.tool_calls or ()):
+        name, arguments = calls.setdefault(delta.index, ["", ""])
+        calls[delta.index] = [name + (delta.function.name or ""), arguments + (delta.function.arguments or "")]
+    return "".join(p.delta.content or "" for p in pieces) or None, [(n, a) for n, a in calls.values()], \
+        pieces[-1].finish_reason
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("forced", ["named", "required"])
+async def test_a_forced_call_of_a_tool_whose_object_is_open_ends_within_60_tokens(epd, colocated, forced, stream):
+    """Issue 31: a tool whose parameters leave ``additionalProperties`` unsaid, forced, ends its
+    arguments after the declared keys (the compiler closes the object), in colocated and EPD, whole
+    and streamed: tool calls, finish_reason tool_calls, no content, the same call both ways."""
+    kwargs = dict(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[OPEN_TOOL], max_tokens=60,
+                  tool_choice=FORCED[forced], temperature=1.0, seed=FORCED_SEED[forced], stream=stream)
+    d, _ = await epd.chat(**kwargs)
+    c = colocated_chat(colocated, **kwargs)
+    content, calls, finish = _calls(d, stream)
+    assert (content, finish) == (None, "tool_calls"), (content, calls)
+    (name, arguments), = calls
+    assert name == "get_weather" and json.loads(arguments).keys() == {"city", "unit"}, arguments
+    jsonschema.validate(json.loads(arguments), OPEN_TOOL["function"]["parameters"])
+    assert _calls(c, stream) == (content, calls, finish)
+    epd.wait_blocks_free()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_required_call_cut_by_max_tokens_is_still_tool_calls(epd, colocated, stream):
+    """Cut by max_tokens, ``required``'s output is tool calls as OpenAI answers it (finish_reason length,
+    the last call's arguments unfinished), never content; EPD and colocated alike, whole and streamed."""
+    kwargs = dict(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[OPEN_TOOL],
+                  max_tokens=CUT_TOKENS, tool_choice="required", temperature=1.0, seed=CUT_SEED, stream=stream)
+    d, _ = await epd.chat(**kwargs)
+    content, calls, finish = _calls(d, stream)
+    assert content is None and finish == "length" and len(calls) == 2, (content, calls)
+    (first_name, first), (cut_name, cut) = calls
+    assert first_name == cut_name == "get_weather" and json.loads(first).keys() == {"city", "unit"}
+    assert cut and '{"city": "'.startswith(cut), cut  # the second call's arguments, unfinished
+    assert _calls(colocated_chat(colocated, **kwargs), stream) == (content, calls, finish)
+    epd.wait_blocks_free()
 
 
 # --- blocks after an aborted request ----------------------------------------------------------------------

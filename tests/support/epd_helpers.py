@@ -2,9 +2,9 @@
 fingerprint, a claim on the encoder's behalf, the image to E and ``image_ref`` parts to P and D
 with one room, all at once.
 
-``start_epd(variant, transfer, redis_url, logs, encoders=1, ...) -> EPD`` starts the servers in
-parallel (most of the wait is imports); ``epd.stop()`` stops them. ``await epd.run(client, images,
-...)`` sends one request and returns the three answers. ``key_of(epd, data)`` is an image's key;
+``start_epd(variant, transfer, redis_url, logs, encoders=1, ..., path=None) -> EPD`` starts the servers
+(on ``path``, default the variant's generated checkpoint) in parallel (most of the wait is imports);
+``epd.stop()`` stops them. ``await epd.run(client, images, ...)`` sends one request and returns the three answers. ``key_of(epd, data)`` is an image's key;
 ``image_for(epd, encoder_url, seed)`` a new PNG the router's cache_aware policy sends to that encoder.
 """
 
@@ -147,9 +147,10 @@ class EPD:
 
 def start_epd(variant: str, transfer: str, redis_url: str, logs: Path, *, encoders: int = 1,
               encoder_flags: tuple[str, ...] = (), prefill_flags: tuple[str, ...] = (),
-              decode_flags: tuple[str, ...] = ()) -> EPD:
-    """E (``encoders`` of them), P and D of ``variant`` on ``redis_url``, started in parallel."""
-    path = model_dir(variant)
+              decode_flags: tuple[str, ...] = (), path: Path | None = None) -> EPD:
+    """E (``encoders`` of them), P and D of ``variant`` (its checkpoint at ``path``, default
+    ``model_dir(variant)``) on ``redis_url``, started in parallel."""
+    path = path or model_dir(variant)
     bootstrap = free_port()
     common = ["--model", str(path), "--device", DEVICE, "--redis-url", redis_url]
     jobs = [("encoder", [*common, *encoder_flags], logs / f"encoder-{i}.log") for i in range(encoders)]

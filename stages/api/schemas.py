@@ -50,7 +50,9 @@ class FunctionDefinition(RequestModel):
     name: str = Field(pattern=FUNCTION_NAME, description="a-z, A-Z, 0-9, _ and -, at most 64 characters.")
     description: str | None = Field(None, description="What the function does, shown to the model.")
     parameters: dict[str, Any] | None = Field(None, description="The arguments' JSON Schema (an object). A call "
-                                              "forced by tool_choice follows it exactly (constrained decoding); a "
+                                              "forced by tool_choice follows it exactly (constrained decoding), "
+                                              "an object that declares properties and leaves additionalProperties "
+                                              "unsaid closed after them (as llama.cpp and xgrammar's strict mode); a "
                                               "schema the grammar compiler cannot take gets 400 invalid_tool_schema. "
                                               f"The request's schemas together: at most {MAX_SCHEMA_BYTES} bytes "
                                               "of JSON.")
@@ -76,7 +78,9 @@ class JSONSchemaFormat(RequestModel):
                       "characters.")
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON Schema the answer follows "
-                                           "(constrained decoding). None: any JSON object. A schema the grammar "
+                                           "(constrained decoding); an object that declares properties and leaves "
+                                           "additionalProperties unsaid is closed after them. None: any JSON "
+                                           "object. A schema the grammar "
                                            "compiler cannot take gets 400 invalid_response_format. The request's "
                                            f"schemas together: at most {MAX_SCHEMA_BYTES} bytes of JSON.")
     strict: bool | None = Field(None, description="Accepted; the answer always follows the schema.")
@@ -192,7 +196,9 @@ class ChatCompletionRequest(StopAndStreamFields, RequestModel):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="auto (the default with tools): the model may call a tool; none: the tools are not "
         "offered to the model at all (its prompt is the one without tools, so it cannot write a call); "
-        "required: at least one call, a named function: exactly that one, both enforced by constrained decoding. "
+        "required: at least one call, a named function: exactly that one, both enforced by constrained decoding; "
+        "cut by max_tokens, the answer is still tool_calls (finish_reason length, the last call's arguments "
+        "unfinished JSON; required's cut call once its name is whole), never content. "
         "required or a named function without tools, or naming a function not in tools, gets 400.")
     response_format: ResponseFormat | None = Field(
         None, description="json_object or json_schema: the answer is generated under a grammar that admits only "

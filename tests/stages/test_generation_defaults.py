@@ -129,3 +129,24 @@ def test_the_file_is_read_as_the_flag_says(tmp_path):
     (tmp_path / "generation_config.json").write_text("{")
     with pytest.raises(ValueError, match="--generation-config none"):
         generation_defaults(tmp_path, "auto")
+
+
+@pytest.mark.parametrize("role", ["colocated", "prefill", "decode", "pd"])
+def test_the_flag_defaults_to_auto_and_reaches_the_engine_config(role):
+    from cli import build_parser
+    from cli.serve import server_config
+
+    def engine(*flags: str):
+        return server_config(build_parser().parse_args(["serve", role, "--model", "/m", *flags]), role).engine
+
+    assert engine().generation_config == "auto"
+    assert engine("--generation-config", "none").generation_config == "none"
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        engine("--generation-config", "vllm")
+
+
+def test_the_engine_config_refuses_another_value_naming_the_flag():
+    from stages.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--generation-config must be one of"):
+        EngineConfig(model="/m", generation_config="path/to/dir")

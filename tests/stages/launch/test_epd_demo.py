@@ -53,6 +53,8 @@ def test_epd_demo_answers_like_colocated_and_leaves_nothing_running(tmp_path):
     epd = demo("epd", tmp_path)
     redis_port = int(re.search(r"started redis at redis://127\.0\.0\.1:(\d+)/0", epd).group(1))
     lines = epd.splitlines()
+    assert f"epd mode, model {tmp_path / 'qwen2_vl-tiny'}: encoder cpu, prefill cpu, decode cpu; KV over mooncake" \
+        in lines  # this machine's torch sees no GPU (stages.launch.placement)
     answer = next(line for line in lines if line.startswith("answer (length): "))
     said = [lines.index(line) for line in (
         "prompt: [image: 224x224 PNG, a red disc and a blue square on a gradient] What is in this picture?", answer,

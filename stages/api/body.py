@@ -5,7 +5,6 @@ the memory of a large body back once its request is done (``ReleaseMemory``)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -54,8 +53,9 @@ async def _read_into(request: Request, body: bytearray) -> bytearray:
 
 
 RELEASE_AFTER_BYTES = 1 << 20
-_LIBC = ctypes.util.find_library("c")
-_MALLOC_TRIM = getattr(ctypes.CDLL(_LIBC), "malloc_trim", None) if _LIBC else None  # glibc only
+# glibc only; CDLL(None) is the process's own symbol table (libc's included), found without
+# ctypes.util.find_library, which runs ldconfig in a subprocess at import
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 class ReleaseMemory:

@@ -25,7 +25,7 @@ from cache.keys import image_key
 from contract.errors import Code
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
-from stages.api.sampling import NO_DEFAULTS
+from stages.api.sampling import NO_DEFAULTS, with_defaults
 from stages.api.sampling import sampling_params as shared_sampling_params
 from stages.api.message_schemas import ImageRef
 from stages.api.schemas import ChatCompletionRequest
@@ -193,7 +193,7 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
     ``top_logprobs`` (default 0) alternatives per token."""
     left = max(1, max_model_len - prompt_len)
     max_tokens = request.max_completion_tokens or request.max_tokens or min(left, defaults.max_tokens or left)
-    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, guide=guide, defaults=defaults,
+    return shared_sampling_params(with_defaults(request, defaults), vocab_size, max_tokens=max_tokens, guide=guide,
                                   logprobs=(request.top_logprobs or 0) if request.logprobs else None)
 
 

@@ -16,7 +16,7 @@ from contract.errors import Code
 from stages.api.chat import EngineLimits
 from stages.api.completion_schema import CompletionRequest
 from stages.api.errors import bad_request
-from stages.api.sampling import NO_DEFAULTS
+from stages.api.sampling import NO_DEFAULTS, with_defaults
 from stages.api.sampling import sampling_params as shared_sampling_params
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
@@ -72,5 +72,5 @@ def sampling_params(request: CompletionRequest, vocab_size: int, left: int | Non
     asked = request.max_tokens if "max_tokens" in request.model_fields_set else None  # the schema fills in 16
     default = 16 if defaults.max_tokens is None else min(defaults.max_tokens, left or defaults.max_tokens)
     max_tokens = asked or default
-    return shared_sampling_params(request, vocab_size, max_tokens=max_tokens, logprobs=request.logprobs,
-                                  prompt_logprobs=request.logprobs if request.echo else None, defaults=defaults)
+    return shared_sampling_params(with_defaults(request, defaults), vocab_size, max_tokens=max_tokens,
+                                  logprobs=request.logprobs, prompt_logprobs=request.logprobs if request.echo else None)

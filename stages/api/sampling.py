@@ -1,12 +1,15 @@
 """A request's ``SamplingParams`` from the fields chat and legacy completions share, with the clamps
 their schemas document. Each route adds what only it knows: how many tokens at most, which logprobs,
 a grammar. A field the request leaves out (None) takes the checkpoint's default
-(``stages.generation_defaults``, ``--generation-config``) before the clamps, else the API's own.
+(``with_defaults``: ``stages.generation_defaults``, ``--generation-config``) before the clamps, else
+the API's own.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from contract.errors import Code
 from stages.api.errors import bad_request
@@ -16,7 +19,8 @@ from stages.engine.sampling_params import SamplingParams
 from stages.generation_defaults import GenerationDefaults
 
 NO_DEFAULTS = GenerationDefaults()  # --generation-config none, or a checkpoint that sets none
-_T = TypeVar("_T", int, float)
+SAMPLED_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")  # what with_defaults fills in
+_R = TypeVar("_R", bound=BaseModel)
 
 
 class SamplingFields(Protocol):
@@ -37,19 +41,27 @@ class SamplingFields(Protocol):
     def stop_strings(self) -> tuple[str, ...]: ...
 
 
+def with_defaults(request: _R, defaults: GenerationDefaults) -> _R:
+    """``request`` with each of ``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty`` it
+    leaves out (None) set to ``defaults``' (the checkpoint's; validated at start), a copy if any is;
+    ``sampling_params`` then clamps them as a request's own. ``max_tokens`` is each route's to default."""
+    unset = {name: value for name, value in defaults.to_json().items()
+             if name in SAMPLED_DEFAULTS and getattr(request, name) is None}
+    return request.model_copy(update=unset) if unset else request
+
+
 def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None = None, guide: Guide | None = None,
-                    defaults: GenerationDefaults = NO_DEFAULTS) -> SamplingParams:
-    """``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty`` the request leaves out take
-    ``defaults``' (the checkpoint's), else 1.0, 1.0, off and 1.0. Then a sampled temperature below
-    ``MIN_TEMPERATURE``, a top_p below ``MIN_TOP_P`` and a repetition_penalty below
+                    prompt_logprobs: int | None = None, guide: Guide | None = None) -> SamplingParams:
+    """A field the request leaves out takes the API's default (``with_defaults`` first, for the
+    checkpoint's): temperature 1.0, top_p 1.0, no top-k, repetition_penalty 1.0. A sampled temperature
+    below ``MIN_TEMPERATURE``, a top_p below ``MIN_TOP_P`` and a repetition_penalty below
     ``MIN_REPETITION_PENALTY`` are raised to them (smaller ones overflow the logits); a top_k of -1, or
     at or above the vocabulary size, disables top-k (0). 400 naming ``logit_bias`` for a key that is no
     token id of this model; 400 for what ``SamplingParams`` refuses."""
-    temperature = _given(request.temperature, defaults.temperature, 1.0)
-    top_p = _given(request.top_p, defaults.top_p, 1.0)
-    top_k = _given(request.top_k, defaults.top_k, 0) or 0
-    repetition_penalty = _given(request.repetition_penalty, defaults.repetition_penalty, 1.0)
+    temperature = 1.0 if request.temperature is None else request.temperature
+    top_p = 1.0 if request.top_p is None else request.top_p
+    top_k = request.top_k or 0
+    repetition_penalty = 1.0 if request.repetition_penalty is None else request.repetition_penalty
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -70,11 +82,6 @@ def sampling_params(request: SamplingFields, vocab_size: int, *, max_tokens: int
         )
     except ValueError as exc:
         raise bad_request(str(exc), None, Code.INVALID_VALUE) from None
-
-
-def _given(value: _T | None, default: _T | None, fallback: _T) -> _T:
-    """The request's ``value``; else the checkpoint's ``default``; else the API's ``fallback``."""
-    return value if value is not None else default if default is not None else fallback
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

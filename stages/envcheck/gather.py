@@ -182,6 +182,7 @@ def _password(url: str) -> str | None:
     """The password in ``url`` (user info or ``?password=``), to keep out of an error message."""
     try:
         parts = urlsplit(url)
-        return parts.password or (parse_qs(parts.query).get("password") or [None])[0]
+        in_query = parse_qs(parts.query).get("password")
+        return parts.password or (in_query[0] if in_query else None)
     except ValueError:
         return None

@@ -61,12 +61,13 @@ class UcxFacts:
     """The UCX that NIXL bundles. ``source``: which wheel's copy was asked (e.g. ``"nixl_cu13.libs"``),
     None when no NIXL wheel is installed. ``transports``: ``"tl/device"`` pairs as ``ucx_info -d`` lists
     them (``"tcp/eth0"``, ``"cuda_copy/cuda"``), None when unknown, ``unknown_why`` saying why.
-    ``tls_env``: the ``UCX_TLS`` variable, which narrows what UCX uses (None: unset, all of them)."""
+    ``env``: the ``UCX_*`` variables set here, as ``NAME=value`` (``UCX_TLS``, ``UCX_NET_DEVICES``, ...
+    narrow what UCX uses; ``transfer/nixl.py`` sets ``UCX_MODULES=^ib`` for protocol tcp unless set)."""
 
     source: str | None = None
     transports: tuple[str, ...] | None = None
     unknown_why: str | None = None
-    tls_env: str | None = None
+    env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -99,9 +99,13 @@ def driver_version() -> str | None:
         except (OSError, subprocess.TimeoutExpired):
             pass
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
+        return proc_driver_version(Path("/proc/driver/nvidia/version").read_text())
     except OSError:
         return None
+
+
+def proc_driver_version(text: str) -> str | None:
+    """The driver version in ``/proc/driver/nvidia/version``'s text (proprietary or open kernel module)."""
     found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\w.-]*)", text)
     return found.group(1) if found else None
 
@@ -113,11 +117,16 @@ def import_error(statement: str) -> str | None:
                              timeout=IMPORT_TIMEOUT_S, env={**os.environ, "GLOG_minloglevel": "2"})
     except subprocess.TimeoutExpired:
         return f"`{statement}` took over {IMPORT_TIMEOUT_S:g} s"
-    if out.returncode == 0:
-        return None
-    lines = [line.strip() for line in out.stderr.splitlines() if line.strip()]
+    return None if out.returncode == 0 else last_error(out.stderr) or f"exit code {out.returncode}"
+
+
+def last_error(stderr: str) -> str | None:
+    """The last ``SomeError: message`` line of a child's stderr (its traceback's last word; glog lines
+    around it skipped), else its last line; None when it is empty (pure)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]
-    return (errors or lines or [f"exit code {out.returncode}"])[-1]
+    picked = errors or lines
+    return picked[-1] if picked else None
 
 
 def mooncake_facts(error: str | None) -> Backend:
@@ -138,7 +147,7 @@ def _with_versions(dists: list[str]) -> tuple[str, ...]:
 
 def ucx_facts(build: str | None) -> UcxFacts:
     """The transports of the UCX the NIXL wheel that ``nixl`` loads beside torch ``build`` bundles."""
-    tls = os.environ.get("UCX_TLS")
+    env = tuple(sorted(f"{name}={value}" for name, value in os.environ.items() if name.startswith("UCX_")))
     modules = [f"nixl_{build}"] if build in ("cu12", "cu13") else ["nixl_cu13", "nixl_cu12"]  # nixl's own order
     for module in modules:
         spec = importlib.util.find_spec(module)
@@ -146,10 +155,10 @@ def ucx_facts(build: str | None) -> UcxFacts:
             continue
         libs = Path(next(iter(spec.submodule_search_locations))).parent / f"{module}.libs"
         if not libs.is_dir():
-            return UcxFacts(libs.name, unknown_why=f"{libs} is missing (a NIXL wheel without UCX?)", tls_env=tls)
+            return UcxFacts(libs.name, unknown_why=f"{libs} is missing (a NIXL wheel without UCX?)", env=env)
         transports, why = ucx_transports(libs)
-        return UcxFacts(libs.name, transports, why, tls)
-    return UcxFacts(unknown_why="no NIXL wheel is installed (UCX comes with it)", tls_env=tls)
+        return UcxFacts(libs.name, transports, why, env)
+    return UcxFacts(unknown_why="no NIXL wheel is installed (UCX comes with it)", env=env)
 
 
 def rdma_devices() -> tuple[str, ...] | None:

@@ -76,11 +76,11 @@ def _backend(backend: Backend) -> str:
 
 
 def _ucx(ucx: UcxFacts) -> str:
-    tls = f"; UCX_TLS={ucx.tls_env}" if ucx.tls_env else ""
+    env = f"; {' '.join(ucx.env)}" if ucx.env else ""
     if ucx.transports is None:
-        return f"transports unknown: {ucx.unknown_why}{tls}"
+        return f"transports unknown: {ucx.unknown_why}{env}"
     listed = " ".join(ucx.transports) or "none"
-    return f"{listed} ({ucx.source}){tls}"
+    return f"{listed} ({ucx.source}){env}"
 
 
 def _rdma(devices: tuple[str, ...] | None) -> str:

@@ -90,6 +90,7 @@ class Facts:
     ucx: UcxFacts = field(default_factory=UcxFacts)
     rdma: tuple[str, ...] | None = ()  # /sys/class/infiniband's devices; None: that folder is unreadable
     redis: RedisFacts = field(default_factory=RedisFacts)
+    stage: str | None = None  # this project's version (the epd-stage distribution's)
 
     def backend(self, name: str) -> Backend:
         """The backend called ``name``; an uninstalled one when the facts have none of that name."""

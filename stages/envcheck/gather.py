@@ -43,7 +43,7 @@ def gather_facts(redis_url: str | None, redis_timeout_s: float = 1.0) -> Facts:
         backends = (mooncake_facts(imports["mooncake"].result()), nixl_facts(imports["nixl"].result(), torch.build))
         return Facts(python=sys.version.split()[0], platform=platform.platform(), torch=torch,
                      transformers=version("transformers"), backends=backends, ucx=ucx.result(), rdma=rdma_devices(),
-                     redis=redis_facts(redis_url, redis_timeout_s))
+                     redis=redis_facts(redis_url, redis_timeout_s), stage=version("epd-stage"))
 
 
 def version(dist: str) -> str | None:

@@ -3,7 +3,7 @@
     text(facts, device, verdicts) -> str    one screen: a line per fact, a line per role plus its problems
     as_json(facts, device, verdicts) -> dict   every fact and verdict, for bug reports (json.dumps-able)
 
-The JSON's keys: ``python``, ``platform``, ``torch`` (with ``gpus`` and ``driver``), ``transformers``,
+The JSON's keys: ``stage`` (this project's version), ``python``, ``platform``, ``torch`` (with ``gpus`` and ``driver``), ``transformers``,
 ``backends``, ``ucx``, ``rdma``, ``redis``, ``device`` (asked and resolved) and ``verdicts`` (per role).
 """
 
@@ -21,7 +21,7 @@ WIDTH = 13  # the label column
 def text(facts: Facts, device: str, verdicts: tuple[Verdict, ...]) -> str:
     resolved, _ = resolve_device(device, len(facts.torch.gpus))
     rows = [
-        ("python", f"{facts.python}  {facts.platform}"),
+        ("epd-stage", f"{facts.stage or 'not installed'}  python {facts.python}  {facts.platform}"),
         ("torch", _torch(facts.torch)),
         ("transformers", facts.transformers or "not installed"),
         *_gpus(facts.torch),

@@ -18,7 +18,7 @@ from tests.support.redis_fixtures import redis_server  # noqa: F401 - a fixture,
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "hunter2-not-to-be-printed"
-KEYS = {"python", "platform", "torch", "transformers", "backends", "ucx", "rdma", "redis", "device", "verdicts"}
+KEYS = {"stage", "python", "platform", "torch", "transformers", "backends", "ucx", "rdma", "redis", "device", "verdicts"}
 
 
 def stage_env(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -34,7 +34,7 @@ def test_the_text_report_fits_one_screen_and_finds_the_redis(redis_server):  # n
     lines = out.splitlines()
     assert len(lines) < 40, out
     labels = [line.split()[0] for line in lines if line.strip() and not line.startswith(" ")]
-    assert labels[:3] == ["python", "torch", "transformers"]
+    assert labels[:3] == ["epd-stage", "torch", "transformers"]
     assert {"driver", "mooncake", "nixl", "UCX", "RDMA", "Redis", "device", "encoder", "prefill",
             "decode"} <= set(labels)
     assert f"Redis        {redis_server.url}: answers PING" in lines

@@ -33,4 +33,5 @@ def machine(torch: str | None = "cpu", gpus: int = 0, mooncake: tuple[str, ...] 
     refused = "ConnectionError: Error 111 connecting to 10.0.0.5:6379. Connection refused."
     redis_facts = RedisFacts() if redis is None else RedisFacts(REDIS_URL, redis, None if redis else refused)
     return Facts(python="3.11.7", platform="Linux", torch=torch_facts, transformers="5.25.0", backends=backends,
-                 ucx=UcxFacts("nixl_cu13.libs", ("self/memory", "tcp/lo")), rdma=(), redis=redis_facts)
+                 ucx=UcxFacts("nixl_cu13.libs", ("self/memory", "tcp/lo")), rdma=(), redis=redis_facts,
+                 stage="0.1.0")

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.unit
 def test_a_healthy_cpu_machine_reads_as_one_line_a_fact_and_ok_per_role():
     facts = machine(torch="cpu", redis=True)
     lines = text(facts, "auto", verdicts(facts)).splitlines()
+    assert lines[0] == "epd-stage    0.1.0  python 3.11.7  Linux"
     assert lines[1] == "torch        2.13.0 (CPU build, transfer builds: cpu)"
     assert "GPUs         none visible (a CPU build of torch)" in lines
     assert "mooncake     mooncake-transfer-engine-non-cuda 0.3.13: imports; host memory only" in lines
@@ -40,7 +41,7 @@ def test_eight_gpus_and_every_role_failing_still_fit_one_screen():
 def test_the_json_has_every_fact_and_verdict_and_round_trips():
     facts = machine(torch="cu12", gpus=1, redis=False)
     report = json.loads(json.dumps(as_json(facts, "auto", verdicts(facts))))
-    assert {"python", "platform", "torch", "transformers", "backends", "ucx", "rdma", "redis", "device",
+    assert {"stage", "python", "platform", "torch", "transformers", "backends", "ucx", "rdma", "redis", "device",
             "verdicts"} <= report.keys()
     assert report["torch"]["gpus"][0]["free_bytes"] == 70 << 30 and report["torch"]["driver"] == "570.1"
     assert report["device"] == {"asked": "auto", "resolved": "cuda:0", "problem": None}

@@ -34,11 +34,14 @@ class Edge:
 
 
 def module_names(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
-    """Every module of ``packages`` under ``root``: dotted name -> source file (``pkg/__init__.py`` is ``pkg``)."""
+    """Every module of ``packages`` under ``root``: dotted name -> source file (``pkg/__init__.py`` is ``pkg``).
+    Folders whose names are no identifiers (``.venv-tools``, ``__pycache__``'s kin) hold no module of ours."""
     out = {}
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
+            if not all(part.isidentifier() for part in parts[:-1]):
+                continue
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 

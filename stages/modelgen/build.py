@@ -118,7 +118,7 @@ def _write_files(r: Recipe, out: Path, seed: int, hub_layout: bool) -> None:
     model.generation_config = generation_config(r.tokens)
     n_params = sum(p.numel() for p in model.parameters())
     if hub_layout:
-        hub.save_weights(model, out)  # bfloat16, sharded
+        hub.save_weights(model, out, r.family)  # bfloat16, sharded
     else:
         model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -8,7 +8,8 @@ llava-hf/llava-1.5-7b-hf) have it:
 - weights in bfloat16, sharded (``model-0000N-of-0000M.safetensors`` and
   ``model.safetensors.index.json``; at least ``MIN_SHARDS`` shards, even for the tiny size), under
   the key names transformers writes for the hub (``model.layers.*`` and ``visual.*`` for Qwen2-VL and
-  Qwen2.5-VL, ``language_model.model.*`` for LLaVA);
+  Qwen2.5-VL, ``language_model.model.*`` for LLaVA), LLaVA's vision tower under
+  ``vision_tower.vision_model.*`` as llava-hf's repositories have it (``RENAMED``);
 - config.json in the repository's own form: Qwen2-VL and Qwen2.5-VL flat (the language model's
   fields at the top, ``rope_scaling`` ``{"type": "mrope", ...}``, ``torch_dtype``); Qwen3-VL nested
   with ``rope_scaling`` and ``rope_theta`` in ``text_config`` and ``dtype``; LLaVA nested with
@@ -32,6 +33,8 @@ MIN_SHARDS = 3
 DTYPE = "bfloat16"
 FLAT = ("qwen2_vl", "qwen2_5_vl")  # config.json without text_config on the hub
 TEMPLATE_JSON = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # chat_template.json; the others chat_template.jinja
+# shard key prefixes written under another name than transformers 5 saves them: (family, saved, hub)
+RENAMED = (("llava", "vision_tower.", "vision_tower.vision_model."),)
 PROCESSOR_CLASS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
                    "qwen3_vl": "Qwen3VLProcessor", "llava": "LlavaProcessor"}
 
@@ -41,13 +44,35 @@ def shard_bytes(total_bytes: int) -> int:
     return max(1, total_bytes // (MIN_SHARDS + 1))
 
 
-def save_weights(model: Any, out: Path) -> None:
-    """``model`` cast to bfloat16 and saved sharded, with its index (config and generation config too)."""
+def save_weights(model: Any, out: Path, family: str) -> None:
+    """``model`` cast to bfloat16 and saved sharded, with its index (config and generation config too),
+    under the key names of ``family``'s hub repository."""
     import torch
 
     model.to(torch.bfloat16)
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     model.save_pretrained(out, max_shard_size=shard_bytes(total))
+    for renamed_family, saved, hub in RENAMED:
+        if renamed_family == family:
+            _rename_keys(out, saved, hub)
+
+
+def _rename_keys(out: Path, saved: str, hub: str) -> None:
+    """Every shard key (and index entry) starting with ``saved`` renamed to start with ``hub``."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    def rename(key: str) -> str:
+        return hub + key[len(saved):] if key.startswith(saved) else key
+
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        with safe_open(out / shard, "pt") as f:
+            tensors, metadata = {rename(k): f.get_tensor(k) for k in f.keys()}, f.metadata()
+        save_file(tensors, out / shard, metadata=metadata)
+    index["weight_map"] = {rename(k): v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _legacy_rope(text: dict, family: str) -> dict:

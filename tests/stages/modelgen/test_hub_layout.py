@@ -18,6 +18,14 @@ from stages.modelgen import hub
 from tests.support.generated_models import model_dir
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
+# a few of the keys each hub repository's index names (Qwen2-VL's and Qwen2.5-VL's predate model.language_model)
+HUB_KEYS = {
+    "qwen2_vl": ("lm_head.weight", "model.embed_tokens.weight", "visual.patch_embed.proj.weight"),
+    "qwen2_5_vl": ("lm_head.weight", "model.embed_tokens.weight", "visual.patch_embed.proj.weight"),
+    "qwen3_vl": ("lm_head.weight", "model.language_model.embed_tokens.weight", "model.visual.patch_embed.proj.weight"),
+    "llava": ("language_model.lm_head.weight", "language_model.model.embed_tokens.weight",
+              "vision_tower.vision_model.embeddings.patch_embedding.weight", "multi_modal_projector.linear_1.weight"),
+}
 TEMPLATE_FILE = {"qwen2_vl": "chat_template.json", "qwen2_5_vl": "chat_template.json",
                  "qwen3_vl": "chat_template.json", "llava": "chat_template.jinja"}
 
@@ -73,6 +81,7 @@ def test_the_files_are_what_the_hub_ships(family):
     assert len(shards) >= 2 and "model.safetensors" not in names
     assert set(shards) == {n for n in names if n.endswith(".safetensors")}
     assert all(header_dtypes(path / shard) == {"BF16"} for shard in shards)
+    assert set(HUB_KEYS[family]) <= set(index["weight_map"])
     config = json.loads((path / "config.json").read_text())
     assert (config.get("torch_dtype") or config.get("dtype")) == "bfloat16"
     assert ("text_config" in config) == (family not in hub.FLAT)

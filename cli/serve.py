@@ -22,7 +22,8 @@ from cache.config import MIB, CacheConfig
 from process.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig)
-from stages.engine.config import BATCHED_TOKENS, DEVICE_HELP, DTYPES, KV_ALLOCATIONS, PARTS, TEXT, VISION, EngineConfig
+from stages.engine.config import (AUTO, BATCHED_TOKENS, CPU_KV_CACHE_MIB, DEVICE_HELP, DTYPES, KV_ALLOCATIONS, PARTS,
+                                  TEXT, VISION, EngineConfig)
 from stages.generation_defaults import GENERATION_CONFIGS
 from stages.model_dir import check_model_dir
 from transfer.base import TransferConfig
@@ -55,14 +56,22 @@ def add_engine_args(parser: argparse.ArgumentParser, kv: bool = True) -> None:
     d = _defaults(EngineConfig)
     g = parser.add_argument_group("engine")
     g.add_argument("--model", required=True, help="checkpoint directory (Hugging Face layout)")
-    g.add_argument("--dtype", choices=DTYPES, default=d["dtype"], help="weights and KV dtype")
+    g.add_argument("--dtype", choices=(AUTO, *DTYPES), default=d["dtype"],
+                   help="weights and KV dtype; auto: the checkpoint's dtype on a GPU (float32 if it states none), "
+                        "float32 on a CPU (docs/devices.md)")
     g.add_argument("--device", default=d["device"], help=f"where the model, KV pool and embeddings live: {DEVICE_HELP}")
     g.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads (set on --device cpu only)")
     g.add_argument("--seed", type=int, default=d["seed"], help="torch seed at startup")
     if not kv:
         return
     g.add_argument("--block-size", type=int, default=d["block_size"], help="tokens per KV block")
-    g.add_argument("--kv-cache-mib", type=int, default=d["kv_cache_mib"], help="KV pool size")
+    g.add_argument("--kv-cache-mib", type=int, default=d["kv_cache_mib"],
+                   help=f"KV pool size, wins when given; None: {CPU_KV_CACHE_MIB} MiB on a CPU, from "
+                        "--gpu-memory-utilization on a GPU")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d["gpu_memory_utilization"],
+                   help="share of the GPU's memory this server may use (weights, activations, KV pool), as in "
+                        "vLLM; the KV pool gets the rest after the weights. Stages sharing one GPU each take their "
+                        "own share (two: 0.45 each). Ignored on a CPU and with --kv-cache-mib")
     g.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="requests per batch")
     g.add_argument("--max-batched-tokens", type=int, default=d["max_batched_tokens"],
                    help="tokens per step (a decode counts one; longer prompts are prefilled in chunks); None: "
@@ -237,7 +246,8 @@ def role_parts(role: str, epd: bool) -> tuple[str, ...]:
     return PARTS
 
 
-_ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "max_num_seqs", "max_batched_tokens", "max_model_len",
+_ENGINE_FLAGS = ("dtype", "device", "block_size", "kv_cache_mib", "gpu_memory_utilization", "max_num_seqs",
+                 "max_batched_tokens", "max_model_len",
                  "threads", "seed", "prefix_caching", "kv_allocation", "generation_config")
 
 

@@ -24,7 +24,7 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.generation_defaults import generation_info
     from stages.loading import load_engine
     from stages.metrics import Metrics
-    from stages.resources import limits_info, model_info
+    from stages.resources import engine_info, limits_info, model_info
     from stages.supervisor import Supervisor
 
     metrics, supervisor, seams = Metrics(), Supervisor(), seams_for(config.debug_faults)
@@ -52,6 +52,7 @@ def build(config: ServerConfig) -> FastAPI:
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
                 **generation_info(config.engine.generation_config, prompts.defaults),
                 **model_info(engine.adapter, images="pixels"), "limits": limits_info(config, engine.max_model_len, prompts.chars_per_token),
-                "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached}}
+                "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
+                "engine": engine_info(async_engine)}
 
     return app

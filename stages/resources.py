@@ -23,6 +23,17 @@ def model_info(adapter: Any, images: str) -> dict:
             "rss_bytes": rss_bytes(), "instance_id": instance_id()}
 
 
+def engine_info(engine: Any) -> dict:
+    """``/server_info`` ``engine`` of a role with a KV pool (``engine``: its ``AsyncEngine``): the dtype of
+    the weights and the pool and where it came from (``--dtype``, or what ``auto`` chose:
+    ``stages.engine.dtype_choice``), and the pool's blocks and bytes and where its size came from
+    (``--kv-cache-mib``, the CPU default or ``--gpu-memory-utilization``: ``stages.engine.kv_sizing``)."""
+    layout, sizing = engine.layout, engine.kv_sizing
+    return {"dtype": engine.dtype.name, "dtype_source": engine.dtype.source,
+            "kv_pool": {"blocks": layout.num_blocks, "block_size": layout.block_size, "block_bytes": layout.block_bytes,
+                        "bytes": sizing.bytes, "source": sizing.source}}
+
+
 def limits_info(config: Any, max_model_len: int | None = None, chars_per_token: int | None = None) -> dict:
     """``/server_info`` ``limits`` of a stage (``config``: its ``ServerConfig``): what it refuses a request
     for before any work. A router reads them and refuses such a request itself, before any fan-out.

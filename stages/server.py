@@ -51,7 +51,7 @@ def serve(config: ServerConfig, sock: socket.socket) -> None:
     or SIGINT."""
     from stages.api.drain_gate import DrainGate
 
-    log.info("loading %s for the %s role (threads=%d, kv cache %d MiB)", config.engine.model, config.role,
+    log.info("loading %s for the %s role (threads=%d, --kv-cache-mib %s)", config.engine.model, config.role,
              config.engine.threads, config.engine.kv_cache_mib)
     app = importlib.import_module(BUILDERS[config.role]).build(config)
     drain = Drain(config.shutdown_grace_s)

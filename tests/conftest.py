@@ -36,11 +36,15 @@ from process.instance import INSTANCE_ENV, new_instance_id
 from process.ports import free_port
 from stages.launch.health import ForeignServer, wait_healthy
 from tests.support import server_forks
-from tests.support.devices import DEVICE
+from tests.support.devices import DEVICE, on_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 START_ATTEMPTS = 2  # a free port can be taken between probing it and the server binding it
 MODEL_ROLES = ("colocated", "prefill", "decode", "encoder")  # the roles that take --device
+KV_ROLES = ("colocated", "prefill", "decode", "pd")  # the roles with a KV pool
+# A stage server on a GPU sizes its KV pool from --gpu-memory-utilization (0.9 of the GPU) unless told a size;
+# test servers share one GPU, so each gets this fixed pool instead unless its flags name a pool size.
+GPU_TEST_KV_CACHE_MIB = "512"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -131,6 +135,9 @@ def launch(role: str, flags: list[str], log_path: Path, timeout_s: float, env: d
     collision (a foreign instance id, or "address already in use") is tried again on a new port."""
     if role in MODEL_ROLES and "--device" not in flags:
         flags = [*flags, "--device", DEVICE]
+    pool_flags = ("--kv-cache-mib", "--gpu-memory-utilization")
+    if on_gpu() and role in KV_ROLES and not any(f.split("=")[0] in pool_flags for f in flags):
+        flags = [*flags, "--kv-cache-mib", GPU_TEST_KV_CACHE_MIB]
     for attempt in range(START_ATTEMPTS):
         port = free_port()
         argv = ["serve", role, *flags, "--port", str(port)]

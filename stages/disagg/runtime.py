@@ -50,7 +50,7 @@ def fingerprint(engine: Engine, backend: str, defaults: GenerationDefaults) -> F
     return Fingerprint(
         model=model_identity(config.model_type, config.to_dict()),
         backend=backend,
-        dtype=engine.config.dtype,
+        dtype=engine.dtype.name,
         block_size=layout.block_size,
         num_layers=layout.num_layers,
         num_kv_heads=layout.num_kv_heads,

@@ -184,7 +184,7 @@ def build(config: ServerConfig) -> FastAPI:
 def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: PrefillCoordinator | DecodeCoordinator,
                mode: ImageMode) -> dict:
     """``GET /server_info`` of a prefill or decode (or a switchable worker in one of those roles)."""
-    from stages.resources import limits_info, model_info
+    from stages.resources import engine_info, limits_info, model_info
 
     disagg = config.disagg
     assert disagg is not None
@@ -197,6 +197,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "fingerprint": dataclasses.asdict(runtime.fingerprint),
         **generation_info(config.engine.generation_config, runtime.prompts.defaults),
         "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
+        "engine": engine_info(runtime.engine),
         "transfer": dataclasses.asdict(runtime.backend.stats),
         "group": disagg.group,
         **model_info(runtime.prompts.adapter, mode.value),

@@ -43,6 +43,7 @@ from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.faults.seams import Seams, seams_for
 from stages.generation_defaults import generation_info
+from stages.resources import engine_info
 from process.instance import instance_id
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
@@ -184,7 +185,7 @@ def build(config: ServerConfig) -> FastAPI:
                     "fingerprint": dataclasses.asdict(runtime.fingerprint),
                     **generation_info(config.engine.generation_config, runtime.prompts.defaults),
                     "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
-                    "instance_id": instance_id()}
+                    "engine": engine_info(runtime.engine), "instance_id": instance_id()}
         mode = ImageMode.PIXELS if isinstance(coordinator, PrefillCoordinator) else ImageMode.SIZES
         return {**stage_info(config, runtime, coordinator, mode), "switchable": True, "roles": list(ROLES)}
 

@@ -105,9 +105,10 @@ def build(config: ServerConfig) -> FastAPI:
     if device.type == "cpu":
         torch.set_num_threads(config.engine.threads)
     torch.manual_seed(config.engine.seed)
-    adapter = load_adapter(config.engine.model, config.engine.torch_dtype, "sdpa", parts=(VISION,), device=device)
+    dtype = config.engine.dtype_choice  # --dtype, or what auto chose for this checkpoint on this device
+    adapter = load_adapter(config.engine.model, getattr(torch, dtype.name), "sdpa", parts=(VISION,), device=device)
     image_processor = AutoImageProcessor.from_pretrained(config.engine.model)
-    fingerprint = vision_fingerprint(adapter.vision_identity(), image_processor.to_dict(), dtype=config.engine.dtype,
+    fingerprint = vision_fingerprint(adapter.vision_identity(), image_processor.to_dict(), dtype=dtype.name,
                                      weights=weights_digest(adapter.model.state_dict().items()))
     cache = EmbeddingCache(config.encoder.cache)
     batcher = Batcher(config.encoder.max_batch_images)
@@ -131,8 +132,9 @@ def build(config: ServerConfig) -> FastAPI:
             await cache.aclose()
 
     info = {"role": "encoder", "model": config.model_name, "encoder_id": flights.encoder_id,
-            "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": config.engine.dtype,
-            "device": str(device), "max_batch_images": config.encoder.max_batch_images, "redis_url": config.encoder.cache.safe_url,
+            "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": dtype.name,
+            "dtype_source": dtype.source, "device": str(device), "max_batch_images": config.encoder.max_batch_images,
+            "redis_url": config.encoder.cache.safe_url,
             "limits": limits_info(config)}
     app = create_encoder_app(service, info, config, supervisor, metrics.render, lifespan)
     seams.install(app)

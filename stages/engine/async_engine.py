@@ -37,7 +37,9 @@ from typing import Any, TypeVar
 from stages.engine.engine import Engine
 
 from stages.engine.outputs import EngineStats, RequestOutput
+from stages.engine.dtype_choice import DTypeChoice
 from stages.engine.kv_pool import KVLayout
+from stages.engine.kv_sizing import KVSizing
 from stages.engine.multimodal import Prompt
 from stages.engine.prefilled import Prefilled
 from stages.engine.request import FinishReason
@@ -111,6 +113,16 @@ class AsyncEngine:
     def layout(self) -> KVLayout:
         """The KV pool's shape (block size, bytes a block), fixed at load."""
         return self._engine.layout
+
+    @property
+    def dtype(self) -> DTypeChoice:
+        """The weights' and the pool's dtype and why (``--dtype``, or what ``auto`` chose), fixed at load."""
+        return self._engine.dtype
+
+    @property
+    def kv_sizing(self) -> KVSizing:
+        """The pool's blocks and bytes and where that size came from, fixed at load."""
+        return self._engine.kv_sizing
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
         """``Engine.check_request`` from any thread: it reads only what never changes after loading.

@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stages.engine.dtype_choice import AUTO, DTYPES, DTypeChoice, choose_dtype, read_stated_dtype
 from stages.generation_defaults import GENERATION_CONFIGS
 
 if TYPE_CHECKING:
     import torch
 
-DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes; torch is imported only when a model loads
 DEVICE_HELP = "auto (cuda:0 when torch sees a GPU, else cpu), cpu, cuda (= cuda:0) or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 VISION, TEXT = "vision", "text"  # the halves of a model (see stages/engine/models/base.py)
@@ -23,14 +23,16 @@ PARTS = (VISION, TEXT)
 # 2k prompt every 2 s was lowest there (bench/chunked_prefill, bench/README.md). A GPU: vLLM V1's online default.
 BATCHED_TOKENS = {"cpu": 256, "cuda": 2048}
 KV_ALLOCATIONS = ("on_demand", "reserve")  # see stages/engine/scheduler.py
+CPU_KV_CACHE_MIB = 512  # the KV pool on a CPU when --kv-cache-mib is not given (a GPU sizes it: kv_sizing.py)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    dtype: str = "float32"
+    dtype: str = AUTO  # AUTO or one of DTYPES; dtype_choice says what it resolves to
     block_size: int = 16
-    kv_cache_mib: int = 512
+    kv_cache_mib: int | None = None  # None: CPU_KV_CACHE_MIB on a CPU, from --gpu-memory-utilization on a GPU
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory this process may use (vLLM's meaning)
     max_num_seqs: int = 64
     max_batched_tokens: int | None = None  # tokens per step; None: BATCHED_TOKENS of the device (batched_tokens)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
@@ -44,8 +46,10 @@ class EngineConfig:
     generation_config: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != AUTO and self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be {AUTO} or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         check_device(self.device)
         if self.kv_allocation not in KV_ALLOCATIONS:
             raise ValueError(f"--kv-allocation must be one of {list(KV_ALLOCATIONS)}, got {self.kv_allocation!r}")
@@ -68,10 +72,19 @@ class EngineConfig:
         return self.max_batched_tokens or BATCHED_TOKENS[self.torch_device.type]
 
     @property
+    def dtype_choice(self) -> DTypeChoice:
+        """``dtype`` resolved (``stages.engine.dtype_choice``): the dtype and why. Reads the checkpoint's
+        config.json and, for ``auto``, resolves the device (imports torch)."""
+        if self.dtype != AUTO:
+            return choose_dtype(self.dtype, None, "cpu")
+        return choose_dtype(self.dtype, read_stated_dtype(self.model), self.torch_device.type)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of ``dtype_choice``: the weights' and the KV pool's. Imports torch."""
         import torch
 
-        return getattr(torch, self.dtype)
+        return getattr(torch, self.dtype_choice.name)
 
     @property
     def torch_device(self) -> torch.device:

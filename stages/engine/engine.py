@@ -42,12 +42,15 @@ Not thread-safe: exactly one thread calls into an Engine (see ``AsyncEngine``).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+
 import torch
 
 from stages.engine.attention import ATTENTION_NAME
 from stages.engine.block_allocator import BlockAllocator, blocks_for_tokens
 from stages.engine.config import EngineConfig
 from stages.engine.detokenizer import TextDecoding
+from stages.engine.kv_memory import memory_at_start, size_pool
 from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
@@ -75,19 +78,22 @@ class Engine:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.adapter = load_adapter(config.model, config.torch_dtype, ATTENTION_NAME, config.parts, self.device)
+        self.dtype = config.dtype_choice  # the dtype of the weights and the pool, and why (/server_info)
+        torch_dtype = getattr(torch, self.dtype.name)
+        start = memory_at_start(config, self.device)  # before the weights: what was free (GPU sizing only)
+        self.adapter = load_adapter(config.model, torch_dtype, ATTENTION_NAME, config.parts, self.device)
         self.decoding = decoding
         text = self.adapter.text_config
         self.max_model_len = config.max_model_len or text.max_position_embeddings
         self.vocab_size = self.adapter.lm_head.out_features
-        self.layout = KVLayout.for_budget(
-            config.kv_cache_mib << 20,
-            num_layers=text.num_hidden_layers,
-            block_size=config.block_size,
-            num_kv_heads=text.num_key_value_heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            dtype=config.torch_dtype,
-        )
+        one_block = KVLayout(num_blocks=1, num_layers=text.num_hidden_layers, block_size=config.block_size,
+                             num_kv_heads=text.num_key_value_heads, dtype=torch_dtype,
+                             head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        # ValueError naming --kv-cache-mib, --gpu-memory-utilization or --max-model-len when it cannot fit
+        self.kv_sizing = size_pool(config, start, self.device, one_block, text, self.max_model_len)
+        self.layout = replace(one_block, num_blocks=self.kv_sizing.blocks)
+        log.info("KV pool: %d blocks, %.1f MiB (%s); dtype %s (%s)", self.layout.num_blocks, self.kv_sizing.bytes / 2**20,
+                 self.kv_sizing.source, self.dtype.name, self.dtype.source)
         self.pool = KVPool(self.layout, self.device)
         self.allocator = BlockAllocator(self.layout.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.batched_tokens, config.kv_allocation)

@@ -40,15 +40,6 @@ class KVLayout:
     def block_bytes(self) -> int:
         return self.bytes_per_token * self.block_size
 
-    @classmethod
-    def for_budget(cls, budget_bytes: int, **shape) -> KVLayout:
-        """The layout with as many blocks as fit in ``budget_bytes``."""
-        probe = cls(num_blocks=1, **shape)
-        num_blocks = budget_bytes // probe.block_bytes
-        if num_blocks < 1:
-            raise ValueError(f"KV cache budget {budget_bytes} B is smaller than one block ({probe.block_bytes} B)")
-        return cls(num_blocks=num_blocks, **shape)
-
 
 class KVPool:
     """Owns the pool tensor. Created once per prefill/decode/colocated process; lives as long as it."""

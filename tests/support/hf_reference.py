@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText
 
+from stages.engine.config import EngineConfig
 from stages.engine.multimodal import Prompt
 from tests.support.devices import DEVICE
 
@@ -17,8 +18,11 @@ def random_image(width: int, height: int, seed: int) -> Image.Image:
 
 
 def load_reference(model_dir) -> torch.nn.Module:
-    """The whole HF model, float32, on the tests' device (``tests.support.devices.DEVICE``)."""
-    return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).to(DEVICE).eval()
+    """The whole HF model on the tests' device (``tests.support.devices.DEVICE``), in the dtype a stage server
+    runs it in there by default (``--dtype auto``: float32 on a CPU, the checkpoint's on a GPU; the generated
+    checkpoints state float32)."""
+    dtype = EngineConfig(model=str(model_dir), device=DEVICE).torch_dtype
+    return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(DEVICE).eval()
 
 
 def hf_inputs(prompt: Prompt, image_token_id: int, device: str = DEVICE) -> dict:

@@ -35,6 +35,17 @@ CASES = {"text": ("hello there", []), "one_image": ("what is it", [(64, 64)]),
          "two_images": ("compare", [(64, 64), (96, 128)])}
 
 
+def test_both_halves_report_the_dtype_and_pool_their_fingerprints_carry(pair):
+    for server in (pair.prefill, pair.decode):
+        info = httpx.get(f"{server.url}/server_info", timeout=10).json()
+        engine, fingerprint = info["engine"], info["fingerprint"]
+        assert engine["dtype"] == fingerprint["dtype"] == "float32"  # auto: the CPU's, or this checkpoint's on a GPU
+        pool = engine["kv_pool"]
+        assert (pool["block_size"], pool["block_bytes"]) == (fingerprint["block_size"], fingerprint["block_bytes"])
+        assert pool["blocks"] == info["kv_blocks"]["total"] == (16 << 20) // pool["block_bytes"]
+        assert (pool["bytes"], pool["source"]) == (pool["blocks"] * pool["block_bytes"], "--kv-cache-mib 16")
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_pd_equals_colocated(pair, colocated, case):
     text, images = CASES[case]

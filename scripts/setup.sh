@@ -60,7 +60,7 @@ if [ -n "$dry" ] && ! "$ask" -c 'import torch' 2>/dev/null; then
   echo "# a dry run with no torch to ask: planning for a CPU torch"
   torch_info="2.13.0(planned)"
 else
-  torch_info=$("$ask" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
+  torch_info=$("$ask" -W ignore -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
 fi
 read -r torch_version torch_cuda <<<"$torch_info"
 choice=$("$ask" -m transfer.build_choice --torch "$torch_version" --cuda "${torch_cuda:-}")

@@ -32,6 +32,8 @@ EXCEPTIONS = {  # "module:qualified name" -> why it takes more
                                             "slot, built in one place on the router's hot path",
     "transfer.bootstrap_server:BootstrapServer.__init__": "the fingerprint it checks and where it binds, then four "
                                                           "keyword-only limits with defaults, set one at a time",
+    "stages.modelgen:make_model": "the generator's entry (stage make-model's flags): what, how big, where, the seed, "
+                                  "then three keyword-only choices with defaults (LLaVA's towers, the hub layout)",
     "stages.disagg.errors:DisaggError.__init__": "the OpenAI four, then what the answer adds (image_key, peer_code, "
                                                  "Retry-After); rooms raise it through its kinds (bad_gateway, ...)",
 }

@@ -444,7 +444,7 @@ def test_register_refuses_an_unknown_memory_kind(memory, device_id):
 
 def test_host_memory_registered_as_gpu_memory_is_refused(kind):
     """NIXL's UCX sees a host pointer where VRAM was promised; a Mooncake build without CUDA cannot
-    move GPU memory at all, and says which build to install."""
+    move GPU memory at all, and says how to get the build that matches torch."""
     if kind == "fake":
         pytest.skip("the fake does not look at the memory")
     pytest.importorskip(LIBRARIES[kind])
@@ -456,7 +456,8 @@ def test_host_memory_registered_as_gpu_memory_is_refused(kind):
     backend = create_backend(kind, CONFIG)
     buf = np.zeros(4096, np.uint8)
     try:
-        with pytest.raises(TransferError, match="mooncake-cuda" if kind == "mooncake" else "VRAM"):
+        refusal = r"the installed build \(mooncake-transfer-engine-non-cuda\) cannot move GPU memory; rerun scripts/setup.sh"
+        with pytest.raises(TransferError, match=refusal if kind == "mooncake" else "VRAM"):
             backend.register(buf.ctypes.data, buf.size, "VRAM", 0)
         assert backend.region is None
     finally:

@@ -18,7 +18,7 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int,
     with every run's totals, CPU share and tokens per CPU second."""
     import torch
 
-    from stages.engine.config import resolve_device
+    from stages.engine.config import EngineConfig, resolve_device
     from stages.engine.models import load_adapter
     from stages.prompt import PromptBuilder
 
@@ -26,9 +26,11 @@ def hf_baseline(model_dir: Path, n_requests: int, max_tokens: int, threads: int,
     if target.type == "cpu":
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    # load_adapter = AutoModelForImageTextToText.from_pretrained(dir, dtype=float32, attn_implementation="sdpa");
-    # with "sdpa" the model is plain HF, and the adapter gives PromptBuilder its image-token rule.
-    adapter = load_adapter(model_dir, torch.float32, "sdpa", device=target)
+    # load_adapter = AutoModelForImageTextToText.from_pretrained(dir, dtype=..., attn_implementation="sdpa");
+    # with "sdpa" the model is plain HF, and the adapter gives PromptBuilder its image-token rule. The dtype is
+    # the server's by default (--dtype auto: float32 on a CPU, the checkpoint's on a GPU).
+    dtype = EngineConfig(model=str(model_dir), device=device).torch_dtype
+    adapter = load_adapter(model_dir, dtype, "sdpa", device=target)
     model = adapter.model
     builder = PromptBuilder.load(model_dir, adapter)
     load_s = time.perf_counter() - t0

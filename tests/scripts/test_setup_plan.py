@@ -11,6 +11,7 @@ which ``dpkg -s`` would take for installed) and no pip configuration
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import shutil
@@ -45,6 +46,24 @@ def fake_torch(folder: Path, version: str, cuda: str | None) -> Path:
     return folder
 
 
+def fake_driver(folder: Path) -> Path:
+    """A folder whose ``libcuda.so.1`` loads (zlib's library under the driver's name): the NVIDIA driver, as
+    far as the build choice's ``ctypes.CDLL("libcuda.so.1")`` can tell."""
+    import zlib  # noqa: F401  (its library is then mapped into this process)
+    libz = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/libz.so" in line)
+    folder.mkdir()
+    shutil.copy(libz, folder / "libcuda.so.1")
+    return folder
+
+
+def driver_here() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def fake_dist(site: Path, name: str, top_level: str) -> None:
     """An installed distribution as importlib.metadata reads it (no files of its own)."""
     info = site / f"{name.replace('-', '_')}-0.3.13.dist-info"
@@ -76,12 +95,14 @@ def path_dir(tmp_path: Path) -> Path:
 
 
 def plan(checkout: Path, path_dir: Path, *args: str, installed: str = "", pythonpath: Path | None = None,
-         expect_rc: int = 0) -> tuple[list[list[str]], list[str]]:
+         driver: Path | None = None, expect_rc: int = 0) -> tuple[list[list[str]], list[str]]:
     """(commands it would run, split as a shell reads them, sudo dropped; the other lines it printed)."""
     env = {"PATH": str(path_dir), "HOME": str(checkout.parent), "EPD_SETUP_DRY_RUN": "1", "INSTALLED": installed, "KNOWN": KNOWN,
            "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8"}
     if pythonpath:
         env["PYTHONPATH"] = str(pythonpath)
+    if driver:
+        env["LD_LIBRARY_PATH"] = str(driver)
     done = subprocess.run(["bash", str(checkout / "scripts" / "setup.sh"), *args], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == expect_rc, done.stdout + done.stderr
@@ -146,12 +167,22 @@ def test_without_test_only_the_run_time_packages_and_extras(checkout, path_dir):
 
 @pytest.mark.parametrize("cuda, mooncake, nixl", [("13.0", "mooncake-transfer-engine-cuda13", "nixl-cu13"),
                                                   ("12.8", "mooncake-transfer-engine", "nixl-cu12")])
-def test_a_cuda_torch_gets_the_cuda_builds(checkout, path_dir, tmp_path, cuda, mooncake, nixl):
+def test_a_cuda_torch_with_the_driver_gets_the_cuda_builds(checkout, path_dir, tmp_path, cuda, mooncake, nixl):
     torch_dir = fake_torch(tmp_path / "torch", f"2.13.0+cu{cuda.replace('.', '')}", cuda)
-    commands, said = plan(checkout, path_dir, "test", pythonpath=torch_dir)
+    commands, said = plan(checkout, path_dir, "test", pythonpath=torch_dir, driver=fake_driver(tmp_path / "driver"))
     assert said == [f"transfer builds for torch 2.13.0+cu{cuda.replace('.', '')}: {mooncake}, nixl + {nixl}"]
     assert [".venv/bin/pip", "install", "-q", "-e", ".[bench,test]", f"{mooncake}>=0.3.13", f"{nixl}==1.5.1"] in commands
     assert not [c for c in commands if "uninstall" in c]
+
+
+def test_a_cuda_torch_without_the_driver_gets_the_host_memory_mooncake(checkout, path_dir, tmp_path):
+    """PyPI's torch (CUDA 13) on a machine with no GPU driver, as this one: a CUDA build of Mooncake would
+    not import (it links libcuda.so.1). A machine with the driver installed plans the CUDA build."""
+    torch_dir = fake_torch(tmp_path / "torch", "2.13.0+cu130", "13.0")
+    commands, said = plan(checkout, path_dir, "test", pythonpath=torch_dir)
+    mooncake = "mooncake-transfer-engine-cuda13" if driver_here() else "mooncake-transfer-engine-non-cuda"
+    assert said[0].startswith(f"transfer builds for torch 2.13.0+cu130: {mooncake}, nixl + nixl-cu13")
+    assert [".venv/bin/pip", "install", "-q", "-e", ".[bench,test]", f"{mooncake}>=0.3.13", "nixl-cu13==1.5.1"] in commands
 
 
 def test_a_torch_of_another_cuda_stops_the_setup_naming_the_fix(checkout, path_dir, tmp_path):
@@ -169,7 +200,7 @@ def test_an_existing_venv_with_the_host_only_mooncake_switches_to_the_cuda13_bui
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(site))} exec python3 "$@"\n')
     venv_python.chmod(0o755)
-    commands, said = plan(checkout, path_dir, "test")
+    commands, said = plan(checkout, path_dir, "test", driver=fake_driver(tmp_path / "driver"))
     assert ["python3", "-m", "venv", ".venv"] not in commands
     assert said == ["transfer builds for torch 2.13.0+cu130: mooncake-transfer-engine-cuda13, nixl + nixl-cu13"]
     uninstall = commands.index([".venv/bin/pip", "uninstall", "-y", "-q", "mooncake-transfer-engine-non-cuda"])

@@ -11,6 +11,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from process.ports import free_port
 from stages.config import ServerConfig
 from stages.engine.config import EngineConfig
 from stages.engine.models import load_adapter
@@ -42,7 +43,9 @@ def servers(start_server, tiny_model):
     path = tiny_model("qwen2_vl")
     return path, {"default": start_server("colocated", "--model", str(path)),
                   "explicit": start_server("colocated", "--model", str(path), "--dtype", "bfloat16",
-                                           "--kv-cache-mib", "8")}
+                                           "--kv-cache-mib", "8"),
+                  "pd": start_server("pd", "--model", str(path), "--kv-cache-mib", "8", "--transfer", "nixl",
+                                     "--bootstrap-port", str(free_port()))}
 
 
 def test_a_default_server_reports_the_auto_dtype_and_pool_and_why(servers):
@@ -71,3 +74,13 @@ def test_explicit_flags_win_and_are_named_as_the_source(servers):
     answer = httpx.post(f"{started['explicit'].url}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0, "ignore_eos": True})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_switchable_worker_reports_its_engine_before_it_has_a_role(servers):
+    path, started = servers
+    info = httpx.get(f"{started['pd'].url}/server_info", timeout=10).json()
+    block_bytes = kv_bytes_per_token(path, 4) * 16
+    assert info["role"] is None and info["engine"]["kv_pool"] == {
+        "blocks": (8 << 20) // block_bytes, "block_size": 16, "block_bytes": block_bytes,
+        "bytes": (8 << 20) // block_bytes * block_bytes, "source": "--kv-cache-mib 8"}
+    assert info["engine"]["dtype"] == info["fingerprint"]["dtype"] == "float32"

@@ -57,8 +57,9 @@ def activation_bytes(*, batched_tokens: int, max_num_seqs: int, hidden: int, int
     """An estimate of one step's peak activations beside the weights and the pool: per token of the
     step's budget, a few hidden-sized tensors (residual, norm, q/k/v, attention out: 8) and the MLP's
     gate, up and product (4 x intermediate, with slack), in the model's dtype; the sampled rows' logits
-    in float32 with two processed copies. Attention scores are not counted: SDPA's fused kernels on a
-    GPU keep none. Not a profile; scripts/gpu-check.sh compares it with the measured peak."""
+    in float32 with two processed copies. Not counted: attention scores (SDPA's fused kernels on a GPU
+    keep none) and the vision tower's own activations. Not a profile; scripts/gpu-check.sh compares it
+    with the measured peak."""
     per_token = (8 * hidden + 4 * intermediate) * itemsize
     return batched_tokens * per_token + max_num_seqs * vocab * 4 * 3
 

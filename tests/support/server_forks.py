@@ -98,7 +98,10 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # it ended (and was reaped) since poll(): as Popen.send_signal, nothing to do
+                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

@@ -12,14 +12,12 @@ The servers themselves, one stack per mode: tests/e2e/test_hub_layout_stacks.py.
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import AutoModelForImageTextToText
 
 from stages.engine.config import EngineConfig
 from stages.engine.models import load_adapter
 from stages.engine.sampling_params import SamplingParams
 from stages.loading import load_engine
-from stages.prompt import PromptBuilder
 from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import hf_greedy, random_image

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.config import CPU_KV_CACHE_MIB, EngineConfig
 from stages.engine.kv_pool import KVLayout
 from stages.engine.kv_sizing import GpuMemory, KVSizing, activation_bytes, fixed_pool, gpu_pool
@@ -49,4 +50,4 @@ def size_pool(config: EngineConfig, start: GpuAtStart | None, device: torch.devi
         vocab=text_config.vocab_size, itemsize=one_block.dtype.itemsize)
     memory = GpuMemory(total=start.total, free_at_start=start.free, weights=torch.cuda.memory_allocated(device))
     return gpu_pool(memory, config.gpu_memory_utilization, activations, block_bytes,
-                    min_blocks=-(-max_model_len // config.block_size))
+                    min_blocks=blocks_for_tokens(max_model_len, config.block_size))

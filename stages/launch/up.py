@@ -118,8 +118,9 @@ def stack_redis_url(args: argparse.Namespace) -> str | None:
 
 def stack_config(args: argparse.Namespace, machine: Machine | None = None) -> StackConfig:
     """The validated config of a ``stage up`` command line on ``machine`` (None: ``Machine.here()``, read
-    after the cheap checks, since it imports torch), its ``log_dir`` still unset. ValueError names the flag to change: a bad value, a device or transfer
-    ``machine`` cannot serve (``placed``), a ``--model`` directory without what the stages load
+    after the cheap checks, since it imports torch), its ``log_dir`` still unset. ValueError names the
+    flag to change: a bad value, a device or transfer ``machine`` cannot serve (``placed``), a
+    ``--model`` directory without what the stages load
     (``stages.model_dir``), a ``--port`` in use (``process.ports.PortError``)."""
     config = StackConfig(model=Path(args.model or "."), log_dir=Path(), mode=args.mode, port=args.port,
                          redis_url=stack_redis_url(args), threads=args.threads,

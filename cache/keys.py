@@ -44,6 +44,18 @@ def image_key(image_bytes: bytes, vision_fingerprint: str) -> str:
     return blake3.blake3(image_bytes, key=bytes.fromhex(vision_fingerprint)).hexdigest()
 
 
+def video_key(video_bytes: bytes, sampling: Mapping[str, Any], vision_fingerprint: str) -> str:
+    """The cache key of a video: its bytes as received and the sampling that turns them into frames
+    (``contract.video.VideoSampling.to_json()``, resolved: the same frames give the same key however the
+    request spelled them), under a model's fingerprint. Never equal to an ``image_key``: the sampling's
+    canonical JSON and a NUL byte come first."""
+    check_key(vision_fingerprint)
+    hasher = blake3.blake3(key=bytes.fromhex(vision_fingerprint))
+    hasher.update(json.dumps(dict(sampling), sort_keys=True, separators=(",", ":")).encode() + b"\0")
+    hasher.update(video_bytes)
+    return hasher.hexdigest()
+
+
 def vision_fingerprint(vision_config: Mapping[str, Any], processor_config: Mapping[str, Any], *,
                        dtype: str, weights: str) -> str:
     """A stable 64-hex-digit identity of what turns image bytes into embeddings.

@@ -57,6 +57,12 @@ class Code(StrEnum):
     TOO_MANY_IMAGES = "too_many_images"  # over --max-images-per-request
     IMAGE_HOST_NOT_ALLOWED = "image_host_not_allowed"  # the router's --allowed-image-hosts
     IMAGE_FETCH_FAILED = "image_fetch_failed"  # the router's fetch of an allowed URL failed
+    # a video (``cache.video_bytes`` reads the bytes and the frames; ``contract.video`` plans the sampling)
+    INVALID_VIDEO_URL = "invalid_video_url"  # not a data: URL of a video (nor http(s) where fetched)
+    INVALID_VIDEO = "invalid_video"  # corrupt, no video stream, no frames, an undecodable codec, unsampleable
+    VIDEO_TOO_LARGE = "video_too_large"  # over --max-video-mb, --max-video-pixels or --max-video-seconds
+    TOO_MANY_VIDEOS = "too_many_videos"  # over --max-videos-per-request
+    VIDEO_NOT_SUPPORTED = "video_not_supported"  # the model takes no video (LLaVA-1.5)
     # a room of a disaggregated request (``stages.disagg.errors``)
     PEER_FAILED = "peer_failed"  # the other stage failed, refused or went away
     ROOM_TIMEOUT = "room_timeout"  # a room's deadline passed before the other stage came
@@ -110,6 +116,8 @@ RULES: Final[dict[Code, Rule]] = {
     Code.INVALID_IMAGE_URL: Rule(400, _C), Code.REMOTE_IMAGE_URL: Rule(400, _C), Code.INVALID_BASE64: Rule(400, _C),
     Code.INVALID_IMAGE: Rule(400, _C), Code.IMAGE_TOO_LARGE: Rule(413, _C), Code.TOO_MANY_IMAGES: Rule(400, _C),
     Code.IMAGE_HOST_NOT_ALLOWED: Rule(400, _C), Code.IMAGE_FETCH_FAILED: Rule(400, _C),
+    Code.INVALID_VIDEO_URL: Rule(400, _C), Code.INVALID_VIDEO: Rule(400, _C), Code.VIDEO_TOO_LARGE: Rule(413, _C),
+    Code.TOO_MANY_VIDEOS: Rule(400, _C), Code.VIDEO_NOT_SUPPORTED: Rule(400, _C),
     Code.PEER_FAILED: Rule(502, Blame.PEER), Code.ROOM_TIMEOUT: Rule(504, Blame.PEER),
     Code.KV_TRANSFER_FAILED: Rule(502, Blame.DECODE), Code.ROOM_CONFLICT: Rule(409, Blame.ROUTER),
     Code.BOOTSTRAP_NOT_ALLOWED: Rule(403, Blame.ROUTER), Code.KV_POOL_FULL: Rule(503, Blame.BUSY),

@@ -25,18 +25,21 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from contract.video import VideoPlan
 from stages.chat_template import find_chat_template
 from stages.engine.detokenizer import IncrementalDetokenizer, TextDecoding
 from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageInput, Prompt
 from stages.generation_defaults import GenerationDefaults
 from stages.text_bound import chars_per_token
+from stages.video_preprocess import VideoConfig, VideoFrames, preprocess_video
 
 if TYPE_CHECKING:
     from stages.guided import GuideCompiler
@@ -77,7 +80,12 @@ class PromptBuilder:
     prompts from sizes only (then ``build``/``preprocess`` raise). ``guides``: compiles structured
     output for this tokenizer (set by ``stages.loading``; None where nothing compiles grammars).
     ``defaults``: the checkpoint's sampling defaults for the fields a request leaves out (set by
-    ``stages.loading`` as ``--generation-config`` says; ``stages.generation_defaults``)."""
+    ``stages.loading`` as ``--generation-config`` says; ``stages.generation_defaults``). ``video``: the
+    checkpoint's video processing (None: the family takes no video).
+
+    A prompt's visual items are images and videos, in conversation order: an image is a PIL image
+    (``build``) or its (width, height) (``build_from_sizes``), a video its decoded frames
+    (``stages.video_preprocess.VideoFrames``) or its ``contract.video.VideoPlan``."""
 
     tokenizer: Any
     adapter: ModelAdapter
@@ -85,6 +93,7 @@ class PromptBuilder:
     image_processor: Any | None
     guides: GuideCompiler | None = None
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    video: VideoConfig | None = None
 
     @classmethod
     def load(cls, model_dir: str | Path, adapter: ModelAdapter, *, pixels: bool = True,
@@ -94,8 +103,10 @@ class PromptBuilder:
         from transformers import AutoImageProcessor
 
         image_processor = AutoImageProcessor.from_pretrained(model_dir)
+        rule = adapter.video_rule
         return cls(tokenizer if tokenizer is not None else load_tokenizer(model_dir), adapter,
-                   adapter.size_rule(image_processor), image_processor if pixels else None)
+                   adapter.size_rule(image_processor), image_processor if pixels else None,
+                   video=VideoConfig.load(model_dir, rule) if rule is not None else None)
 
     @functools.cached_property
     def chars_per_token(self) -> int | None:
@@ -106,6 +117,11 @@ class PromptBuilder:
     @property
     def placeholder(self) -> str:
         return self.tokenizer.convert_ids_to_tokens(self.adapter.image_token_id)
+
+    @property
+    def video_placeholder(self) -> str | None:
+        video = self.adapter.video_token_id
+        return None if video is None else self.tokenizer.convert_ids_to_tokens(video)
 
     def preprocess(self, image: Image.Image) -> ImageInput:
         if self.image_processor is None:
@@ -143,28 +159,72 @@ class PromptBuilder:
         _check_size(width, height)
         return self.sizes.grid(width, height)
 
-    def build(self, messages: list[dict], images: list[Image.Image], tools: list[dict] | None = None) -> Prompt:
+    def build(self, messages: list[dict], items: list[Image.Image | VideoFrames],
+              tools: list[dict] | None = None) -> Prompt:
         """Token ids and preprocessed pixels (to encode here); ``tools`` as ``render`` takes them."""
         if tools and not self.supports_tools:  # before any image is preprocessed
             raise ToolsNotSupported("this model's chat template has no tool format, so it cannot be given tools")
-        inputs = [self.preprocess(image) for image in images]
+        inputs = [self._preprocess_item(item) for item in items]
+        plans = [item.plan if isinstance(item, VideoFrames) else None for item in items]
         counts = [im.num_tokens for im in inputs]
-        return Prompt(token_ids=self._token_ids(messages, counts, tools), image_tokens=counts, images=inputs)
+        slots = [plan if plan is not None else count for plan, count in zip(plans, counts)]
+        return Prompt(token_ids=self._token_ids(messages, slots, tools), image_tokens=counts, images=inputs,
+                      videos=plans if any(plan is not None for plan in plans) else [])
 
-    def build_from_sizes(self, messages: list[dict], sizes: list[tuple[int, int]],
+    def build_from_sizes(self, messages: list[dict], sizes: list[tuple[int, int] | VideoPlan],
                          tools: list[dict] | None = None) -> Prompt:
-        """Token ids for images known only by (width, height); no pixels. A prefill fills
-        ``embeddings`` (encoded elsewhere) before the prompt is prefilled; a decode needs none."""
-        counts = [self.num_image_tokens(w, h) for w, h in sizes]
-        return Prompt(token_ids=self._token_ids(messages, counts, tools), image_tokens=counts)
+        """Token ids for images known only by (width, height) and videos by their plans; no pixels. A
+        prefill fills ``embeddings`` (encoded elsewhere) before the prompt is prefilled; a decode needs none."""
+        slots: list[int | VideoPlan] = [size if isinstance(size, VideoPlan) else self.num_image_tokens(*size)
+                                        for size in sizes]
+        plans = [slot if isinstance(slot, VideoPlan) else None for slot in slots]
+        return Prompt(token_ids=self._token_ids(messages, slots, tools),
+                      image_tokens=[slot.num_tokens if isinstance(slot, VideoPlan) else slot for slot in slots],
+                      videos=plans if any(plan is not None for plan in plans) else [])
 
-    def _token_ids(self, messages: list[dict], counts: list[int], tools: list[dict] | None = None) -> list[int]:
-        """The rendered conversation with image i's placeholder repeated ``counts[i]`` times, tokenized."""
-        pieces = self.render(messages, tools).split(self.placeholder)
-        if len(pieces) - 1 != len(counts):
-            raise PromptError(f"the chat template wrote {len(pieces) - 1} image placeholders for {len(counts)} images")
-        text = pieces[0] + "".join(self.placeholder * count + piece for count, piece in zip(counts, pieces[1:]))
+    def _preprocess_item(self, item: Image.Image | VideoFrames) -> ImageInput:
+        if not isinstance(item, VideoFrames):
+            return self.preprocess(item)
+        if self.video is None:
+            raise PromptError(f"this {self.adapter.family} model takes no video")
+        return preprocess_video(item.frames, item.plan, self.video)
+
+    def _token_ids(self, messages: list[dict], slots: list[int | VideoPlan], tools: list[dict] | None = None) -> list[int]:
+        """The rendered conversation with each image's placeholder repeated its count (an int of
+        ``slots``) and each video's written out from its plan, tokenized."""
+        text = self.render(messages, tools)
+        video = self.video_placeholder
+        marks = [self.placeholder] if video is None else [self.placeholder, video]
+        if video is not None and self.adapter.timestamped_video:  # the template's wrapper: the frames bring their own
+            text = text.replace(self._wrapped(video), video)
+        pieces = re.split("(" + "|".join(map(re.escape, marks)) + ")", text)
+        found = pieces[1::2]
+        wanted = [self.placeholder if isinstance(slot, int) else video for slot in slots]
+        if found != wanted:
+            images = (found.count(self.placeholder), wanted.count(self.placeholder))
+            videos = (len(found) - images[0], len(wanted) - images[1])
+            raise PromptError(f"the chat template wrote {images[0]} image placeholders for {images[1]} images"
+                              + (f" and {videos[0]} video placeholders for {videos[1]} videos" if any(videos) else "")
+                              + (", in another order" if images[0] == images[1] and videos[0] == videos[1] else ""))
+        text = pieces[0] + "".join(self._expand(slot) + piece for slot, piece in zip(slots, pieces[2::2]))
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _expand(self, slot: int | VideoPlan) -> str:
+        """One item's placeholder text: an image's token ``slot`` times; a video's tokens, frame by frame
+        after ``<t seconds>`` where the family writes timestamps (Qwen3-VL's processor)."""
+        if isinstance(slot, int):
+            return self.placeholder * slot
+        video = self.video_placeholder
+        assert video is not None  # a plan reaches here only through a template that wrote a video placeholder
+        if not self.adapter.timestamped_video:
+            return video * slot.num_tokens
+        return "".join(f"<{time:.1f} seconds>" + self._wrapped(video * slot.frame_tokens) for time in slot.timestamps)
+
+    def _wrapped(self, text: str) -> str:
+        config = self.adapter.config
+        start, end = (self.tokenizer.convert_ids_to_tokens(config.vision_start_token_id),
+                      self.tokenizer.convert_ids_to_tokens(config.vision_end_token_id))
+        return start + text + end
 
 
 def _check_size(width: int, height: int) -> None:

@@ -112,7 +112,7 @@ class Engine:
                 f"{total} tokens ({len(prompt.token_ids)} in the messages, {params.max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
-        prompt.check_images(self.adapter.image_token_id, prefill=False)
+        prompt.check_images(self.adapter.media_token_ids, prefill=False)
         outside = [token for token, _ in params.logit_bias if not 0 <= token < self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias names token {outside[0]}, not in this model's vocabulary of {self.vocab_size}")
@@ -125,7 +125,7 @@ class Engine:
         Returns its sequence 0 (the others are forked from it when its prompt is done)."""
         self._check_new_id(request_id, params.n)
         self.check_request(prompt, params)
-        prompt.check_images(self.adapter.image_token_id, prefill=True)
+        prompt.check_images(self.adapter.media_token_ids, prefill=True)
         request = Request(request_id, prompt, params, hand_off=hand_off, block_hashes=self._block_hashes(prompt))
         tracked = self._new_tracked(request)
         self.scheduler.add(request)
@@ -208,7 +208,7 @@ class Engine:
         if not batch:
             return []
         errors: dict[str, str] = {}  # request id -> why it failed in this step
-        encode_missing(self.adapter.encode, self.adapter.image_token_id, batch.prefills, errors)
+        encode_missing(self.adapter.encode, self.adapter.media_token_ids, batch.prefills, errors)
         self._forked = []
         tokens = self._forward([r for r in batch.prefills if r.request_id not in errors], batch.decodes, errors)
         outputs = [self._finish(r, FinishReason.ABORT, error=errors[r.request_id]) if r.request_id in errors
@@ -261,7 +261,7 @@ class Engine:
         """The prompt's chain of block hashes when prefix caching is on, else None."""
         if not self.config.prefix_caching:
             return None
-        return block_hashes(prompt.token_ids, self.config.block_size, self.adapter.image_token_id,
+        return block_hashes(prompt.token_ids, self.config.block_size, self.adapter.media_token_ids,
                             prompt.image_tokens, prompt.image_keys)
 
     def _swap(self, batch: ScheduledBatch) -> None:

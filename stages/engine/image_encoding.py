@@ -12,7 +12,7 @@ exactly its image placeholders (the encoder disagrees with the image processor) 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 from stages.engine.prefix_cache import image_spans
@@ -56,14 +56,14 @@ def _encode(encode: Encoder, prompts: list[list[ImageInput]]) -> list[list[Image
     return results
 
 
-def encode_missing(encode: Encoder, image_token_id: int, requests: list[Request], errors: dict[str, str]) -> None:
+def encode_missing(encode: Encoder, media_token_ids: Collection[int], requests: list[Request], errors: dict[str, str]) -> None:
     """Give the requests that came with pixels the embeddings their prefill needs; record in ``errors``
     (request id -> why) those that fail. Images whose placeholders lie wholly in the request's cached
     prefix are not encoded (their KV is there): they get ``ImageEmbedding.skipped`` stand-ins."""
     pending: list[tuple[Request, list[int]]] = []  # each request with the indexes of its images to encode
     for request in requests:
         if request.prompt.images:
-            wanted = _images_to_encode(request, image_token_id)
+            wanted = _images_to_encode(request, media_token_ids)
             if wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
                 pending.append((request, wanted))
     encoded = encode_prompts(encode, [[r.prompt.images[i] for i in wanted] for r, wanted in pending])
@@ -77,13 +77,13 @@ def encode_missing(encode: Encoder, image_token_id: int, requests: list[Request]
                                      for i, image in enumerate(request.prompt.images)]
 
 
-def _images_to_encode(request: Request, image_token_id: int) -> list[int]:
+def _images_to_encode(request: Request, media_token_ids: Collection[int]) -> list[int]:
     """Indexes of the request's images with a placeholder at or past ``num_computed`` and no
     embedding yet (none, or a stand-in)."""
     had = request.prompt.embeddings
     if not request.num_computed:
         wanted = list(range(len(request.prompt.images)))
     else:
-        spans = image_spans(request.prompt.token_ids, image_token_id, request.prompt.image_tokens)
+        spans = image_spans(request.prompt.token_ids, media_token_ids, request.prompt.image_tokens)
         wanted = [i for i, (_, end) in enumerate(spans) if end > request.num_computed]
     return [i for i in wanted if had is None or had[i].stand_in]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from contract.video import VideoPlan
+
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image after the model's image processor: what the vision tower eats.
+    """One image (or one video's sampled frames) after the model's processor: what the vision tower eats.
 
-    ``pixel_values``: Qwen-VL: [patches, patch_dim] with ``grid_thw`` (t, h, w) in patches;
+    ``pixel_values``: Qwen-VL: [patches, patch_dim] with ``grid_thw`` (t, h, w) in patches (t > 1: a video);
     LLaVA: [3, H, W] with ``grid_thw`` None. ``num_tokens``: placeholder tokens it fills in the prompt.
     """
 
@@ -51,6 +53,11 @@ class ImageEmbedding:
 class Prompt:
     """Token ids with image placeholders already expanded, and what fills them.
 
+    An "image" below is any visual item of the prompt, in prompt order: an image or a video. A video is
+    one item whose placeholders are the model's video token (Qwen3-VL writes them frame by frame, with
+    timestamps between: its placeholders need not be contiguous); ``videos[i]`` is item i's
+    ``contract.video.VideoPlan`` (None: an image), or ``videos`` is empty when the prompt has no video.
+
     ``image_tokens[i]``: the placeholder tokens image i fills (set by the prompt builder from the
     pixels or from the image's size). Per image, either ``images`` (pixels, to encode in this
     process), ``embeddings`` (encoded elsewhere), or neither (a decode server: the prompt's KV comes
@@ -65,20 +72,29 @@ class Prompt:
     images: list[ImageInput] = field(default_factory=list)
     embeddings: list[ImageEmbedding] | None = None
     image_keys: list[str] | None = None
+    videos: list[VideoPlan | None] = field(default_factory=list)
 
     @property
     def num_images(self) -> int:
         return len(self.image_tokens)
 
     @property
+    def video_plans(self) -> list[VideoPlan | None]:
+        """One entry per item: its plan, None for an image."""
+        return self.videos or [None] * self.num_images
+
+    @property
     def image_grids(self) -> list[tuple[int, int, int] | None]:
         source = self.embeddings if self.embeddings is not None else self.images
         return [item.grid_thw for item in source]
 
-    def check_images(self, image_token_id: int, prefill: bool) -> None:
-        """ValueError unless the placeholders are exactly ``image_tokens`` and, for a prompt to
-        ``prefill`` here, its pixels or embeddings fill them image by image."""
-        placeholders = self.token_ids.count(image_token_id)
+    def check_images(self, media_token_ids: Collection[int], prefill: bool) -> None:
+        """ValueError unless the placeholders (``media_token_ids``: the image and video tokens) are exactly
+        ``image_tokens`` and, for a prompt to ``prefill`` here, its pixels or embeddings fill them item by
+        item."""
+        if self.videos and len(self.videos) != len(self.image_tokens):
+            raise ValueError(f"prompt has {len(self.image_tokens)} images and videos but {len(self.videos)} video slots")
+        placeholders = sum(1 for token in self.token_ids if token in media_token_ids)
         if placeholders != sum(self.image_tokens):
             raise ValueError(f"prompt has {placeholders} image placeholder tokens but its images fill "
                              f"{sum(self.image_tokens)}")

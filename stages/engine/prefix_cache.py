@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 ROOT = b""  # the parent of a prompt's first block
 
 
-def image_spans(token_ids: Sequence[int], image_token_id: int, image_tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """``(first, end)`` prompt positions of each image's placeholders: image i fills the next
-    ``image_tokens[i]`` placeholder tokens. ValueError if the counts disagree."""
-    positions = [i for i, token in enumerate(token_ids) if token == image_token_id]
+def image_spans(token_ids: Sequence[int], media_token_ids: Collection[int],
+                image_tokens: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first, end)`` prompt positions of each image's (or video's) placeholders, the tokens in
+    ``media_token_ids``: item i fills the next ``image_tokens[i]`` of them (a Qwen3-VL video's span also
+    covers the timestamps between its frames). ValueError if the counts disagree."""
+    positions = [i for i, token in enumerate(token_ids) if token in media_token_ids]
     if len(positions) != sum(image_tokens):
         raise ValueError(f"prompt has {len(positions)} image placeholder tokens but its images fill {sum(image_tokens)}")
     spans, offset = [], 0
@@ -45,13 +47,13 @@ def hash_block(parent: bytes, token_ids: Sequence[int], image_keys: Sequence[str
     return digest.digest()
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, image_token_id: int, image_tokens: Sequence[int],
+def block_hashes(token_ids: Sequence[int], block_size: int, media_token_ids: Collection[int], image_tokens: Sequence[int],
                  image_keys: Sequence[str] | None) -> list[bytes]:
     """The chain hashes of the full blocks of ``token_ids``, block 0 first (see the module docstring).
     ``image_keys``: one content key per image, or None (then the chain stops at the first image)."""
     if image_keys is not None and len(image_keys) != len(image_tokens):
         raise ValueError(f"prompt has {len(image_tokens)} images but {len(image_keys)} image keys")
-    spans = image_spans(token_ids, image_token_id, image_tokens)
+    spans = image_spans(token_ids, media_token_ids, image_tokens)
     hashes: list[bytes] = []
     parent = ROOT
     for start in range(0, len(token_ids) - block_size + 1, block_size):

@@ -155,8 +155,9 @@ class ModelRunner:
         """Positions [rows, prefill_len] of a request's prefill (and its ``rope_delta`` set): the prompt's,
         then for the output tokens of a recompute text positions, index + rope delta on every row, as
         a decode's."""
-        positions, request.rope_delta = self.adapter.prefill_positions(request.prompt.token_ids,
-                                                                       request.prompt.image_grids)
+        prompt = request.prompt
+        positions, request.rope_delta = self.adapter.prefill_positions(prompt.token_ids, prompt.image_grids,
+                                                                       prompt.video_plans)
         if not request.recompute_outputs:
             return positions
         outputs = torch.arange(request.prompt_len, request.prefill_len, device="cpu") + request.rope_delta
@@ -175,16 +176,16 @@ class ModelRunner:
     def _add_images(self, step: PackedStep, request: Request, start: int) -> None:
         """The chunk's image rows and, for each image it overlaps, the matching rows of its embedding."""
         # only the prompt's tokens are images: a recomputed output token is text, whatever its id
-        image_token, first = self.adapter.image_token_id, request.num_computed
+        media, first = self.adapter.media_token_ids, request.num_computed
         last = min(request.chunk_end, request.prompt_len)
         if first >= last:
             return
         # Engine.check_request has made sure the placeholders and the images' tokens agree
         ids = request.prompt.token_ids
-        step.image_rows.extend(start + i - first for i in range(first, last) if ids[i] == image_token)
-        before = ids[:first].count(image_token)  # image tokens of earlier chunks
-        step.embeddings.extend(slice_embeddings(request.prompt.embeddings or [], before,
-                                                before + ids[first:last].count(image_token)))
+        rows = [start + i - first for i in range(first, last) if ids[i] in media]
+        step.image_rows.extend(rows)
+        before = sum(1 for token in ids[:first] if token in media)  # image and video tokens of earlier chunks
+        step.embeddings.extend(slice_embeddings(request.prompt.embeddings or [], before, before + len(rows)))
 
     def _on_device(self, embedding: ImageEmbedding) -> ImageEmbedding:
         """``embedding`` with its tensors on the device (those from the cache arrive on the CPU)."""

@@ -55,7 +55,7 @@ def recipe(family: str, size: str, vision: str | None = None, text: str | None =
         raise ValueError(f"unknown --family {family!r}; choose one of {('llava', *qwen.BUILDERS)}")
     if vision is not None or text is not None:
         raise ValueError(f"--vision and --text apply to --family llava only, not to {family}")
-    return Recipe(family, size, specials.QWEN, templates.chatml(templates.QWEN_IMAGE))
+    return Recipe(family, size, specials.QWEN, templates.chatml(templates.QWEN_IMAGE, video_placeholder=templates.QWEN_VIDEO))
 
 
 def random_model(config, seed: int):
@@ -123,6 +123,9 @@ def _write_files(r: Recipe, out: Path, seed: int, hub_layout: bool) -> None:
         model.save_pretrained(out)
     tok.save_pretrained(out)
     r.image_processor().save_pretrained(out)
+    if r.family != "llava":
+        _write_json(out / "video_preprocessor_config.json",
+                    images.qwen_video(r.size, qwen.PATCH[r.family], r.family))
     if r.family == "llava":  # lets AutoProcessor work; Qwen's would need a video processor (torchvision)
         processor = {"image_token": r.tokens.image, "processor_class": "LlavaProcessor"}
         _write_json(out / "processor_config.json", {**processor, **llava_processor_kwargs(model.config)})

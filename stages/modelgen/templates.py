@@ -1,7 +1,9 @@
 """Chat templates (Jinja, as Hugging Face tokenizers carry them).
 
 Message content is a string or a list of parts: `{"type": "text", "text": ...}`, `{"type": "image"}` or
-`{"type": "image_url", ...}` (an image). Images render as the family's placeholder, which the processor
+`{"type": "image_url", ...}` (an image), `{"type": "video"}` or `{"type": "video_url", ...}` (a video; the
+Qwen families write `<|vision_start|><|video_pad|><|vision_end|>` as their hub templates do, LLaVA nothing).
+Images and videos render as the family's placeholder, which the processor
 (or the serving prompt builder) then expands to one token per image embedding. Every literal is written
 as a Jinja expression and every tag strips whitespace, so the layout of the template source never leaks
 into the prompt.
@@ -12,6 +14,8 @@ _CONTENT = (
     "{%- else -%}{%- for part in message['content'] -%}"
     "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
     "{{- '@IMAGE@' -}}"
+    "{%- elif part['type'] in ('video', 'video_url') or 'video' in part or 'video_url' in part -%}"
+    "{{- '@VIDEO@' -}}"
     "{%- elif 'text' in part -%}{{- part['text'] -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
 )
@@ -81,14 +85,16 @@ _LLAVA = (
 )
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 LLAVA_IMAGE = "<image>\\n"
 
 
-def chatml(image_placeholder: str, default_system: bool = True) -> str:
-    """ChatML; `image_placeholder` is Jinja-string-literal text (escape newlines as a backslash-n)."""
+def chatml(image_placeholder: str, default_system: bool = True, video_placeholder: str = "") -> str:
+    """ChatML; the placeholders are Jinja-string-literal text (escape newlines as a backslash-n)."""
     flag = "true" if default_system else "false"
-    return _CHATML.replace("@IMAGE@", image_placeholder).replace("@DEFAULT_SYSTEM@", flag)
+    return (_CHATML.replace("@IMAGE@", image_placeholder).replace("@VIDEO@", video_placeholder)
+            .replace("@DEFAULT_SYSTEM@", flag))
 
 
 def llava(image_placeholder: str = LLAVA_IMAGE) -> str:
-    return _LLAVA.replace("@IMAGE@", image_placeholder)
+    return _LLAVA.replace("@IMAGE@", image_placeholder).replace("@VIDEO@", "")

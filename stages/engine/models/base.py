@@ -14,6 +14,7 @@ whichever half is loaded.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol, cast
 
@@ -22,6 +23,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from contract.video import VideoPlan
 from stages.engine.config import PARTS, TEXT, VISION
 from stages.engine.multimodal import ImageEmbedding, ImageInput
 
@@ -122,6 +124,28 @@ class ModelAdapter(ABC):
     @abstractmethod
     def image_token_id(self) -> int: ...
 
+    @property
+    def video_token_id(self) -> int | None:
+        """The placeholder token of a video's frames; None: this family takes no video."""
+        return None
+
+    @property
+    def video_rule(self) -> str | None:
+        """The ``contract.video`` sampling rule of this family's video processor (None: no video)."""
+        return None
+
+    @property
+    def timestamped_video(self) -> bool:
+        """Whether the prompt writes a video frame by frame with ``<t seconds>`` before each temporal
+        patch (Qwen3-VL) rather than as one run of placeholders."""
+        return False
+
+    @functools.cached_property
+    def media_token_ids(self) -> frozenset[int]:
+        """The placeholder tokens an image or a video fills: what the engine splices embeddings into."""
+        video = self.video_token_id
+        return frozenset([self.image_token_id] if video is None else [self.image_token_id, video])
+
     # --- rules -----------------------------------------------------------------------------
     @abstractmethod
     def num_image_tokens(self, image: ImageInput) -> int:
@@ -136,9 +160,11 @@ class ModelAdapter(ABC):
     def encode(self, images: list[ImageInput]) -> list[ImageEmbedding]:
         """Run the vision tower and projector; one embedding per image, in order."""
 
-    def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
+    def prefill_positions(self, token_ids: list[int], grids: list,
+                          videos: list[VideoPlan | None]) -> tuple[torch.Tensor, int]:
         """Positions [rows, len] of a fresh prompt, on the CPU (host-side index arithmetic), and the rope
-        delta (decode position = tokens so far + delta). Default: plain 1-D positions 0..len-1, delta 0."""
+        delta (decode position = tokens so far + delta). ``grids`` and ``videos``: per item in prompt order,
+        its grid and its video plan (None: an image). Default: plain 1-D positions 0..len-1, delta 0."""
         return torch.arange(len(token_ids), device="cpu").unsqueeze(0), 0
 
     @property

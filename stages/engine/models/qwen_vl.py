@@ -8,6 +8,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from contract.video import VideoPlan
 from stages.engine.config import VISION
 from stages.engine.models.base import ModelAdapter, SizeRule
 from stages.engine.multimodal import ImageEmbedding, ImageInput
@@ -47,6 +48,18 @@ class QwenVLAdapter(ModelAdapter):
     @property
     def image_token_id(self) -> int:
         return self.config.image_token_id
+
+    @property
+    def video_token_id(self) -> int:
+        return self.config.video_token_id
+
+    @property
+    def video_rule(self) -> str:
+        return "qwen3_vl" if self.config.model_type == "qwen3_vl" else "qwen2_vl"
+
+    @property
+    def timestamped_video(self) -> bool:
+        return self.config.model_type == "qwen3_vl"
 
     @property
     def merge_size(self) -> int:
@@ -91,12 +104,20 @@ class QwenVLAdapter(ModelAdapter):
             for i, (im, embeds) in enumerate(zip(images, pooled))
         ]
 
-    def prefill_positions(self, token_ids: list[int], grids: list) -> tuple[torch.Tensor, int]:
+    def prefill_positions(self, token_ids: list[int], grids: list,
+                          videos: list[VideoPlan | None]) -> tuple[torch.Tensor, int]:
         ids = torch.tensor([token_ids], device="cpu")  # host-side index arithmetic: see the base class
+        images = [grid for grid, video in zip(grids, videos) if video is None]
+        plans = [video for video in videos if video is not None]
+        extra = {}
+        if plans and self.config.model_type == "qwen2_5_vl":  # absolute time: seconds per temporal patch
+            extra["second_per_grid_ts"] = torch.tensor([plan.seconds_per_grid for plan in plans])
         positions, delta = cast(_RopeModel, self.submodule("model")).get_rope_index(
             ids,
-            mm_token_type_ids=(ids == self.image_token_id).int(),
-            image_grid_thw=torch.tensor(grids, device="cpu") if grids else None,
+            mm_token_type_ids=(ids == self.image_token_id).int() + 2 * (ids == self.video_token_id).int(),
+            image_grid_thw=torch.tensor(images, device="cpu") if images else None,
+            video_grid_thw=torch.tensor([list(plan.grid) for plan in plans], device="cpu") if plans else None,
+            **extra,
         )
         return positions[:, 0], int(delta.item())
 

@@ -21,38 +21,38 @@ KEY_A, KEY_B = "a" * 64, "b" * 64
 
 def test_image_spans_follow_each_images_count():
     ids = [1, IMG, IMG, 2, IMG, IMG, IMG, 3]
-    assert image_spans(ids, IMG, [2, 3]) == [(1, 3), (4, 7)]
-    assert image_spans([IMG] * 5, IMG, [2, 3]) == [(0, 2), (2, 5)]  # adjacent images split by count
+    assert image_spans(ids, {IMG}, [2, 3]) == [(1, 3), (4, 7)]
+    assert image_spans([IMG] * 5, {IMG}, [2, 3]) == [(0, 2), (2, 5)]  # adjacent images split by count
     with pytest.raises(ValueError, match="4 image placeholder tokens but its images fill 5"):
-        image_spans([IMG] * 4, IMG, [2, 3])
+        image_spans([IMG] * 4, {IMG}, [2, 3])
 
 
 def test_hashes_chain_full_blocks_only():
     ids = list(range(10))
-    hashes = block_hashes(ids, 4, IMG, [], None)
+    hashes = block_hashes(ids, 4, {IMG}, [], None)
     assert len(hashes) == 2  # 10 tokens: two full blocks, the partial third is never hashed
     assert hashes[0] == hash_block(ROOT, [0, 1, 2, 3], [])
     assert hashes[1] == hash_block(hashes[0], [4, 5, 6, 7], [])
     # a block equal in tokens but after another parent hashes differently
-    assert block_hashes([9, 9, 9, 9] + [4, 5, 6, 7], 4, IMG, [], None)[1] != hashes[1]
-    assert block_hashes(ids[:8], 4, IMG, [], None) == hashes  # a prefix's chain is a prefix of the chain
+    assert block_hashes([9, 9, 9, 9] + [4, 5, 6, 7], 4, {IMG}, [], None)[1] != hashes[1]
+    assert block_hashes(ids[:8], 4, {IMG}, [], None) == hashes  # a prefix's chain is a prefix of the chain
 
 
 def test_two_images_of_one_size_never_share_a_block():
     ids = [1, 2, 3, IMG, IMG, IMG, IMG, IMG, 4, 5, 6, 7]  # the image covers parts of blocks 0 and 1 (size 4)
-    a = block_hashes(ids, 4, IMG, [5], [KEY_A])
-    b = block_hashes(ids, 4, IMG, [5], [KEY_B])
+    a = block_hashes(ids, 4, {IMG}, [5], [KEY_A])
+    b = block_hashes(ids, 4, {IMG}, [5], [KEY_B])
     assert len(a) == len(b) == 3 and all(x != y for x, y in zip(a, b))
-    assert a == block_hashes(ids, 4, IMG, [5], [KEY_A])  # the same image: the same chain
+    assert a == block_hashes(ids, 4, {IMG}, [5], [KEY_A])  # the same image: the same chain
     text_only = [1, 2, 3, 8, 9, 9, 9, 9]
-    assert block_hashes(text_only, 4, IMG, [], [])[0] != a[0]
+    assert block_hashes(text_only, 4, {IMG}, [], [])[0] != a[0]
 
 
 def test_without_image_keys_the_chain_stops_at_the_first_image():
     ids = [1, 2, 3, 4, 5, IMG, IMG, 6, 7, 8, 9, 10]
-    assert block_hashes(ids, 4, IMG, [2], None) == block_hashes(ids, 4, IMG, [2], [KEY_A])[:1]
+    assert block_hashes(ids, 4, {IMG}, [2], None) == block_hashes(ids, 4, {IMG}, [2], [KEY_A])[:1]
     with pytest.raises(ValueError, match="1 images but 2 image keys"):
-        block_hashes(ids, 4, IMG, [2], [KEY_A, KEY_B])
+        block_hashes(ids, 4, {IMG}, [2], [KEY_A, KEY_B])
 
 
 # --- the allocator --------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def test_register_keeps_the_first_copy_and_refuses_strangers():
 # --- the scheduler --------------------------------------------------------------------------------
 def make_request(name: str, ids: list[int], max_tokens: int = 2, hashed: bool = True) -> Request:
     return Request(name, Prompt(token_ids=ids), SamplingParams(max_tokens=max_tokens),
-                   block_hashes=block_hashes(ids, 4, IMG, [], None) if hashed else None)
+                   block_hashes=block_hashes(ids, 4, {IMG}, [], None) if hashed else None)
 
 
 def run_to_end(scheduler: Scheduler, bound: int = 20) -> None:

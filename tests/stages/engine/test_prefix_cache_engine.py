@@ -63,7 +63,7 @@ def build(builder, turns: list[list], seeds: list[int]) -> Prompt:
 
 def expected_hit(engine: Engine, prompt: Prompt, cached: set[bytes]) -> int:
     """Tokens of the leading blocks whose chain hashes were registered, within ``len - 1`` tokens."""
-    hashes = block_hashes(prompt.token_ids, BLOCK, engine.adapter.image_token_id, prompt.image_tokens,
+    hashes = block_hashes(prompt.token_ids, BLOCK, engine.adapter.media_token_ids, prompt.image_tokens,
                           prompt.image_keys)
     hit = 0
     while hit < min(len(hashes), (len(prompt.token_ids) - 1) // BLOCK) and hashes[hit] in cached:
@@ -73,13 +73,13 @@ def expected_hit(engine: Engine, prompt: Prompt, cached: set[bytes]) -> int:
 
 def registered(engine: Engine, prompt: Prompt) -> set[bytes]:
     """The chain hashes a finished prompt leaves in the cache: every full prompt block's."""
-    return set(block_hashes(prompt.token_ids, BLOCK, engine.adapter.image_token_id, prompt.image_tokens,
+    return set(block_hashes(prompt.token_ids, BLOCK, engine.adapter.media_token_ids, prompt.image_tokens,
                             prompt.image_keys))
 
 
 def cached_before(engine: Engine, prompt: Prompt) -> set[bytes]:
     """The prompt's leading chain hashes the engine holds now (other tests of the module share it)."""
-    hashes = block_hashes(prompt.token_ids, BLOCK, engine.adapter.image_token_id, prompt.image_tokens,
+    hashes = block_hashes(prompt.token_ids, BLOCK, engine.adapter.media_token_ids, prompt.image_tokens,
                           prompt.image_keys)
     return set(hashes[:len(engine.allocator.cached_prefix(hashes))])
 
@@ -114,7 +114,7 @@ def test_multi_turn_chat_with_the_same_image_in_turns_1_and_3(engines, monkeypat
         monkeypatch.undo()
         assert got.output_ids == reference.output_ids and len(got.output_ids) == STEPS
         assert got.num_cached_tokens == want_hit and reference.num_cached_tokens == 0
-        spans = image_spans(prompt_on.token_ids, on.adapter.image_token_id, prompt_on.image_tokens)
+        spans = image_spans(prompt_on.token_ids, on.adapter.media_token_ids, prompt_on.image_tokens)
         assert counter.images == sum(1 for _, end in spans if end > want_hit)  # the hit's images: not encoded
         if turn:
             assert want_hit > spans[0][1]  # turns 2 and 3 hit past the first image
@@ -135,7 +135,7 @@ def test_two_images_of_one_size_in_equal_prompts_do_not_share_blocks(engines):
     second_on, second_off = (build(builder, [image("what is in this picture? " * 4)], [3]) for _ in range(2))
     assert second_on.token_ids == first.token_ids  # one size: the same placeholders, only the pixels differ
     got, reference = run(on, "second", second_on), run(off, "second", second_off)
-    image_start = image_spans(first.token_ids, on.adapter.image_token_id, first.image_tokens)[0][0]
+    image_start = image_spans(first.token_ids, on.adapter.media_token_ids, first.image_tokens)[0][0]
     assert got.num_cached_tokens == image_start // BLOCK * BLOCK  # up to the block the image starts in
     if not on_gpu():
         assert got.output_ids == reference.output_ids

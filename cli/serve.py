@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from cache.config import MIB, CacheConfig
 from process.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
-                           EncoderConfig, ImageLimits, ServerConfig)
+                           EncoderConfig, ImageLimits, ServerConfig, VideoLimits)
 from stages.engine.config import (AUTO, BATCHED_TOKENS, CPU_KV_CACHE_MIB, DEVICE_HELP, DTYPES, KV_ALLOCATIONS, PARTS,
                                   TEXT, VISION, EngineConfig)
 from stages.generation_defaults import GENERATION_CONFIGS
@@ -44,6 +44,16 @@ def add_role_parsers(roles: argparse._SubParsersAction) -> None:
         parser = roles.add_parser(role, help=ROLE_HELP[role], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         add_role_args(parser, role)
         parser.set_defaults(run=run)
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object (argparse turns the ValueError into a one-line usage error)."""
+    import json
+
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object: {text!r}")
+    return value
 
 
 def _defaults(cls: type[DataclassInstance]) -> dict:
@@ -100,6 +110,20 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--max-images-per-request", type=int, default=limits["max_images"], help="images per request")
     g.add_argument("--max-image-pixels", type=int, default=limits["max_pixels"], help="width * height per image")
     g.add_argument("--max-image-bytes", type=int, default=limits["max_bytes"], help="encoded bytes per image")
+    video = _defaults(VideoLimits)
+    g.add_argument("--max-videos-per-request", type=int, default=video["max_videos"], help="videos per request")
+    g.add_argument("--max-video-mb", type=float, default=video["max_bytes"] / 2**20, help="encoded size per video")
+    g.add_argument("--max-video-pixels", type=int, default=video["max_pixels"],
+                   help="width * height of a video's frames, as the file states them")
+    g.add_argument("--max-video-seconds", type=float, default=video["max_seconds"], help="a video's duration")
+    g.add_argument("--max-video-frames", type=int, default=video["max_frames"],
+                   help="frames sampled from one video at most (a request's num_frames or max_frames may not pass it)")
+    g.add_argument("--video-decode-timeout-s", type=float, default=video["decode_timeout_s"],
+                   help="wall time of one read of a video (its header, or its sampled frames); past it: 400")
+    g.add_argument("--mm-processor-kwargs", type=_json_object, default={},
+                   help="the server's video sampling over the checkpoint's, as JSON (vLLM's flag): keys fps, "
+                        "num_frames, min_frames, max_frames, min_pixels, max_pixels; a request's "
+                        "mm_processor_kwargs then overrides these within the server's bounds")
     g.add_argument("--max-body-mb", type=float, default=server["max_body_mb"], help="request body size cap (413)")
     g.add_argument("--max-waiting", type=int, default=server["max_waiting"],
                    help="requests held beyond --max-num-seqs; more get 503 with Retry-After")
@@ -280,6 +304,9 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     return ServerConfig(
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
+        video=VideoLimits(args.max_videos_per_request, int(args.max_video_mb * 2**20), args.max_video_pixels,
+                          args.max_video_seconds, args.max_video_frames, args.video_decode_timeout_s,
+                          tuple(sorted(args.mm_processor_kwargs.items()))),
         max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
         stream_keepalive_s=args.stream_keepalive_s, log_level=args.log_level, shutdown_grace_s=args.shutdown_grace_s,
         disagg=disagg, encoder=encoder)

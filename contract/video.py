@@ -44,6 +44,15 @@ MAX_ASPECT_RATIO = 200
 OVERRIDABLE = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
 
 
+class VideoSettingError(ValueError):
+    """A video setting refused (``with_overrides``, ``within``): ``key`` names it (None: the settings
+    together, e.g. min_frames over max_frames)."""
+
+    def __init__(self, key: str | None, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class VideoPlanError(ValueError):
     """The video cannot be sampled under these settings (too few frames, an aspect ratio over 200, ...);
     the message says why, for a 400."""
@@ -138,23 +147,26 @@ class VideoSampling:
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> VideoSampling:
         """These settings with ``overrides`` (keys of ``OVERRIDABLE``; ``fps`` and ``num_frames`` replace
-        each other). ValueError naming the key for an unknown key, a wrong type or a bad value."""
-        unknown = sorted(set(overrides) - set(OVERRIDABLE))
-        if unknown:
-            raise ValueError(f"unknown video setting {unknown[0]!r}; the settings are {', '.join(OVERRIDABLE)}")
+        each other). VideoSettingError naming the key for an unknown key, a wrong type or a bad value."""
         changes: dict[str, Any] = {}
         for key, value in overrides.items():
+            if key not in OVERRIDABLE:
+                raise VideoSettingError(key, f"unknown video setting {key!r}; the settings are {', '.join(OVERRIDABLE)}")
             if key == "fps":
                 if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                    raise ValueError(f"fps must be a number, got {value!r}")
+                    raise VideoSettingError(key, f"fps must be a number, got {value!r}")
                 changes.update(fps=float(value), num_frames=None)
             else:
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"{key} must be an integer, got {value!r}")
+                    raise VideoSettingError(key, f"{key} must be an integer, got {value!r}")
                 changes[key] = value
                 if key == "num_frames":
                     changes["fps"] = None
-        return replace(self, **changes)
+        try:
+            return replace(self, **changes)
+        except ValueError as exc:
+            keys = [key for key in overrides if key in str(exc)]
+            raise VideoSettingError(keys[0] if len(keys) == 1 else None, str(exc)) from None
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -195,17 +207,13 @@ class VideoPlan:
 def within(base: VideoSampling, overrides: Mapping[str, Any]) -> VideoSampling:
     """A request's sampling: the server's ``base`` with the request's ``mm_processor_kwargs`` video keys,
     none past the server's own bounds (``num_frames`` and ``max_frames`` at most ``base.max_frames``,
-    ``max_pixels`` at most ``base.max_pixels``, ``fps`` at most 60). ValueError whose message starts with
-    the key at fault, for a 400 naming ``mm_processor_kwargs.<key>``."""
-    try:
-        sampling = base.with_overrides(overrides)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+    ``max_pixels`` at most ``base.max_pixels``, ``fps`` at most 60). VideoSettingError naming the key."""
+    sampling = base.with_overrides(overrides)
     for key, most in (("num_frames", base.max_frames), ("max_frames", base.max_frames),
                       ("max_pixels", base.max_pixels), ("fps", MAX_REQUEST_FPS)):
         value = overrides.get(key)
         if value is not None and value > most:
-            raise ValueError(f"{key} is {value}; this server samples at most {most}")
+            raise VideoSettingError(key, f"{key} is {value}; this server samples at most {most}")
     return sampling
 
 

@@ -4,6 +4,7 @@ naming the flag that fixes it. Cheap to import (no torch, no fastapi), so ``stag
     ServerConfig            one per process: role, bind address, HTTP limits, admission, debug faults
       .engine  EngineConfig  the model and its KV pool (stages/engine/config.py)
       .limits  ImageLimits   per-image and per-request image limits
+      .video   VideoLimits   per-video and per-request video limits, the server's video sampling
       .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines, EPD cache
       .encoder EncoderConfig encoder only: the embedding cache, batching, claims, deadlines
 """
@@ -13,10 +14,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cache.config import DEFAULT_BUDGET_MIB as CACHE_BUDGET_MIB  # --cache-budget-mib default
 from cache.config import DEFAULT_TTL_S as CACHE_TTL_S  # --cache-ttl-s default
 from cache.config import CacheConfig
+from contract.video import OVERRIDABLE
 from process.secrets import TOKEN_ENV  # the admin token's environment variable (the router reads the same one)
 from stages.engine.config import EngineConfig
 from transfer.base import TransferConfig
@@ -41,6 +44,32 @@ class ImageLimits:
         for name, flag in flags.items():
             if getattr(self, name) <= 0:
                 raise ValueError(f"{flag} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """A server's video limits and its sampling defaults (``contract.video``; ``stages.api.videos``).
+    ``sampling``: ``--mm-processor-kwargs``, the server's video settings over the checkpoint's (keys of
+    ``contract.video.OVERRIDABLE``), as sorted (key, value) pairs."""
+
+    max_videos: int = 2  # per request, all messages together
+    max_bytes: int = 64 << 20  # encoded size of one video (--max-video-mb)
+    max_pixels: int = 3840 * 2160  # width * height of the source's frames
+    max_seconds: float = 600.0  # frames / fps of the source
+    max_frames: int = 256  # sampled frames of one video (a request's num_frames / max_frames may not pass it)
+    decode_timeout_s: float = 30.0  # one read of a video (its probe, or its frames)
+    sampling: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        flags = {"max_videos": "--max-videos-per-request", "max_bytes": "--max-video-mb",
+                 "max_pixels": "--max-video-pixels", "max_seconds": "--max-video-seconds",
+                 "max_frames": "--max-video-frames", "decode_timeout_s": "--video-decode-timeout-s"}
+        for name, flag in flags.items():
+            if not getattr(self, name) > 0 and not (name == "max_videos" and self.max_videos == 0):
+                raise ValueError(f"{flag} must be > 0, got {getattr(self, name)}")
+        unknown = sorted({key for key, _ in self.sampling} - set(OVERRIDABLE))
+        if unknown:
+            raise ValueError(f"--mm-processor-kwargs: unknown key {unknown[0]!r}; the keys are {', '.join(OVERRIDABLE)}")
 
 
 @dataclass(frozen=True)
@@ -140,6 +169,7 @@ class ServerConfig:
     port: int = 8000
     served_model_name: str | None = None  # None: the model directory's name
     limits: ImageLimits = field(default_factory=ImageLimits)
+    video: VideoLimits = field(default_factory=VideoLimits)
     max_body_mb: float = 64.0  # whole request body; checked from Content-Length and while reading
     max_waiting: int = 256  # requests admitted beyond --max-num-seqs; more get 503 + Retry-After
     stream_keepalive_s: float = 2.0  # an open chat stream silent this long gets an SSE comment (": keep-alive")

@@ -42,7 +42,19 @@ def limits_info(config: Any, max_model_len: int | None = None, chars_per_token: 
     token count follows."""
     limits = {"max_body_bytes": config.max_body_bytes, "max_images_per_request": config.limits.max_images,
               "max_image_bytes": config.limits.max_bytes, "max_image_pixels": config.limits.max_pixels,
-              "max_in_flight": config.max_in_flight}
+              "max_videos_per_request": config.video.max_videos, "max_in_flight": config.max_in_flight}
     if max_model_len is not None:
         limits |= {"max_model_len": max_model_len, "chars_per_token": chars_per_token}
     return limits
+
+
+def video_info(sampling: Any, limits: Any) -> dict | None:
+    """``/server_info`` ``video`` of a stage whose model takes video (None: it takes none): the sampling
+    every video starts from (``stages.api.videos.server_sampling``: ``contract.video.VideoSampling``, as
+    JSON) and the limits of one video (``limits``: its ``VideoLimits``). The router plans, keys and refuses
+    videos with exactly these before any fan-out."""
+    if sampling is None:
+        return None
+    return {"sampling": sampling.to_json(), "max_bytes": limits.max_bytes, "max_pixels": limits.max_pixels,
+            "max_seconds": limits.max_seconds, "max_frames": limits.max_frames,
+            "decode_timeout_s": limits.decode_timeout_s}

@@ -128,7 +128,7 @@ class VideoSampling:
         min_pixels/max_pixels, the frame settings, the patch geometry. Defaults are the rule's
         processor class's."""
         defaults = _RULE_DEFAULTS[rule]
-        size = config.get("size") if isinstance(config.get("size"), Mapping) else {}
+        size: Mapping[str, Any] = config["size"] if isinstance(config.get("size"), Mapping) else {}
         value = {**defaults, **{k: config[k] for k in defaults if config.get(k) is not None}}
         fps = config.get("fps")
         num_frames = config.get("num_frames")

@@ -16,6 +16,7 @@ from stages.config import ServerConfig
 def build(config: ServerConfig) -> FastAPI:
     """Load the model (both halves) and build the app; its lifespan starts and stops the engine thread."""
     from stages.api.chat import ImageMode, Preparer
+    from stages.api.videos import published
     from stages.api.lifetime import run_whole
     from stages.api.routes import create_app
     from stages.api.app_config import AppParts, app_config
@@ -40,7 +41,7 @@ def build(config: ServerConfig) -> FastAPI:
             await supervisor.stop()
             async_engine.shutdown()
 
-    parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS),
+    parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS, config.video),
                      generate=seams.generate(run_whole(async_engine)), metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=prompts.tokenizer)
     app = create_app(parts, app_config(config, prompts, "colocated"))
@@ -52,6 +53,7 @@ def build(config: ServerConfig) -> FastAPI:
         return {"role": "colocated", "model": config.model_name, "model_path": config.engine.model,
                 **generation_info(config.engine.generation_config, prompts.defaults),
                 **model_info(engine.adapter, images="pixels"), "limits": limits_info(config, engine.max_model_len, prompts.chars_per_token),
+                "video": published(prompts.video, config.video),
                 "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
                 "engine": engine_info(async_engine)}
 

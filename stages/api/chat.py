@@ -7,7 +7,12 @@ A server takes images one way (``ImageMode``), set by its role:
     SIZES   image_url parts, read for their size from the file header only (decode in PD mode)
     REFS    image_ref parts ``{key, width, height}`` (prefill and decode in EPD mode, --redis-url)
 
-The other kind of image part gets 400 naming the part. In SIZES and REFS modes the prompt is built
+Videos likewise: ``video_url`` parts decoded here (PIXELS: only the planned frames), read for their
+plan from the header and packets (SIZES), or ``video_ref`` parts (REFS); a model that takes no video
+answers any video part 400 ``video_not_supported``. Images and videos are the prompt's items in
+conversation order (``stages.engine.multimodal.Prompt``).
+
+The other kind of image (or video) part gets 400 naming the part. In SIZES and REFS modes the prompt is built
 from sizes (``PromptBuilder.build_from_sizes``) and no pixel is touched; an EPD prefill then fills
 the embeddings from the cache (``stages.disagg.embeddings``).
 """
@@ -15,26 +20,31 @@ the embeddings from the cache (``stages.disagg.embeddings``).
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import TemplateError
 from PIL import Image
 
-from cache.keys import image_key
+from cache.keys import image_key, video_key
 from contract.errors import Code
+from contract.video import VideoPlan, VideoSampling
+from stages.api import videos
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.sampling import NO_DEFAULTS, with_defaults
 from stages.api.sampling import sampling_params as shared_sampling_params
-from stages.api.message_schemas import ImageRef
+from stages.api.message_schemas import ImageRef, VideoRef
 from stages.api.schemas import ChatCompletionRequest
 from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
 from stages.engine.guide import Guide
 from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.generation_defaults import GenerationDefaults
+from stages.config import VideoLimits
 from stages.prompt import ToolsNotSupported
+from stages.video_preprocess import VideoFrames
 
 if TYPE_CHECKING:
     from stages.guided import GuideCompiler
@@ -65,7 +75,8 @@ class EngineLimits(Protocol):
 
 
 def image_parts(request: ChatCompletionRequest) -> list[tuple[Any, str]]:
-    """Every image part (image_url or image_ref) and its ``param`` path, in conversation order."""
+    """Every image or video part (image_url, image_ref, video_url, video_ref) and its ``param`` path, in
+    conversation order: the prompt's items."""
     return [(part, f"messages[{i}].content[{j}]")
             for i, message in enumerate(request.messages) if isinstance(message.content, list)
             for j, part in enumerate(message.content) if part.type != "text"]
@@ -76,13 +87,20 @@ def image_sources(request: ChatCompletionRequest) -> list[tuple[str, str]]:
     return [(part.url, f"{param}.image_url") for part, param in image_parts(request) if part.type == "image_url"]
 
 
-def image_refs(request: ChatCompletionRequest) -> list[tuple[ImageRef, str]]:
-    """Every image_ref part's reference and its ``param`` path, in conversation order."""
-    return [(part.image_ref, f"{param}.image_ref") for part, param in image_parts(request) if part.type == "image_ref"]
+def image_refs(request: ChatCompletionRequest) -> list[tuple[ImageRef | VideoRef, str]]:
+    """Every image_ref and video_ref part's reference and its ``param`` path, in conversation order."""
+    return [(part.image_ref or part.video_ref, f"{param}.{part.type}") for part, param in image_parts(request)
+            if part.type in ("image_ref", "video_ref")]
+
+
+def video_parts(request: ChatCompletionRequest) -> list[tuple[Any, str]]:
+    """Every video part (video_url or video_ref) and its ``param`` path (``...content[j].video_url``)."""
+    return [(part, f"{param}.{part.type}") for part, param in image_parts(request) if part.is_video]
 
 
 def hf_messages(request: ChatCompletionRequest) -> list[dict]:
-    """OpenAI messages -> chat-template messages; each image part becomes ``{"type": "image"}``; an
+    """OpenAI messages -> chat-template messages; each image part becomes ``{"type": "image"}``, each video
+    part ``{"type": "video"}``; an
     assistant's tool calls and a tool message's text as templates take them (``stages.api.tools``).
     400 naming the call whose arguments are not a JSON object."""
     messages = []
@@ -94,7 +112,8 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict]:
                 "tool_call_id": message.tool_call_id})
             continue
         content: str | list[dict[str, str | None]] = "" if parts is None else parts if isinstance(parts, str) else [
-            {"type": "text", "text": part.text} if part.type == "text" else {"type": "image"} for part in parts]
+            {"type": "text", "text": part.text} if part.type == "text" else
+            {"type": "video"} if part.is_video else {"type": "image"} for part in parts]
         hf: dict[str, Any] = {"role": message.role, "content": content}
         if message.tool_calls:
             try:
@@ -160,6 +179,8 @@ def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
         return sized
     refs = []
     for ref, param in image_refs(request):
+        if not isinstance(ref, ImageRef):
+            continue  # a video_ref: Preparer._videos
         check_size(ref.width, ref.height, limits, param)
         refs.append(((ref.width, ref.height), ref.key))
     return refs
@@ -168,7 +189,7 @@ def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
 def check_images(request: ChatCompletionRequest, limits: ImageLimits, mode: ImageMode) -> None:
     """400 if there are more images than ``--max-images-per-request``, or an image part of the kind
     this server does not take (named by its param)."""
-    parts = image_parts(request)
+    parts = [(part, param) for part, param in image_parts(request) if not part.is_video]
     if len(parts) > limits.max_images:
         raise bad_request(f"The request has {len(parts)} images; this server accepts at most "
                           f"{limits.max_images} per request.", "messages", Code.TOO_MANY_IMAGES)
@@ -198,6 +219,22 @@ def sampling_params(request: ChatCompletionRequest, prompt_len: int, max_model_l
 
 
 @dataclass(frozen=True)
+class PlannedVideo:
+    """One video of a request, read as far as its plan: its content key, and its bytes (b"" for a reference)."""
+
+    plan: VideoPlan
+    key: str
+    data: bytes
+    param: str  # messages[i].content[j].video_url
+
+
+def _in_order(request: ChatCompletionRequest, images: list, videos_: list) -> list:
+    """The images' and the videos' values merged in the order of their parts in the conversation."""
+    image_values, video_values = iter(images), iter(videos_)
+    return [next(video_values) if part.is_video else next(image_values) for part, _ in image_parts(request)]
+
+
+@dataclass(frozen=True)
 class Preparer:
     """A server's way from a request body to (prompt, sampling parameters): its prompt builder
     (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then ``build``
@@ -209,20 +246,27 @@ class Preparer:
     engine: EngineLimits
     limits: ImageLimits
     mode: ImageMode
+    video: VideoLimits = VideoLimits()
 
     def __call__(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
-        """Everything CPU-bound before a request can be queued (image decoding, preprocessing,
+        """Everything CPU-bound before a request can be queued (image and video decoding, preprocessing,
         tokenization, compiling its grammar); run it off the event loop. Raises APIError for anything
         the client got wrong."""
         engine, messages = self.engine, hf_messages(request)
+        planned = self._videos(request)  # counted, probed and planned: no frame decoded yet
         loaded = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
-        images = [image for image, _ in loaded] if loaded is not None else None
         keyed = [(image.size, key) for image, key in loaded] if loaded is not None else \
             image_sizes(request, self.limits, self.mode)
-        sizes = [size for size, _ in keyed]
-        self._check_sizes(request, sizes)
-        prompt = self._build(request, messages, images, sizes)
-        prompt.image_keys = [key for _, key in keyed]  # for prefix caching: each image's content key
+        self._check_sizes(request, [size for size, _ in keyed])
+        items = None
+        if loaded is not None:
+            decoded = [VideoFrames(videos.frames(video.data, video.plan, self.video, video.param), video.plan)
+                       for video in planned]
+            items = _in_order(request, [image for image, _ in loaded], decoded)
+        sizes = _in_order(request, [size for size, _ in keyed], [video.plan for video in planned])
+        prompt = self._build(request, messages, items, sizes)
+        # for prefix caching: each image's and video's content key
+        prompt.image_keys = _in_order(request, [key for _, key in keyed], [video.key for video in planned])
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size,
                                  guide(request, self.prompts.guides), self.prompts.defaults)
         try:
@@ -233,14 +277,64 @@ class Preparer:
                               Code.CONTEXT_LENGTH_EXCEEDED if too_long else Code.INVALID_VALUE) from None
         return prompt, params
 
-    def _build(self, request: ChatCompletionRequest, messages: list[dict], images: list[Image.Image] | None,
-               sizes: list[tuple[int, int]]) -> Prompt:
+    @functools.cached_property
+    def base_sampling(self) -> VideoSampling | None:
+        """The sampling every video starts from (None: the model takes no video)."""
+        config = self.prompts.video
+        return None if config is None else videos.server_sampling(config.sampling, self.video)
+
+    def _videos(self, request: ChatCompletionRequest) -> list[PlannedVideo]:
+        """Every video part, counted and of the kind this server takes, then read as far as its plan: the
+        header and packets of a ``video_url`` (no frame decoded), or a ``video_ref``'s own. 400
+        ``too_many_videos``, ``video_not_supported``, ``video_url_not_supported`` / ``video_ref_not_supported``,
+        and the refusals of ``stages.api.videos``."""
+        parts = video_parts(request)
+        if not parts:
+            return []
+        if self.base_sampling is None:
+            raise bad_request(f"This model ({self.prompts.adapter.family}) does not take video input.", parts[0][1],
+                              Code.VIDEO_NOT_SUPPORTED)
+        if len(parts) > self.video.max_videos:
+            raise bad_request(f"The request has {len(parts)} videos; this server accepts at most "
+                              f"{self.video.max_videos} per request.", "messages", Code.TOO_MANY_VIDEOS)
+        wanted = "video_ref" if self.mode is ImageMode.REFS else "video_url"
+        wrong = next((param for part, param in parts if part.type != wanted), None)
+        if wrong is not None:
+            refs = self.mode is ImageMode.REFS
+            raise bad_request("This server runs in EPD mode (--redis-url): it takes videos only as video_ref parts "
+                              "of videos sent to an encoder." if refs else "video_ref parts are taken only by "
+                              "prefill and decode servers started with --redis-url (EPD mode); send the video "
+                              "itself as a video_url data: URL.", wrong,
+                              "video_url_not_supported" if refs else "video_ref_not_supported")
+        if self.mode is ImageMode.REFS:
+            return [self._referenced(part.video_ref, param) for part, param in parts]
+        sampling = videos.request_sampling(self.base_sampling, request.mm_processor_kwargs)
+        found = []
+        for part, param in parts:
+            data = videos.decode_data_url(part.url, self.video, param)
+            plan = videos.planned(videos.probe(data, self.video, param), sampling, param)
+            found.append(PlannedVideo(plan, video_key(data, sampling.to_json(), LOCAL_FINGERPRINT), data, param))
+        return found
+
+    def _referenced(self, ref: VideoRef, param: str) -> PlannedVideo:
+        """A video_ref's plan, within this server's frame bound; 400 ``invalid_video`` otherwise."""
+        try:
+            plan = ref.plan()
+        except ValueError as exc:
+            raise bad_request(f"The video reference does not make a plan: {exc}", param, Code.INVALID_VIDEO) from None
+        if len(plan.indices) > self.video.max_frames:
+            raise bad_request(f"The video reference samples {len(plan.indices)} frames; this server takes at most "
+                              f"{self.video.max_frames} (--max-video-frames).", param, Code.INVALID_VIDEO)
+        return PlannedVideo(plan, ref.key, b"", param)
+
+    def _build(self, request: ChatCompletionRequest, messages: list[dict], items: list | None,
+               sizes: list) -> Prompt:
         """The prompt, with the offered tools (``ChatCompletionRequest.offered_tools``) rendered by the
         chat template. 400 ``tools_not_supported`` if the template has no tool format."""
         offered = request.offered_tools
         extra = {} if offered is None else {"tools": template_tools(offered)}
         try:
-            return self.prompts.build(messages, images, **extra) if images is not None else \
+            return self.prompts.build(messages, items, **extra) if items is not None else \
                 self.prompts.build_from_sizes(messages, sizes, **extra)
         except ToolsNotSupported:
             raise bad_request("This model's chat template has no tool format, so it cannot be given tools "
@@ -252,7 +346,7 @@ class Preparer:
     def _check_sizes(self, request: ChatCompletionRequest, sizes: list[tuple[int, int]]) -> None:
         """400 ``invalid_image`` naming the first image whose size the model's image processor refuses
         (an aspect ratio over 200 for Qwen-VL), before any is preprocessed."""
-        for (width, height), (part, param) in zip(sizes, image_parts(request)):
+        for (width, height), (part, param) in zip(sizes, [p for p in image_parts(request) if not p[0].is_video]):
             try:
                 self.prompts.num_image_tokens(width, height)
             except ValueError as exc:

@@ -1,11 +1,13 @@
-"""A chat message as a client sends it: its text and image parts (``image_url``, or an EPD stage's
-``image_ref``), its tool calls, and the rules between them."""
+"""A chat message as a client sends it: its text, image and video parts (``image_url`` / ``video_url``, or
+an EPD stage's ``image_ref`` / ``video_ref``), its tool calls, and the rules between them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from contract.video import VideoPlan, VideoProbe, VideoSampling, plan
 
 from stages.api.schema_types import (MAX_CONTENT_PARTS, MAX_ID_CHARS, MAX_IMAGE_SIDE, MAX_NAME_CHARS, MAX_TOOL_CALLS,
                                      AsInteger, RequestModel)
@@ -27,6 +29,25 @@ class ImageRef(RequestModel):
         description="The image's height in pixels. width x height counts against --max-image-pixels (413).")
 
 
+class VideoURL(RequestModel):
+    url: str = Field(description="A data: URL (data:video/mp4|webm|quicktime;base64,...). Stage servers fetch no "
+                     "remote URL (the router fetches those from its allow-list).")
+
+
+class VideoRef(RequestModel):
+    """A video already sent to an encoder (EPD mode): its cache key, what its file says (``probe``) and
+    the sampling that makes its frames, resolved by the router (``contract.video``)."""
+
+    key: str = Field(pattern=r"^[0-9a-f]{64}$", description="The video's cache key: cache.keys.video_key(file bytes, "
+                     "sampling, the encoder's vision_fingerprint).")
+    probe: dict[str, Any] = Field(description="contract.video.VideoProbe as JSON: width, height, frames, fps, codec.")
+    sampling: dict[str, Any] = Field(description="contract.video.VideoSampling as JSON: the request's sampling.")
+
+    def plan(self) -> VideoPlan:
+        """The video's plan; ValueError (VideoPlanError) for a probe or sampling that does not make one."""
+        return plan(VideoProbe.from_json(self.probe), VideoSampling.from_json(self.sampling))
+
+
 class ContentPart(RequestModel):
     """``{"type": "text", "text": ...}``, ``{"type": "image_url", "image_url": {"url": ...} | "..."}``, or
     (prefill and decode servers started with --redis-url only) ``{"type": "image_ref", "image_ref":
@@ -37,8 +58,12 @@ class ContentPart(RequestModel):
         {"properties": {"type": {"const": "image_url"}, "image_url": {"not": {"type": "null"}}},
          "required": ["image_url"]},
         {"properties": {"type": {"const": "image_ref"}, "image_ref": {"not": {"type": "null"}}},
-         "required": ["image_ref"]}]})
-    type: Literal["text", "image_url", "image_ref"]
+         "required": ["image_ref"]},
+        {"properties": {"type": {"const": "video_url"}, "video_url": {"not": {"type": "null"}}},
+         "required": ["video_url"]},
+        {"properties": {"type": {"const": "video_ref"}, "video_ref": {"not": {"type": "null"}}},
+         "required": ["video_ref"]}]})
+    type: Literal["text", "image_url", "image_ref", "video_url", "video_ref"]
     text: str | None = Field(None, description="Required when type is text.")
     image_url: ImageURL | str | None = Field(None, description="Required when type is image_url: an object with "
                                              "a data: URL, or the URL itself. Colocated servers, and prefill and "
@@ -47,6 +72,10 @@ class ContentPart(RequestModel):
                                        "decode servers started with --redis-url), which take images only this way. "
                                        "The prefill reads the embedding from the cache (waiting for an encode in "
                                        "flight); a key neither cached nor being encoded is refused at once.")
+    video_url: VideoURL | str | None = Field(None, description="Required when type is video_url: an object with a "
+                                             "data: URL of a video (mp4, webm, mov), or the URL itself. Sampled as "
+                                             "the model's video processor does; mm_processor_kwargs overrides.")
+    video_ref: VideoRef | None = Field(None, description="Required when type is video_ref: EPD mode, as image_ref.")
 
     @model_validator(mode="after")
     def _field_for_type(self) -> ContentPart:
@@ -56,14 +85,22 @@ class ContentPart(RequestModel):
             raise ValueError("an image_url part needs an 'image_url' field")
         if self.type == "image_ref" and self.image_ref is None:
             raise ValueError("an image_ref part needs an 'image_ref' field")
+        if self.type == "video_url" and self.video_url is None:
+            raise ValueError("a video_url part needs a 'video_url' field")
+        if self.type == "video_ref" and self.video_ref is None:
+            raise ValueError("a video_ref part needs a 'video_ref' field")
         return self
 
     @property
+    def is_video(self) -> bool:
+        return self.type in ("video_url", "video_ref")
+
+    @property
     def url(self) -> str:
-        image_url = self.image_url
-        if image_url is None:
-            raise ValueError(f"a {self.type} part has no image_url")
-        return image_url if isinstance(image_url, str) else image_url.url
+        url = self.video_url if self.type == "video_url" else self.image_url
+        if url is None:
+            raise ValueError(f"a {self.type} part has no URL")
+        return url if isinstance(url, str) else url.url
 
 
 class FunctionCall(RequestModel):

@@ -32,7 +32,7 @@ from stages.api.schema_types import (MAX_CONTENT_PARTS, MAX_LOGIT_BIAS_TOKENS, M
 from stages.api.schemas import ChatCompletionRequest
 from stages.text_bound import TextBound, prompt_chars
 
-_MAPS = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA}  # the maps of the schema, and their bounds
+_MAPS = {"logit_bias": MAX_LOGIT_BIAS_TOKENS, "metadata": MAX_METADATA, "mm_processor_kwargs": MAX_METADATA}  # the maps of the schema, and their bounds
 STOP_LIST_BOUND = 64  # the schema allows 4; between the two, pydantic says so in its own words
 
 
@@ -47,11 +47,19 @@ class _ImageRef(Struct, gc=False):
     height: Scalar | UnsetType = UNSET
 
 
+class _VideoRef(Struct, gc=False):
+    key: Scalar | UnsetType = UNSET
+    probe: Annotated[dict[str, Scalar], Meta(max_length=16)] | Scalar | UnsetType = UNSET
+    sampling: Annotated[dict[str, Scalar], Meta(max_length=16)] | Scalar | UnsetType = UNSET
+
+
 class _Part(Struct, gc=False):
     type: Scalar | UnsetType = UNSET
     text: Scalar | UnsetType = UNSET
     image_url: _ImageURL | Scalar | UnsetType = UNSET
     image_ref: _ImageRef | Scalar | UnsetType = UNSET
+    video_url: _ImageURL | Scalar | UnsetType = UNSET
+    video_ref: _VideoRef | Scalar | UnsetType = UNSET
 
 
 class _FunctionCall(Struct, gc=False):
@@ -146,6 +154,7 @@ class _Request(Struct, gc=False):
     safety_identifier: Scalar | UnsetType = UNSET
     prompt_cache_key: Scalar | UnsetType = UNSET
     metadata: Raw | UnsetType = UNSET  # a map, as logit_bias
+    mm_processor_kwargs: Raw | UnsetType = UNSET  # a map, as logit_bias
     store: Scalar | UnsetType = UNSET
     service_tier: Scalar | UnsetType = UNSET
     parallel_tool_calls: Scalar | UnsetType = UNSET

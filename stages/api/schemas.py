@@ -216,6 +216,11 @@ class ChatCompletionRequest(StopAndStreamFields, RequestModel):
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA)] | None = Field(
         None, description=f"Accepted and ignored (no effect on the answer; nothing is stored): at most "
         f"{MAX_METADATA} pairs, keys up to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE}.")
+    mm_processor_kwargs: Annotated[dict[str, int | float], Field(max_length=MAX_METADATA)] | None = Field(
+        None, description="Extension (vLLM's): this request's video sampling, within the server's bounds: fps, "
+        "num_frames, min_frames, max_frames, min_pixels, max_pixels (the model's video processor's settings; "
+        "/server_info video says the server's). Another key, or a value past the server's bounds: 400 "
+        "invalid_value naming it.")
     store: bool | None = Field(None, description="Accepted and ignored: nothing is stored.")
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = Field(
         None, description="Accepted and ignored: every request is served alike.")

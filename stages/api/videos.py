@@ -21,6 +21,8 @@ from contract.errors import Code
 from contract.video import VideoPlan, VideoPlanError, VideoProbe, VideoSampling, VideoSettingError, plan, within
 from stages.api.errors import APIError, bad_request
 from stages.config import VideoLimits
+from stages.resources import video_info
+from stages.video_preprocess import VideoConfig
 
 T = TypeVar("T")
 
@@ -35,6 +37,11 @@ def server_sampling(checkpoint: VideoSampling, limits: VideoLimits) -> VideoSamp
     most = limits.max_frames
     return replace(sampling, max_frames=min(sampling.max_frames, most), min_frames=min(sampling.min_frames, most),
                    num_frames=None if sampling.num_frames is None else min(sampling.num_frames, most))
+
+
+def published(config: VideoConfig | None, limits: VideoLimits) -> dict | None:
+    """``/server_info`` ``video`` of a stage whose prompt builder has ``config`` (None: no video)."""
+    return video_info(None if config is None else server_sampling(config.sampling, limits), limits)
 
 
 def request_sampling(base: VideoSampling, overrides: Mapping[str, Any] | None) -> VideoSampling:

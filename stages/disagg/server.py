@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from contract.bootstrap import BOOTSTRAP_FIELDS
 from contract.paths import SERVER_INFO_PATH
 from stages.api.chat import ImageMode, Preparer, image_refs
+from stages.api.videos import published
 from stages.disagg.admin import add_bootstrap_route
 from stages.api.errors import APIError, ErrorFields, bad_request
 from stages.api.completion_schema import AnyRequest
@@ -165,7 +166,7 @@ def build(config: ServerConfig) -> FastAPI:
                 await cache.aclose()
             runtime.close()
 
-    prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode)
+    prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video)
     parts = AppParts(runtime.engine, prepare, generate=generate, metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, config.role))
@@ -202,6 +203,7 @@ def stage_info(config: ServerConfig, runtime: StageRuntime, coordinator: Prefill
         "group": disagg.group,
         **model_info(runtime.prompts.adapter, mode.value),
         "limits": limits_info(config, runtime.engine.max_model_len, runtime.prompts.chars_per_token),
+        "video": published(runtime.prompts.video, config.video),
     }
     if disagg.cache is not None:
         info["redis_url"] = disagg.cache.safe_url

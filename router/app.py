@@ -8,7 +8,9 @@ A chat request: admission (at most ``--max-in-flight`` at once, else 503 with ``
 before the body is read), the body within ``--max-body-mb`` or the stages' tighter limit (413, from
 Content-Length before reading and while reading), JSON, the model check, images counted against
 ``--max-images-per-request`` or the stages' tighter limit and resolved (epd: with their cache keys
-and sizes), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
+and sizes), videos counted against ``--max-videos-per-request`` or the stages' tighter limit, fetched,
+probed and planned with the stages' published video settings (``router.plan.videos``; epd: with
+their cache keys), then the dispatcher. Every non-2xx answer is an OpenAI error body; a stage's own 4xx (the
 request was wrong) is forwarded as the stage wrote it. The client leaving cancels the handler
 (``router.http.connection``), which aborts the request in every stage. A ``RouterError`` raised under
 a route is its answer; 404, 405, and a 500 for any other exception, are the server's (``router.http``).
@@ -107,15 +109,27 @@ async def _read_call(request: Request, router: Router, started: float, path: str
         return Call(body, body.get("stream") is True, model, started, path=path, raw=raw)
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
-    parts = await router.images.resolve(body, limits.max_images_per_request)
+    takes_video, video = router.video_support()
+    no_video = (model or _model_name(router)) if takes_video is False else None
+    resolved = await router.images.resolve_media(body, limits.max_images_per_request,
+                                                 limits.max_videos_per_request, no_video)
+    parts = resolved.images
     if router.epd is None and parts:  # no cache: every image is a miss (epd: counted by the dispatcher, by the cache's answer)
         router.metrics.image_count("miss").inc(len(parts))
     # epd: keys and sizes; large images are decoded and hashed off the event loop
     large = sum(len(part.url) for part in parts) > INLINE_IMAGE_CHARS
     images = await asyncio.to_thread(router.image_refs, parts) if large else router.image_refs(parts)
-    # the client's bytes are sent on (``router.plan.modes``) unless an image was fetched into the body
-    same = all(part.url[:5].lower() == "data:" for part in parts)
-    return Call(body, body.get("stream") is True, model, started, images, raw=raw if same else None)
+    # videos (when the stages published their video settings): probed (PyAV) and planned off the event loop
+    videos = await asyncio.to_thread(router.video_refs, resolved.videos, video, body.get("mm_processor_kwargs")) \
+        if video is not None and resolved.videos else ()
+    # the client's bytes are sent on (``router.plan.modes``) unless an image or a video was fetched into the body
+    return Call(body, body.get("stream") is True, model, started, images, raw=None if resolved.fetched else raw,
+                videos=videos)
+
+
+def _model_name(router: Router) -> str:
+    """The model a request that names none is served by (the first the workers list), for messages."""
+    return next((card["id"] for card in router.models()), "")
 
 
 def _without_router_fields(body: dict, raw: bytes) -> tuple[dict, bytes | None]:

@@ -77,6 +77,8 @@ class RouterConfig:
     image_fetch_timeout_s: float = 10.0
     max_image_bytes: int = 20 << 20  # one fetched image
     max_images_per_request: int = 16
+    max_videos_per_request: int = 2
+    max_video_mb: float = 64.0  # one fetched video (a data: URL's own bound is the stages' published one)
     log_level: str = "info"
     # admin API (docs/admin.md): off without a token; EPD_ADMIN_TOKEN is read by the CLI
     admin_token: str | None = field(default=None, repr=False)
@@ -109,12 +111,12 @@ class RouterConfig:
         for name in ("max_body_mb", "upstream_timeout_s", "connect_timeout_s", "stream_idle_timeout_s",
                      "health_interval_s",
                      "health_timeout_s", "breaker_cooldown_s", "startup_timeout_s", "image_fetch_timeout_s",
-                     "ratio_window_s", "drain_timeout_s", "discover_interval_s", "cache_ttl_s", "cache_op_timeout_s",
+                     "max_video_mb", "ratio_window_s", "drain_timeout_s", "discover_interval_s", "cache_ttl_s", "cache_op_timeout_s",
                      "claim_lease_s", "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",
-                     "room_history"):
+                     "max_videos_per_request", "room_history"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:
@@ -179,6 +181,11 @@ class RouterConfig:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * (1 << 20))
+
+    @property
+    def max_video_bytes(self) -> int:
+        """``--max-video-mb`` as bytes: one fetched video, at most."""
+        return int(self.max_video_mb * (1 << 20))
 
     def workers(self) -> list[tuple[str, str]]:
         """Every (role, url) this router was started with, encoders first."""

@@ -36,12 +36,13 @@ INTERNAL = "A failure of the router itself (code internal_error)."
 CHAT_ERRORS = {
     400: "The request is invalid: the router's own checks (invalid_json, model, image parts, too_many_images "
          "over the tightest of --max-images-per-request and the stages' limit, image_host_not_allowed, "
-         "image_fetch_failed) or a stage's 400, forwarded as the stage wrote it.",
+         "image_fetch_failed; video parts: too_many_videos, video_not_supported, invalid_video_url, "
+         "invalid_video, mm_processor_kwargs invalid_value) or a stage's 400, forwarded as the stage wrote it.",
     403: "A stage refused the request (forwarded as it wrote it).",
     404: "`model` is not served here (code model_not_found).",
     409: "A stage refused the request as a conflict (forwarded as it wrote it).",
-    413: "The body is over the tightest of --max-body-mb and the stages' limit, or an image is too large "
-         "(code request_too_large / image_too_large).",
+    413: "The body is over the tightest of --max-body-mb and the stages' limit, or an image or a video is too "
+         "large (code request_too_large / image_too_large / video_too_large).",
     500: INTERNAL + " Or a stage's own 500, naming the stage.",
     502: "A stage failed, refused the request as not its client's fault, or could not be reached "
          "(the message names the stage).",

@@ -41,6 +41,7 @@ from router.fleet.membership import Membership
 from router.metrics import Metrics
 from router.plan.image_refs import RefImage, ref_images
 from router.plan.images import ImagePart
+from router.plan.videos import PublishedVideo, RefVideo, merged, ref_videos
 from router.plan.limits import StageLimits, tightest
 from router.plan.limits import body_too_large as stage_body_too_large
 from router.plan.modes import ColocatedPlanner, PDPlanner, Planner
@@ -206,6 +207,22 @@ class Router:
         """The most images a chat request may have: ``--max-images-per-request``, or the stages' tighter limit."""
         stage = limits.max_images_per_request
         return min(self.config.max_images_per_request, stage or self.config.max_images_per_request)
+
+    def max_videos(self, limits: StageLimits) -> int:
+        """The most videos a chat request may have: ``--max-videos-per-request``, or the stages' tighter limit."""
+        stage = limits.max_videos_per_request
+        return min(self.config.max_videos_per_request, stage or self.config.max_videos_per_request)
+
+    def video_support(self) -> tuple[bool | None, PublishedVideo | None]:
+        """Whether the known workers take video, and the settings the router checks videos with
+        (``router.plan.videos.merged``: None, None when no worker published its ``video``)."""
+        return merged((w.takes_video, w.video) for w in self.registry if w.known)
+
+    def video_refs(self, parts: list[ImagePart], video: PublishedVideo, overrides: object) -> tuple[RefVideo, ...]:
+        """The request's video parts checked, probed and planned (epd: keyed under the encoders' vision
+        fingerprint). Blocking (PyAV): the app calls it in a thread."""
+        fingerprint = self.epd.fingerprint if self.epd is not None else None
+        return ref_videos(parts, video, overrides, fingerprint)
 
     def image_refs(self, parts: list[ImagePart]) -> tuple[RefImage, ...]:
         """epd: the request's image parts with their cache keys and sizes (400/413 for a bad image);

@@ -22,7 +22,8 @@ def server_info(router: Router) -> dict:
         "role": "router", "mode": config.mode, "version": VERSION, "instance_id": config.instance_id,
         "workers": workers, "models": [card["id"] for card in router.models()], "in_flight": router.in_flight,
         "limits": {"max_body_bytes": router.body_cap(stage)[0], "max_images_per_request": router.max_images(stage),
-                   "max_in_flight": config.max_in_flight, "max_image_bytes": config.max_image_bytes},
+                   "max_in_flight": config.max_in_flight, "max_image_bytes": config.max_image_bytes,
+                   "max_videos_per_request": router.max_videos(stage), "max_video_bytes": config.max_video_bytes},
         "stage_limits": stage.to_json(),
         "chat_schema_from": router.chat_schema["source"] if router.chat_schema is not None else None,
     }

@@ -1,7 +1,7 @@
 """A stage's refusal, naming what the client sent (epd mode). Pure.
 
 In epd mode no stage sees the client's body. The prefill and the decode get each image part as an
-``image_ref`` at the same place (``router.plan.image_refs.with_refs``); an encoder gets
+``image_ref`` (a video part as a ``video_ref``) at the same place (``router.plan.image_refs.with_refs``); an encoder gets
 ``{"room", "images": [{"key", "url"}]}``, each image it must encode once, in its own order. A stage's
 4xx names its own fields (``messages[0].content[1].image_ref``, ``images[0]``), which the client
 never sent; the router forwards it with ``param`` the client's path of that part
@@ -16,15 +16,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from router.plan.image_refs import RefImage
+from router.plan.image_refs import Referenced
 from router.plan.modes import Target
 from router.dispatch.verdict import Failure
 
 _ENCODED = re.compile(r"images\[(\d+)\]")
-_REF = "image_ref"
 
 
-def client_param(param: str | None, stage: str, images: Sequence[RefImage], encoded: Sequence[str]) -> str | None:
+def client_param(param: str | None, stage: str, images: Sequence[Referenced], encoded: Sequence[str]) -> str | None:
     """``param`` of a ``stage``'s error as the client's path. ``images``: the request's image parts
     (their ``param`` is the client's ``messages[i].content[j].image_url``); ``encoded``: the keys of the
     encoder's body, in its order (encoder errors only). A path about nothing the client sent (an
@@ -39,13 +38,13 @@ def client_param(param: str | None, stage: str, images: Sequence[RefImage], enco
         key = encoded[index] if index < len(encoded) else None
         return next((image.param for image in images if image.key == key), None)
     for image in images:
-        ref = image.param.removesuffix("image_url") + _REF
+        ref = image.param.removesuffix("_url") + "_ref"  # ...image_url -> ...image_ref (video_url -> video_ref)
         if param == ref or param.startswith(ref + "."):
             return image.param
     return param
 
 
-def as_client_sees(failure: Failure, images: Sequence[RefImage], targets: Sequence[Target]) -> Failure:
+def as_client_sees(failure: Failure, images: Sequence[Referenced], targets: Sequence[Target]) -> Failure:
     """``failure`` (a stage's 4xx, forwarded as its body) with the body's ``param`` as the client's path
     (``client_param``; ``targets``: the attempt's, whose encoder bodies give each encoder's order).
     Unchanged when the path is, or when there is no body to forward."""

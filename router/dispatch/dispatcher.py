@@ -52,7 +52,7 @@ from router.dispatch.client_params import as_client_sees
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.http import Request, Response, StreamResponse
-from router.plan.image_refs import RefImage
+from router.plan.image_refs import Referenced
 from router.metrics import Metrics
 from router.plan.modes import Call, Plan, Planner
 from router.dispatch.relay import finish_stream, relay_stream, send_json
@@ -137,7 +137,7 @@ class Dispatcher:
         answer = open_answer(self.upstream, plan.answer, call.stream, tally, wakeup)
         sides = [side_call(self.upstream, side, wakeup) for side in plan.sides]
         head: Head | None = None
-        cache = cache_counts(call.images, plan.cached) if self.config.mode == "epd" else None
+        cache = cache_counts(call.media, plan.cached) if self.config.mode == "epd" else None
         outcome, untouched = "aborted", frozenset[str]()
         try:
             head = await self._head(plan, answer, sides, wakeup)
@@ -157,7 +157,7 @@ class Dispatcher:
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
-            failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.images, plan.sides)
+            failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.media, plan.sides)
             self._charge(failure, plan, leases)
             outcome = f"failed: the {failure.stage} stage: {failure.message}"
             untouched = frozenset({failure.url} if failure.unreachable or failure.refused else ())
@@ -249,7 +249,7 @@ class Dispatcher:
     def _count_images(self, call: Call, cached: frozenset[str]) -> None:
         """epd: the request's images in ``epd_router_images_total``, by the cache's answer to its first
         plan (no plan made: misses). Other modes count them as they arrive (``app.py``)."""
-        hit, miss = cache_counts(call.images, cached)
+        hit, miss = cache_counts(call.media, cached)
         if hit:
             self.metrics.image_count("hit").inc(hit)
         if miss:
@@ -282,10 +282,12 @@ class Dispatcher:
             self.metrics.tpot.observe(tally.tpot)
 
 
-def cache_counts(images: Sequence[RefImage], cached: Collection[str]) -> tuple[int, int]:
-    """(hits, misses) among a request's image parts (each part counts, a repeated image too)."""
-    hit = sum(1 for image in images if image.key in cached)
-    return hit, len(images) - hit
+def cache_counts(images: Sequence[Referenced], cached: Collection[str]) -> tuple[int, int]:
+    """(hits, misses) among a request's image and video parts sent as references (each part counts, a
+    repeated one too; a video the router did not key, none)."""
+    keys = [image.key for image in images if image.key is not None]
+    hit = sum(1 for key in keys if key in cached)
+    return hit, len(keys) - hit
 
 
 def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float | None,

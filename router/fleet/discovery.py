@@ -1,5 +1,5 @@
 """What the router learns from its workers, and keeps checking: their models, fingerprints, bootstrap
-addresses and request limits (``/v1/models``, ``/server_info``), the chat request's schema (their
+addresses, request limits and video settings (``/v1/models``, ``/server_info``), the chat request's schema (their
 ``/openapi.json``, read once by ``router.runtime``) and their health (``/health``).
 
 Contract: ``discover`` runs at startup for every worker (until each answers, or the startup
@@ -25,6 +25,7 @@ import aiohttp
 from contract.paths import HEALTH_PATH, OPENAPI_PATH, SERVER_INFO_PATH
 from router.config import RouterConfig
 from router.plan.limits import published
+from router.plan.videos import video_published
 from router.openapi import chat_part
 from router.fleet.workers import Worker
 
@@ -72,6 +73,7 @@ async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: f
     worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
     worker.switchable = info.get("switchable") is True
     worker.limits = published(info)
+    worker.takes_video, worker.video = video_published(info)
     if worker.group is None and isinstance(info.get("group"), str):
         worker.group = info["group"]
     worker.known = True

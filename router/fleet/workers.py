@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from router.fleet.breaker import CircuitBreaker
 from router.plan.policy import Policy, RouteContext
+
+if TYPE_CHECKING:
+    from router.plan.videos import PublishedVideo
 
 
 @dataclass
@@ -31,6 +35,9 @@ class Worker:
     encoder_id: str | None = None  # encoder: /server_info "encoder_id", the owner of the claims taken for it
     vision_fingerprint: str | None = None  # encoder: /server_info "vision_fingerprint", the key of image keys
     limits: dict[str, int] | None = None  # /server_info "limits" the router enforces (router.plan.limits.published)
+    # /server_info "video" (router.plan.videos.video_published): None unknown (not published), False null
+    takes_video: bool | None = None
+    video: PublishedVideo | None = None
     known: bool = False  # discovery has read its info at least once
     id: str = ""  # the admin API's name for it (w1, w2, ...), stable across role switches
     group: str | None = None  # pairing label: given when added, else its stage's --group

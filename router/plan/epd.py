@@ -2,7 +2,9 @@
 
 ``EPDPlanner.plan`` (awaited by the dispatcher once per attempt):
 1. P and D as in pd mode (``PDPlanner``: one fresh room), their body with every image part replaced
-   by its reference (``router.plan.image_refs``). No eligible pair: 503 before any Redis call.
+   by its reference (``router.plan.image_refs``), every video part by its ``video_ref``
+   (``router.plan.videos``: a video's key joins the images' in every step below; the encoder gets it
+   as an image with ``video``, its resolved sampling). No eligible pair: 503 before any Redis call.
 2. The cache index says which of the request's keys are cached, and each missing key gets an
    encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same encoder) among the
    eligible encoders with the router's vision fingerprint, and is claimed on that encoder's behalf
@@ -73,9 +75,11 @@ class EPDPlanner:
         await self.cache.aclose()
 
     async def plan(self, call: Call, exclude: Collection[str]) -> Plan:
-        refs = dataclasses.replace(call, body=with_refs(call.body, call.images), raw=None) if call.images else call
+        media = [item for item in call.media if item.key is not None]
+        refs = dataclasses.replace(call, body=with_refs(call.body, call.images, call.videos), raw=None) \
+            if media else call
         pd = await self.pd.plan(refs, exclude)
-        keys = list(dict.fromkeys(image.key for image in call.images))
+        keys = list(dict.fromkeys(item.key for item in media if item.key is not None))
         if not keys:
             return pd
         room = pd.room
@@ -87,7 +91,7 @@ class EPDPlanner:
             cached, claims = await self._cached(keys)
             sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, str(room),
                                       takeover if claims else None)
-        by_key = {image.key: image for image in call.images}
+        by_key = {item.key: item for item in media}
         targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
                         for worker, mine in sent)
         images = {key: "" for key in keys} | {key: worker.url for worker, mine in sent for key in mine}

@@ -1,8 +1,9 @@
-"""Image parts of a chat body and which remote hosts may be named. Pure.
+"""Image and video parts of a chat body and which remote hosts may be named. Pure.
 
 ``data:`` URLs pass through to the stages (which decode and check them); http(s) URLs are fetched
-by the router (``router.plan.image_fetch``), only from ``--allowed-image-hosts``, and replaced by
-``data:`` URLs, so a stage never dials an address a request body names. Any other scheme is a 400.
+by the router (``router.plan.image_fetch``), only from ``--allowed-image-hosts`` (images and videos
+alike), and replaced by ``data:`` URLs, so a stage never dials an address a request body names. Any
+other scheme is a 400.
 """
 
 from __future__ import annotations
@@ -24,32 +25,46 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 @dataclass(frozen=True)
 class ImagePart:
+    """An ``image_url`` part, or (``kind`` ``video_url``) a video part: the same shapes, the same fetch."""
+
     part: dict  # the content part itself, rewritten in place when the URL is replaced
     url: str
-    param: str  # messages[i].content[j].image_url, for error bodies
+    param: str  # messages[i].content[j].image_url (or .video_url), for error bodies
+    kind: str = "image_url"
+
+    @property
+    def noun(self) -> str:
+        """"image" or "video", for messages."""
+        return self.kind.removesuffix("_url")
 
     def replace_url(self, url: str) -> None:
-        image_url = self.part.get("image_url")
-        if isinstance(image_url, dict):
-            image_url["url"] = url
+        field = self.part.get(self.kind)
+        if isinstance(field, dict):
+            field["url"] = url
         else:
-            self.part["image_url"] = url
+            self.part[self.kind] = url
 
 
 def image_parts(body: dict) -> list[ImagePart]:
     """Every ``image_url`` part, in conversation order. Malformed messages are skipped: the stage's
     schema check answers them with its own 400."""
+    return media_parts(body, "image_url")
+
+
+def media_parts(body: dict, kind: str) -> list[ImagePart]:
+    """Every part of type ``kind`` (``image_url`` or ``video_url``: ``{"url": ...}`` or the URL itself),
+    in conversation order, as ``image_parts``."""
     found = []
     messages = body.get("messages")
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(part, dict) or part.get("type") != "image_url":
+            if not isinstance(part, dict) or part.get("type") != kind:
                 continue
-            image_url = part.get("image_url")
-            url = image_url.get("url") if isinstance(image_url, dict) else image_url
+            field = part.get(kind)
+            url = field.get("url") if isinstance(field, dict) else field
             if isinstance(url, str):
-                found.append(ImagePart(part, url, f"messages[{i}].content[{j}].image_url"))
+                found.append(ImagePart(part, url, f"messages[{i}].content[{j}].{kind}", kind))
     return found
 
 
@@ -63,19 +78,22 @@ def check_count(count: int, own: int, stages: int | None) -> None:
                           "(--max-images-per-request).", "messages", Code.TOO_MANY_IMAGES)
 
 
-def check_remote(url: str, allowed: tuple[str, ...], param: str) -> None:
-    """Raise 400 unless ``url`` is http(s) on a host (or host:port) in ``allowed``."""
+def check_remote(url: str, allowed: tuple[str, ...], param: str, noun: str = "image") -> None:
+    """Raise 400 unless ``url`` is http(s) on a host (or host:port) in ``allowed``. ``noun``: "image"
+    or "video" (the messages' word; a video's bad URL is ``invalid_video_url``, a host off the list
+    ``image_host_not_allowed`` for both: one allow-list)."""
+    invalid = Code.INVALID_VIDEO_URL if noun == "video" else Code.INVALID_IMAGE_URL
     try:
         parts = urlsplit(url)
         port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
     except ValueError:
-        raise bad_request(f"The image URL is not a valid URL: {url[:100]!r}.", param, Code.INVALID_IMAGE_URL) from None
+        raise bad_request(f"The {noun} URL is not a valid URL: {url[:100]!r}.", param, invalid) from None
     host = (parts.hostname or "").lower()
     if parts.scheme.lower() not in DEFAULT_PORTS or not host:
-        raise bad_request("image_url must be a data: URL or an http(s) URL.", param, Code.INVALID_IMAGE_URL)
+        raise bad_request(f"{noun}_url must be a data: URL or an http(s) URL.", param, invalid)
     if not any(_matches(entry, host, port) for entry in allowed):
-        raise RouterError(400, f"Image URLs on host {host!r} are not fetched by this router; add it to "
-                          "--allowed-image-hosts or send the image as a data: URL.", param=param,
+        raise RouterError(400, f"{noun.capitalize()} URLs on host {host!r} are not fetched by this router; add it "
+                          f"to --allowed-image-hosts or send the {noun} as a data: URL.", param=param,
                           code=Code.IMAGE_HOST_NOT_ALLOWED)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from contract.errors import Code
 from router.errors import RouterError, bad_request
 
-ENFORCED = ("max_body_bytes", "max_images_per_request", "max_model_len", "chars_per_token")
+ENFORCED = ("max_body_bytes", "max_images_per_request", "max_videos_per_request", "max_model_len", "chars_per_token")
 _NON_SPACE = re.compile(r"\S")
 _TAIL_CHARS = 4096  # a text whose last this many characters are all whitespace is left to the stage's exact count
 
@@ -27,6 +27,7 @@ class StageLimits:
 
     max_body_bytes: int | None = None
     max_images_per_request: int | None = None
+    max_videos_per_request: int | None = None
     max_model_len: int | None = None  # the context, in tokens
     chars_per_token: int | None = None  # the most characters one token covers (None: no such bound)
 
@@ -55,6 +56,12 @@ def too_many_images(count: int, limit: int) -> RouterError:
     """A stage's 400 for more than ``--max-images-per-request`` images, given by the router."""
     return bad_request(f"The request has {count} images; the stages behind this router accept at most {limit} "
                        "per request (their --max-images-per-request).", "messages", Code.TOO_MANY_IMAGES)
+
+
+def too_many_videos(count: int, limit: int) -> RouterError:
+    """A stage's 400 for more than ``--max-videos-per-request`` videos, given by the router."""
+    return bad_request(f"The request has {count} videos; the stages behind this router accept at most {limit} "
+                       "per request (their --max-videos-per-request).", "messages", Code.TOO_MANY_VIDEOS)
 
 
 def body_too_large(size: int | str, limit: int) -> RouterError:

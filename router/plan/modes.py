@@ -36,11 +36,12 @@ from contract.bootstrap import BOOTSTRAP_FIELDS
 from contract.paths import CHAT_PATH
 from router.errors import no_allowed_pair, no_worker
 from router.fleet.pairing import Pairing
-from router.plan.prefix_tree import Prefix, chat_units, prompt_units
+from router.plan.prefix_tree import Prefix, chat_units, prompt_units, url_key
 from router.fleet.workers import Pool, Worker, compatible, has_pair, pick_pair
 
 if TYPE_CHECKING:
     from router.plan.image_refs import RefImage
+    from router.plan.videos import RefVideo
 
 NO_IMAGES: Mapping[str, str] = MappingProxyType({})  # a plan's ``images`` without any (read-only: shared)
 _encode = msgspec.json.Encoder().encode
@@ -57,11 +58,23 @@ class Call:
     images: tuple[RefImage, ...] = ()  # epd: the body's image parts with their keys and sizes
     path: str = CHAT_PATH  # the route the client called: every stage of the plan gets the same (COMPLETIONS_PATH)
     raw: bytes | None = None  # the client's bytes, when ``body`` is exactly what they decode to (else None)
+    # the body's video parts, checked and planned (epd: with their keys); none when the stages publish no video
+    videos: tuple[RefVideo, ...] = ()
+
+    @property
+    def media(self) -> tuple[RefImage | RefVideo, ...]:
+        """The parts sent as references (epd): images, then videos."""
+        return (*self.images, *self.videos)
 
     @cached_property
     def prefix(self) -> Prefix:
-        """The body's routing units (``router.plan.prefix_tree``), for prefix_aware: computed when it first reads them."""
-        return Prefix.of(chat_units(self.body) if self.path == CHAT_PATH else prompt_units(self.body))
+        """The body's routing units (``router.plan.prefix_tree``), for prefix_aware: computed when it first
+        reads them. A video weighs its planned tokens (as characters), under its reference's key and its URL's."""
+        if self.path != CHAT_PATH:
+            return Prefix.of(prompt_units(self.body))
+        weights = {unit: video.weight for video in self.videos
+                   for unit in (video.key, url_key(video.url)) if unit is not None}
+        return Prefix.of(chat_units(self.body, weights))
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 The router does not tokenize. A chat body becomes its routing units (``chat_units``; a completions
 body: its text prompt's pieces, ``prompt_units``): each message in
-order, as its role and its text cut into pieces of at most ``CHUNK_CHARS`` characters, each image one
-unit named by its content key (epd: the ``image_ref`` key; other modes: a hash of its URL, a ``data:``
-URL by the time a policy reads it; of a long one, its length and its first and last ``URL_SAMPLE``
-characters, so that the event loop never hashes megabytes: a routing key need not be exact). A
-message is cut on its own, so a later turn of a conversation, which repeats every earlier message,
-starts with exactly the earlier request's units. A text unit weighs its characters, an image
-``IMAGE_CHARS``.
+order, as its role and its text cut into pieces of at most ``CHUNK_CHARS`` characters, each image (and
+each video) one unit named by its content key (epd: the ``image_ref`` / ``video_ref`` key; other modes: a
+hash of its URL, a ``data:`` URL by the time a policy reads it; of a long one, its length and its first
+and last ``URL_SAMPLE`` characters, so that the event loop never hashes megabytes: a routing key need
+not be exact). A message is cut on its own, so a later turn of a conversation, which repeats every
+earlier message, starts with exactly the earlier request's units. A text unit weighs its characters,
+an image ``IMAGE_CHARS``, a video its planned tokens as characters (``chat_units``' ``weights``, from
+``router.plan.videos.RefVideo.weight``; ``IMAGE_CHARS`` when the router planned none).
 
 A ``Prefix`` holds the units as a hash chain: node i is the hash of node i-1 and unit i, so one node
 names the whole prefix up to it (as the engine names its full KV blocks). A ``PrefixTree`` is the set of
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from dataclasses import dataclass
 
 CHUNK_CHARS = 64  # text per unit: about 16 tokens, one KV block of the engine's default --block-size
@@ -29,6 +31,7 @@ IMAGE_CHARS = 1024  # an image's weight: about the text of the 256 tokens a smal
 URL_SAMPLE = 32 << 10  # characters hashed at each end of a long image URL
 _MESSAGE = "\x1e"  # starts each message's first unit (no client text is read as a message boundary)
 _IMAGE = "\x1d"  # starts an image's unit
+_NONE: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,10 @@ class PrefixTree:
             nodes.popitem(last=False)
 
 
-def chat_units(body: dict) -> list[tuple[str, int]]:
+def chat_units(body: dict, weights: Mapping[str, int] = _NONE) -> list[tuple[str, int]]:
     """The routing units (text, weight) of a chat body, in order (see the module doc). Malformed
-    messages and parts are skipped: the stage's schema check answers them."""
+    messages and parts are skipped: the stage's schema check answers them. ``weights``: a unit's
+    weight by its content key, where it is not ``IMAGE_CHARS`` (a video's)."""
     units: list[tuple[str, int]] = []
     messages = body.get("messages")
     for message in messages if isinstance(messages, list) else ():
@@ -107,7 +111,7 @@ def chat_units(body: dict) -> list[tuple[str, int]]:
                 text += part["text"]
             elif (key := image_key(part)) is not None:
                 units += _chunks(text)
-                units.append((_IMAGE + key, IMAGE_CHARS))
+                units.append((_IMAGE + key, weights.get(key, IMAGE_CHARS)))
                 text = ""
         units += _chunks(text)
     return units
@@ -122,22 +126,24 @@ def prompt_units(body: dict) -> list[tuple[str, int]]:
 
 
 def image_key(part: object) -> str | None:
-    """An image part's content key: an ``image_ref``'s own, a hash of an ``image_url``'s URL; None for
-    any other part."""
+    """An image (or video) part's content key: an ``image_ref``'s (``video_ref``'s) own, a hash of an
+    ``image_url``'s (``video_url``'s) URL; None for any other part."""
     if not isinstance(part, dict):
         return None
-    if part.get("type") == "image_ref":
-        ref = part.get("image_ref")
+    kind = part.get("type")
+    if kind in ("image_ref", "video_ref"):
+        ref = part.get(kind)
         key = ref.get("key") if isinstance(ref, dict) else None
         return key if isinstance(key, str) else None
-    if part.get("type") == "image_url":
-        image_url = part.get("image_url")
-        url = image_url.get("url") if isinstance(image_url, dict) else image_url
-        return _url_key(url) if isinstance(url, str) else None
+    if kind in ("image_url", "video_url"):
+        field = part.get(kind)
+        url = field.get("url") if isinstance(field, dict) else field
+        return url_key(url) if isinstance(url, str) else None
     return None
 
 
-def _url_key(url: str) -> str:
+def url_key(url: str) -> str:
+    """A URL's content key (long ones sampled: see the module doc)."""
     sample = url if len(url) <= 2 * URL_SAMPLE else f"{len(url)}:{url[:URL_SAMPLE]}:{url[-URL_SAMPLE:]}"
     return hashlib.blake2b(sample.encode(), digest_size=16).hexdigest()
 

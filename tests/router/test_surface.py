@@ -163,8 +163,9 @@ def test_server_info_says_what_the_router_is(router, proxy, colocated):
         "workers": {"colocated": {"total": 1, "known": 1, "healthy": 1}},
         "models": [card["id"] for card in get(f"{colocated.url}/v1/models")["data"]], "in_flight": 0,
         "limits": {"max_body_bytes": STAGE_MAX_BODY, "max_images_per_request": 8, "max_in_flight": 1024,
-                   "max_image_bytes": 20 << 20},
+                   "max_image_bytes": 20 << 20, "max_videos_per_request": 2, "max_video_bytes": 64 << 20},
         "stage_limits": {"max_body_bytes": STAGE_MAX_BODY, "max_images_per_request": 8,
+                         "max_videos_per_request": stage["limits"]["max_videos_per_request"],
                          "max_model_len": stage["limits"]["max_model_len"],
                          "chars_per_token": stage["limits"]["chars_per_token"]},
         "chat_schema_from": proxy.url}

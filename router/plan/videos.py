@@ -32,6 +32,7 @@ from contract.errors import Code
 from contract.video import VideoPlanError, VideoProbe, VideoSampling, VideoSettingError, plan, within
 from router.errors import RouterError, bad_request
 from router.plan.images import ImagePart, media_parts
+from router.plan.limits import too_many_videos
 
 TOKEN_CHARS = 4  # prefix routing weighs text in characters: a video's tokens at about this many each
 _LIMITS = ("max_bytes", "max_pixels", "max_seconds", "max_frames", "decode_timeout_s")
@@ -102,8 +103,7 @@ def check_video_count(count: int, own: int, stages: int | None) -> None:
     """400 ``too_many_videos`` over the router's ``--max-videos-per-request`` (``own``) or the stages'
     tighter limit (``stages``; None: unknown), in the words of whose limit it is."""
     if stages is not None and stages < own and count > stages:
-        raise bad_request(f"The request has {count} videos; the stages behind this router accept at most {stages} "
-                          "per request (their --max-videos-per-request).", "messages", Code.TOO_MANY_VIDEOS)
+        raise too_many_videos(count, stages)
     if count > own:
         raise bad_request(f"The request has {count} videos; this router accepts at most {own} "
                           "(--max-videos-per-request).", "messages", Code.TOO_MANY_VIDEOS)

@@ -1,0 +1,155 @@
+"""Video through real servers: a colocated server (the official openai client, whole and streamed) and a
+1P1D pair over both transfer backends answer a chat with a video (alone, and with an image) exactly as
+Hugging Face generate() does on the same frames; bad videos are 400s naming the part, and the server
+keeps serving. EPD through the router: tests/e2e/test_video_epd.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+from cache.video_bytes import VideoBounds, decode_frames, probe
+from contract.video import plan, within
+from process.ports import free_port
+from stages.api.videos import server_sampling
+from stages.config import VideoLimits
+from stages.engine.models import load_adapter
+from stages.prompt import PromptBuilder
+from stages.video_preprocess import VideoFrames
+from tests.conftest import launch
+from tests.support.devices import DEVICE
+from tests.support.generated_models import model_dir
+from tests.support.hf_reference import hf_greedy, random_image
+from tests.support.stage_api import data_url as png_data_url
+from tests.support.stage_api import png
+from tests.support.videos import data_url, make_video
+
+pytestmark = pytest.mark.timeout(300)
+STEPS = 8
+BOUNDS = VideoBounds(max_bytes=8 << 20, max_pixels=1 << 22, max_seconds=60, decode_timeout_s=30)
+CLIP = make_video(frames=24, width=80, height=48, fps=8, container="mp4", seed=3)
+KWARGS = {"num_frames": 8}  # a request's own sampling (mm_processor_kwargs)
+
+
+def messages(with_image: bool) -> list[dict]:
+    parts = [{"type": "video_url", "video_url": {"url": data_url(CLIP)}}, {"type": "text", "text": "what moves?"}]
+    if with_image:
+        parts.insert(1, {"type": "image_url", "image_url": {"url": png_data_url(png(64, 64))}})
+    return [{"role": "user", "content": parts}]
+
+
+def expected(variant: str, with_image: bool) -> list[int]:
+    """generate()'s greedy tokens on the frames the servers sample (the server's sampling + KWARGS)."""
+    path = model_dir(variant)
+    adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
+    builder = PromptBuilder.load(path, adapter)
+    sampling = within(server_sampling(builder.video.sampling, VideoLimits()), KWARGS)
+    video_plan = plan(probe(CLIP, BOUNDS), sampling)
+    items: list = [VideoFrames(decode_frames(CLIP, video_plan.indices, BOUNDS), video_plan)]
+    hf_parts: list[dict] = [{"type": "video"}, {"type": "text", "text": "what moves?"}]
+    if with_image:
+        from PIL import Image
+        import io
+        items.append(Image.open(io.BytesIO(png(64, 64))))
+        hf_parts.insert(1, {"type": "image"})
+    prompt = builder.build([{"role": "user", "content": hf_parts}], items)
+    return hf_greedy(adapter.model, prompt, adapter.image_token_id, STEPS, adapter.video_token_id), builder.tokenizer
+
+
+@pytest.mark.parametrize("variant", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_colocated_answers_as_generate_whole_and_streamed(start_server, variant):
+    server = start_server("colocated", "--model", str(model_dir(variant)), "--kv-cache-mib", "32")
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    for with_image in (False, True):
+        tokens, tokenizer = expected(variant, with_image)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        whole = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages(with_image),
+                                               max_tokens=STEPS, temperature=0, extra_body={"mm_processor_kwargs": KWARGS})
+        assert whole.choices[0].message.content == text
+        assert whole.usage.completion_tokens == len(tokens)
+        stream = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages(with_image),
+                                                max_tokens=STEPS, temperature=0, stream=True,
+                                                extra_body={"mm_processor_kwargs": KWARGS})
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == text
+
+
+def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
+    server = start_server("colocated", "--model", str(model_dir("qwen2_vl")), "--kv-cache-mib", "16",
+                          "--max-videos-per-request", "1")
+    good = messages(False)
+    url = good[0]["content"][0]["video_url"]["url"]
+    header, payload = url.split(",", 1)
+    import base64
+    flipped = bytearray(base64.b64decode(payload))
+    cases = {
+        "truncated": (f"{header},{base64.b64encode(CLIP[: len(CLIP) // 3]).decode()}", 400, "invalid_video"),
+        "not a video": (f"{header},{base64.b64encode(png(8, 8)).decode()}", 400, "invalid_video"),
+        "bad base64": (f"{header},@@@", 400, "invalid_base64"),
+        "image mime": (png_data_url(png(8, 8)), 400, "invalid_video_url"),
+        "remote url": ("https://example.com/a.mp4", 400, "remote_image_url"),
+    }
+    for name, (bad, status, code) in cases.items():
+        body = {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": bad}}]}],
+                "max_tokens": 2}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), (name, answer.text)
+        assert answer.json()["error"]["param"] == "messages[0].content[0].video_url", name
+    two = {"messages": [{"role": "user", "content": good[0]["content"][:1] * 2}], "max_tokens": 2}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=two, timeout=60)
+    assert (answer.status_code, answer.json()["error"]["code"]) == (400, "too_many_videos")
+    for key, value in (("max_frames", 10**6), ("colour", 1), ("fps", "fast")):
+        body = {"messages": good, "max_tokens": 2, "mm_processor_kwargs": {key: value}}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert (answer.status_code, answer.json()["error"]["param"]) == (400, f"mm_processor_kwargs.{key}"), answer.text
+    assert httpx.post(f"{server.url}/v1/chat/completions", json={"messages": good, "max_tokens": 2},
+                      timeout=60).status_code == 200
+    del flipped
+
+
+def test_llava_refuses_video_naming_the_model(start_server):
+    server = start_server("colocated", "--model", str(model_dir("llava")), "--kv-cache-mib", "16")
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": messages(False), "max_tokens": 2},
+                        timeout=60)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "video_not_supported"
+    assert "llava" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("transfer", ["mooncake", "nixl"])
+async def test_pd_answers_as_generate(tmp_path, transfer):
+    variant = "qwen3_vl"
+    path = str(model_dir(variant))
+    bootstrap = free_port()
+    common = ["--model", path, "--transfer", transfer, "--kv-cache-mib", "16"]
+    with ThreadPoolExecutor(2) as pool:
+        prefill, decode = pool.map(lambda job: launch(*job), [
+            ("prefill", [*common, "--bootstrap-port", str(bootstrap)], tmp_path / "prefill.log", 180.0, None),
+            ("decode", common, tmp_path / "decode.log", 180.0, None)])
+    try:
+        for with_image in (False, True):
+            tokens, tokenizer = expected(variant, with_image)
+            for stream in (False, True):
+                body = {"messages": messages(with_image), "max_tokens": STEPS, "temperature": 0, "stream": stream,
+                        "mm_processor_kwargs": KWARGS, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
+                        "bootstrap_room": random.getrandbits(63)}
+                async with httpx.AsyncClient(timeout=60) as client:
+                    p, d = await asyncio.gather(client.post(f"{prefill.url}/v1/chat/completions", json=body),
+                                                client.post(f"{decode.url}/v1/chat/completions", json=body))
+                assert p.status_code == d.status_code == 200, (p.text, d.text)
+                text = tokenizer.decode(tokens, skip_special_tokens=True)
+                if stream:
+                    import json
+                    chunks = [json.loads(line[6:]) for line in d.text.splitlines()
+                              if line.startswith("data: {")]
+                    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == text
+                else:
+                    assert d.json()["choices"][0]["message"]["content"] == text
+    finally:
+        prefill.stop()
+        decode.stop()

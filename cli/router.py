@@ -77,6 +77,10 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--image-fetch-timeout-s", type=float, default=_D["image_fetch_timeout_s"],
                    help="deadline of one image fetch")
     h.add_argument("--max-image-bytes", type=int, default=_D["max_image_bytes"], help="one fetched image, at most")
+    h.add_argument("--max-videos-per-request", type=int, default=_D["max_videos_per_request"],
+                   help="videos per request, all messages together (400 too_many_videos)")
+    h.add_argument("--max-video-mb", type=float, default=_D["max_video_mb"],
+                   help="one video fetched from an --allowed-image-hosts URL, at most (413 video_too_large)")
     h.add_argument("--max-images-per-request", type=int, default=_D["max_images_per_request"],
                    help="images per request")
     h.add_argument("--log-level", default=_D["log_level"], choices=["debug", "info", "warning", "error"])

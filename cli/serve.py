@@ -245,6 +245,9 @@ def add_encoder_args(parser: argparse.ArgumentParser) -> None:
                    help="an image's single-flight claim lapses this long after its last renewal")
     g.add_argument("--encode-timeout-s", type=float, default=d["encode_timeout_s"],
                    help="an encode request's images must be in the cache within this")
+    g.add_argument("--video-encode-frames", type=int, default=d["video_encode_frames"],
+                   help="a video's sampled frames per vision-tower call (whole temporal patches, at least one): "
+                        "longer videos are encoded in chunks")
 
 
 def add_role_args(parser: argparse.ArgumentParser, role: str) -> None:
@@ -300,7 +303,8 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     encoder = None
     if role == "encoder":
         encoder = EncoderConfig(cache=cache_config(args, str(url)), max_batch_images=args.max_batch_images,
-                                claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s)
+                                claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s,
+                                video_encode_frames=args.video_encode_frames)
     return ServerConfig(
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),

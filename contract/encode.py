@@ -2,6 +2,9 @@
 
 1. The router sends a room's images not cached yet, each once: ``EncodeRequest`` (an image as a
    ``data:`` URL, ``url``, or as base64, ``data``; with its cache key, checked against the bytes).
+   A video is an item with ``video`` set: the sampling the router resolved for it
+   (``contract.video.VideoSampling.to_json()``, within the encoder's ``/server_info`` ``video``); its key
+   is ``cache.keys.video_key(bytes, video, fingerprint)`` and its entry holds the whole video's embedding.
 2. The encoder answers once every image's embedding is in the cache: ``EncodeAnswer``, one
    ``EncodedImage`` per image in order, its ``status`` one of ``IMAGE_STATUSES``.
 3. A client gone, or the attempt given up: the router sends ``AbortRequest``; the room's waiting
@@ -27,12 +30,14 @@ ImageStatus = Literal["encoded", "cached", "pending_elsewhere"]
 
 
 class EncodeImage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """One image: exactly one of ``url`` (a ``data:`` URL) and ``data`` (base64); ``key``: its cache
-    key, computed by the encoder when absent."""
+    """One image or video: exactly one of ``url`` (a ``data:`` URL) and ``data`` (base64); ``key``: its
+    cache key, computed by the encoder when absent; ``video``: set for a video, its resolved sampling
+    (``VideoSampling.to_json()``)."""
 
     key: str | None = None
     url: str | None = None
     data: str | None = None
+    video: dict | None = None
 
 
 class EncodeRequest(msgspec.Struct, forbid_unknown_fields=True):

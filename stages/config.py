@@ -149,10 +149,15 @@ class EncoderConfig:
     # mid-encode frees its images' waiters this soon, so the router's retry on another encoder fits in 10 s
     claim_lease_s: float = 3.0
     encode_timeout_s: float = 60.0  # request arrival -> every image it needs encoded is in the cache
+    # sampled frames of one video per vision-tower call (whole temporal patches, at least one): a long video
+    # is encoded in chunks and their embeddings concatenated, so it never needs one huge activation
+    video_encode_frames: int = 32
 
     def __post_init__(self) -> None:
         if self.max_batch_images <= 0:
             raise ValueError(f"--max-batch-images must be > 0, got {self.max_batch_images}")
+        if self.video_encode_frames <= 0:
+            raise ValueError(f"--video-encode-frames must be > 0, got {self.video_encode_frames}")
         for name in ("claim_lease_s", "encode_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")

@@ -6,6 +6,11 @@ Request metrics are observed by the HTTP layer through ``RequestTimer``; the bat
 and the step time on the engine thread through ``observe_step`` (``AsyncEngine``'s ``on_step``; the
 router's ratio report reads the step seconds as the stage's busy time); queue and KV gauges
 are refreshed from ``AsyncEngine.stats()`` when /metrics is scraped.
+
+Videos (``VideoMetrics``, on a stage's registry as ``epd_video_*``, on an encoder's as
+``epd_encoder_video_*``): files decoded and their bytes, frames decoded, decode seconds, frames run
+through the vision tower. A stage that decodes a video itself (colocated, a PD prefill) reports it
+with ``Metrics.observe_video_decode`` (and ``observe_video_encode`` once its frames are encoded).
 """
 
 from __future__ import annotations
@@ -25,6 +30,34 @@ PREEMPTION_KINDS = ("recompute", "swap")  # stages.engine.request.Preemption's v
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_DECODE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+
+
+class VideoMetrics:
+    """The video series of one registry, named ``{prefix}video_*``: ``frames_decoded`` (sampled frames
+    decoded), ``decode_seconds`` (per video: probe + decode of its sampled frames), ``bytes`` (video
+    files decoded), ``frames_encoded`` (sampled frames run through the vision tower). Thread-safe
+    (prometheus_client is): call from any thread."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str = "epd_") -> None:
+        self.frames_decoded = Counter(f"{prefix}video_frames_decoded", "Sampled video frames decoded.",
+                                      registry=registry)
+        self.decode_seconds = Histogram(f"{prefix}video_decode_seconds", "Seconds to read one video: its probe "
+                                        "and the decode of its sampled frames.", buckets=_DECODE_BUCKETS,
+                                        registry=registry)
+        self.bytes = Counter(f"{prefix}video_bytes", "Bytes of the video files decoded.", registry=registry)
+        self.frames_encoded = Counter(f"{prefix}video_frames_encoded", "Sampled video frames run through the "
+                                      "vision tower.", registry=registry)
+
+    def observe_decode(self, frames: int, seconds: float, nbytes: int) -> None:
+        """One video read: ``frames`` sampled frames decoded from a file of ``nbytes`` in ``seconds``."""
+        self.frames_decoded.inc(frames)
+        self.decode_seconds.observe(seconds)
+        self.bytes.inc(nbytes)
+
+    def observe_encode(self, frames: int) -> None:
+        """One video's ``frames`` sampled frames run through the vision tower."""
+        self.frames_encoded.inc(frames)
 
 
 class Metrics:
@@ -60,6 +93,7 @@ class Metrics:
                                    "happened to their KV: recompute (prefilled again) or swap (to host memory).",
                                    ["kind"], registry=r)
         self._preemptions_seen = {kind: 0 for kind in PREEMPTION_KINDS}
+        self.video = VideoMetrics(r)
         for reason in FINISH_REASONS:
             self.requests.labels(finish_reason=reason)
         for kind in PREEMPTION_KINDS:
@@ -72,6 +106,15 @@ class Metrics:
                                  ("writes", "KV writes to peers."), ("failures", "Failed KV writes.")):
             gauge = Gauge(f"epd_kv_transfer_{field}", help_text, ["backend"], registry=self.registry)
             gauge.labels(**labels).set_function(_reader(stats, field))
+
+    def observe_video_decode(self, frames: int, seconds: float, nbytes: int) -> None:
+        """A video this stage read itself: ``frames`` sampled frames of a ``nbytes`` file, in ``seconds``
+        (probe and frame decode). Any thread; never raises."""
+        self.video.observe_decode(frames, seconds, nbytes)
+
+    def observe_video_encode(self, frames: int) -> None:
+        """A video's ``frames`` sampled frames this stage ran through its vision tower."""
+        self.video.observe_encode(frames)
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
         """Called on the engine thread after each step; must never raise."""

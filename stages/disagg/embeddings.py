@@ -1,4 +1,4 @@
-"""An EPD prefill's image inputs: the embeddings of a request's image references, read from the cache.
+"""An EPD prefill's image inputs: the embeddings of a request's image and video references, read from the cache.
 
 ``ImageInputs.fill(prompt, refs)`` is awaited by the prefill's room (``PrefillCoordinator``) before
 its request enters the engine, so a request whose embeddings are not ready waits on its own and
@@ -7,9 +7,12 @@ never holds up the prefill or decode of others. Per distinct key: ``EmbeddingCac
 entry is checked against what its reference implies (``check_embedding``) before it is used: a
 mismatch is a miss, its entry is deleted, and the request fails; wrong data is never spliced in.
 
+A video reference (``VideoRef``: key, probe, sampling) is read the same way under its key; what it
+implies is its plan's (``contract.video.plan``): ``plan.num_tokens`` rows, grid ``plan.grid``.
+
 Every failure is a ``DisaggError`` whose status the prefill answers, and whose message the decode
-gets as the room's failure reason; one about an image names its key in the ``image_key`` field
-(the router blames the encoder it sent that image to by this field, never by the message):
+gets as the room's failure reason; one about an image (or a video) names its key in the ``image_key``
+field (the router blames the encoder it sent that item to by this field, never by the message):
 
     503 cache_unavailable   Redis down, unreachable or slow past --cache-op-timeout-s (names Redis)
     400 image_not_cached    the key is neither cached nor being encoded (at once, no wait)
@@ -20,6 +23,7 @@ gets as the room's failure reason; one about an image names its key in the ``ima
                             took it up, ...): Retry-After: 1; a new try claims the key anew
     504 embedding_timeout   still being encoded at --embedding-timeout-s
     502 embedding_mismatch  the entry does not fit the reference or this model (deleted)
+    400 invalid_video       a video reference whose probe and sampling make no plan
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -36,6 +41,7 @@ from cache.errors import CacheUnavailable, EncodeAbandoned, EncodeFailed, NotPen
 from cache.store import CachedEmbedding, EmbeddingCache
 from contract.claims import RETRY_AFTER_S, ClaimState, ended_status
 from contract.errors import Code
+from contract.video import VideoPlan
 from stages.api.message_schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
@@ -59,6 +65,16 @@ class Expected:
 
     num_tokens: int
     grid: tuple[int, int, int] | None
+
+
+class VideoReference(Protocol):
+    """A video reference as ``fill`` reads it (``stages.api.message_schemas.VideoRef``): its cache key and
+    its plan (ValueError where its probe and sampling make none)."""
+
+    @property
+    def key(self) -> str: ...
+
+    def plan(self) -> VideoPlan: ...
 
 
 class Mismatch(ValueError):
@@ -101,34 +117,47 @@ class ImageInputs:
         self.prompts = prompts
         self.timeout_s = timeout_s
 
-    async def fill(self, prompt: Prompt, refs: Sequence[tuple[ImageRef, str]]) -> None:
-        """Set ``prompt.embeddings`` from the cache, one per reference in order (``param``: the
-        reference's path in the request, for errors). Raises DisaggError (module docstring) within
-        ``timeout_s`` of the call; other keys' waits are cancelled when one fails."""
+    async def fill(self, prompt: Prompt, refs: Sequence[tuple[ImageRef | VideoReference, str]]) -> None:
+        """Set ``prompt.embeddings`` from the cache, one per reference (image or video) in order
+        (``param``: the reference's path in the request, for errors). Raises DisaggError (module
+        docstring) within ``timeout_s`` of the call; other keys' waits are cancelled when one fails."""
         deadline = time.monotonic() + self.timeout_s
-        keys = {ref.key: param for ref, param in reversed(refs)}  # first param per key
+        expected = [self._expected(ref, param) for ref, param in refs]  # a video ref without a plan: 400 first
+        keys = {ref.key: (param, _kind(ref)) for ref, param in reversed(refs)}  # first param per key
         found: dict[str, CachedEmbedding] = {}
         try:
             async with asyncio.TaskGroup() as group:
-                for key, param in keys.items():
-                    group.create_task(self._read(key, param, deadline, found))
+                for key, (param, kind) in keys.items():
+                    group.create_task(self._read(key, _Named(param, kind), deadline, found))
         except BaseExceptionGroup as failed:
             raise _first(failed) from None
         embeddings = []
-        for ref, param in refs:
-            expected = Expected(self.prompts.num_image_tokens(ref.width, ref.height),
-                                self.prompts.image_grid(ref.width, ref.height))
+        for (ref, param), want in zip(refs, expected, strict=True):
             try:
-                embeddings.append(check_embedding(found[ref.key], expected, self.shape))
+                embeddings.append(check_embedding(found[ref.key], want, self.shape))
             except Mismatch as exc:
                 await self._drop(ref.key)
-                raise DisaggError(502, f"The cached embedding of image {ref.key} does not fit this request: {exc}; "
-                                  "the entry was dropped. Check the reference's width and height, and that the "
+                size = "width and height" if isinstance(ref, ImageRef) else "probe and sampling"
+                raise DisaggError(502, f"The cached embedding of {_kind(ref)} {ref.key} does not fit this request: "
+                                  f"{exc}; the entry was dropped. Check the reference's {size}, and that the "
                                   "encoder serves the same model as this prefill.", Code.EMBEDDING_MISMATCH,
                                   param, image_key=ref.key) from None
         prompt.embeddings = embeddings
 
-    async def _read(self, key: str, param: str, deadline: float, found: dict[str, CachedEmbedding]) -> None:
+    def _expected(self, ref: ImageRef | VideoReference, param: str) -> Expected:
+        """What ``ref`` implies: an image's by the size rule, a video's by its plan."""
+        if isinstance(ref, ImageRef):
+            return Expected(self.prompts.num_image_tokens(ref.width, ref.height),
+                            self.prompts.image_grid(ref.width, ref.height))
+        try:
+            plan = ref.plan()
+        except (TypeError, ValueError) as exc:
+            raise DisaggError(400, f"The video reference {ref.key} makes no sampling plan: {exc}", Code.INVALID_VIDEO,
+                              param, image_key=ref.key) from None
+        return Expected(plan.num_tokens, plan.grid)
+
+    async def _read(self, key: str, named: _Named, deadline: float, found: dict[str, CachedEmbedding]) -> None:
+        param, kind, what = named.param, named.kind, named.kind.capitalize()
         try:
             hit = await self.cache.get(key)
             if hit is None:
@@ -136,19 +165,19 @@ class ImageInputs:
         except CacheUnavailable as exc:
             raise DisaggError(503, f"The embedding cache is unavailable: {exc}", Code.CACHE_UNAVAILABLE) from None
         except NotPending:
-            raise DisaggError(400, f"Image {key} is not in the embedding cache and no encoder is encoding it: send "
+            raise DisaggError(400, f"{what} {key} is not in the embedding cache and no encoder is encoding it: send "
                               "it to an encoder first (it may also have been evicted since).", Code.IMAGE_NOT_CACHED,
                               f"{param}.key", image_key=key) from None
         except EncodeAbandoned as exc:
-            raise DisaggError(ended_status(ClaimState.Abandoned), f"The encode of image {key} that this request waited "
-                              f"for was abandoned: {exc.reason}. Nothing is wrong with the image; retry after "
+            raise DisaggError(ended_status(ClaimState.Abandoned), f"The encode of {kind} {key} that this request "
+                              f"waited for was abandoned: {exc.reason}. Nothing is wrong with the {kind}; retry after "
                               f"{RETRY_AFTER_S} s.", Code.ENCODE_ABANDONED, param, image_key=key,
                               retry_after_s=RETRY_AFTER_S) from None
         except EncodeFailed as exc:
-            raise DisaggError(ended_status(ClaimState.Failed), f"The encoder failed on image {key}: {exc.reason}",
+            raise DisaggError(ended_status(ClaimState.Failed), f"The encoder failed on {kind} {key}: {exc.reason}",
                               Code.ENCODE_FAILED, param, image_key=key) from None
         except ReadyTimeout:
-            raise DisaggError(504, f"Image {key} was still being encoded after {self.timeout_s:g} s "
+            raise DisaggError(504, f"{what} {key} was still being encoded after {self.timeout_s:g} s "
                               "(--embedding-timeout-s).", Code.EMBEDDING_TIMEOUT, param, image_key=key) from None
         found[key] = hit
 
@@ -157,6 +186,18 @@ class ImageInputs:
             await self.cache.delete(key)
         except CacheUnavailable as exc:
             log.warning("could not drop the mismatched entry of image %s: %s", key, exc)
+
+
+@dataclass(frozen=True)
+class _Named:
+    """How errors name one key: the path of its first reference, and "image" or "video"."""
+
+    param: str
+    kind: str
+
+
+def _kind(ref: ImageRef | VideoReference) -> str:
+    return "image" if isinstance(ref, ImageRef) else "video"
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

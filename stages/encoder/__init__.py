@@ -1,7 +1,7 @@
 """``stage serve encoder``: images in, embeddings into the shared cache, one encode per unique image.
 
-  batcher.py  pure: the job of encoding one image, the queue that batches jobs, recently aborted rooms
-  worker.py   the encoder thread: takes batches, runs the vision tower, hands each result back
+  batcher.py  pure: the job of encoding one image (or video), the queue that batches jobs, recently aborted rooms
+  worker.py   the encoder thread: takes batches, runs the vision tower (a video in chunks), hands each result back
   flights.py  per image: claim, queue, put or report the failure, release; shared by requests; cancel
   service.py  per request: cache check, decode and preprocess, join flights, wait, abort by room
   metrics.py  the ``epd_encoder_*`` series

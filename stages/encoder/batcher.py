@@ -1,6 +1,6 @@
 """The encoder's work queue. Pure logic (a lock, no I/O), shared by the event loop and the encoder thread.
 
-A ``Job`` is one image to run through the vision tower. Its state only moves forward:
+A ``Job`` is one image (or one video: ``frames`` > 0) to run through the vision tower. Its state only moves forward:
 QUEUED -> RUNNING -> ENDED, or QUEUED -> ENDED when cancelled. ``Batcher.take`` hands the encoder
 thread the oldest queued jobs, up to ``max_images`` (one image each), and marks them RUNNING in the
 same locked step, so ``cancel`` (from the event loop) succeeds exactly for jobs no thread has taken.
@@ -24,9 +24,11 @@ class JobState(IntEnum):
 
 @dataclass(eq=False)
 class Job:
-    key: str  # the image's cache key
+    key: str  # the image's (or video's) cache key
     image: ImageInput
     state: JobState = JobState.QUEUED
+    frames: int = 0  # a video's sampled frames (0: an image)
+    chunk: int = 0  # a video's temporal patches per vision-tower call (0: all at once)
 
 
 class Batcher:

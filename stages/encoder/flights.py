@@ -34,7 +34,7 @@ from contract.encode import ENCODED, PENDING_ELSEWHERE
 from contract.errors import Code
 from stages.config import EncoderConfig
 from stages.encoder.batcher import Batcher, Job
-from stages.engine.multimodal import ImageEmbedding, ImageInput
+from stages.engine.multimodal import ImageEmbedding
 
 log = logging.getLogger(__name__)
 _CANCELLED = "cancelled: every request waiting for this image went away (room aborted or deadline passed)"
@@ -82,13 +82,14 @@ class Flights:
         """Which of ``keys`` the cache holds now (``EmbeddingCache.contains_many``). Raises CacheUnavailable."""
         return await self.cache.contains_many(keys)
 
-    async def start(self, key: str, image: ImageInput, serial: int, room: int) -> Flight:
-        """A new flight for ``key`` (none may be in the table), joined by request ``serial``. Returns
-        once it is queued or has ended; a caller cancelled meanwhile leaves no half-started flight."""
-        assert key not in self._table
+    async def start(self, job: Job, serial: int, room: int) -> Flight:
+        """A new flight for ``job`` (an image or a video; none of its key may be in the table), joined by
+        request ``serial``. Returns once it is queued or has ended; a caller cancelled meanwhile leaves
+        no half-started flight."""
+        assert job.key not in self._table
         loop = asyncio.get_running_loop()
-        flight = Flight(Job(key, image), loop.create_future(), loop.create_future(), {serial: room})
-        self._table[key] = flight  # before any await: concurrent requests join this flight
+        flight = Flight(job, loop.create_future(), loop.create_future(), {serial: room})
+        self._table[job.key] = flight  # before any await: concurrent requests join this flight
         await asyncio.shield(self._launch(flight))
         return flight
 

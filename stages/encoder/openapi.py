@@ -46,11 +46,13 @@ ENCODE_ROUTE: dict = {
     "openapi_extra": _body("EncodeRequest"),
     "responses": {
         200: {"model": EncodeAnswer, "description": "Every image is in the cache."},
-        400: error("A bad body or image (the error's param names images[i]; codes invalid_json, invalid_value, "
-                   "too_many_images, invalid_base64, invalid_image, invalid_key, key_mismatch, ...)."),
+        400: error("A bad body, image or video (the error's param names images[i]; codes invalid_json, "
+                   "invalid_value, too_many_images, too_many_videos, invalid_base64, invalid_image, invalid_video, "
+                   "invalid_video_url, video_not_supported, invalid_key, key_mismatch, ...)."),
         409: error("The room was aborted on this encoder while its images waited (code room_aborted)."),
         413: error("The body is over --max-body-mb (request_too_large), or an image is over --max-image-bytes "
-                   "or --max-image-pixels (image_too_large, naming images[i])."),
+                   "or --max-image-pixels (image_too_large, naming images[i]), or a video over --max-video-mb, "
+                   "--max-video-pixels or --max-video-seconds (video_too_large)."),
         500: error(INTERNAL_ERROR + " Or an image could not be encoded or cached (encode_failed, "
                    "cache_entry_too_large)."),
         503: error("At --max-num-seqs + --max-waiting requests (server_overloaded, with Retry-After), or the "

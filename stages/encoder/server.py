@@ -1,9 +1,13 @@
 """``stage serve encoder``: the HTTP edge of the encoder (wire format in ``docs/protocol.md``).
 
-    POST /v1/encode   {"room": int, "images": [{"key"?: str, "data": base64 | "url": "data:..."}]}
+    POST /v1/encode   {"room": int, "images": [{"key"?: str, "data": base64 | "url": "data:...", "video"?: {...}}]}
                       -> {"room", "images": [{"key", "status", "num_tokens", "seconds"}]}
     POST /v1/abort    {"room": int} -> {"room", "cancelled": int}
     GET  /health  /server_info  /metrics  (and /debug/faults with --debug-faults)
+
+An item with ``video`` (its resolved ``contract.video.VideoSampling`` as JSON, within this encoder's
+``/server_info`` ``video`` bounds) is a video: its key is ``cache.keys.video_key`` of its bytes and that
+sampling; a model without video answers it 400 ``video_not_supported``.
 
 Bad input is refused before anything is claimed or queued (400/413 naming ``images[i]``); the
 server stays healthy. ``/health`` is 503 only when the encoder thread or the claim-renewal loop died.
@@ -26,11 +30,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from cache.keys import check_key, image_key
+from cache.keys import check_key, image_key, video_key
 from contract.bootstrap import ROOM_MAX
 from contract.encode import CACHED, ENCODED, AbortAnswer, EncodeAnswer, EncodedImage
 from contract.errors import Code
 from contract.paths import ABORT_PATH, ENCODE_PATH, HEALTH_PATH, SERVER_INFO_PATH
+from contract.video import MAX_REQUEST_FPS, OVERRIDABLE, VideoSampling
+from stages.api import videos
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
 from stages.api.errors import (APIError, bad_request, install_error_handlers, overloaded, unhealthy,
@@ -41,7 +47,7 @@ from stages.api.schema_types import AsInteger
 from stages.api.openapi import HEALTH_ROUTE, METRICS_ROUTE, install
 from stages.config import ImageLimits, ServerConfig
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE, SERVER_INFO_ROUTE
-from stages.encoder.service import EncodeService, ImageResult, Upload
+from stages.encoder.service import EncodeService, ImageResult, Upload, VideoSetup
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
@@ -49,13 +55,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ImagePart(BaseModel):
-    """One image: its file bytes as base64 (``data``) or as a ``data:`` URL (``url``), and optionally
-    its cache key (checked against the bytes; computed when absent)."""
+    """One image or video: its file bytes as base64 (``data``) or as a ``data:`` URL (``url``), and
+    optionally its cache key (checked against the bytes; computed when absent). ``video``: set for a
+    video, its sampling (``contract.video.VideoSampling.to_json()``, resolved by the router)."""
 
     model_config = ConfigDict(extra="forbid")
     key: str | None = None
     data: str | None = None
     url: str | None = None
+    video: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ImagePart:
@@ -98,7 +106,8 @@ def build(config: ServerConfig) -> FastAPI:
     from stages.engine.config import VISION
     from stages.engine.models import load_adapter
     from stages.faults.seams import seams_for
-    from stages.resources import limits_info
+    from stages.resources import limits_info, video_info
+    from stages.video_preprocess import VideoConfig
 
     assert config.encoder is not None
     device = config.engine.torch_device  # the vision tower runs there; embeddings go to the cache as bytes
@@ -115,7 +124,13 @@ def build(config: ServerConfig) -> FastAPI:
     metrics = EncoderMetrics(lambda: batcher.depth, cache.stats)
     seams, supervisor = seams_for(config.debug_faults), Supervisor()
     flights = Flights(config.encoder, cache, batcher, new_encoder_id())
-    service = EncodeService(config.encoder, config.limits, flights, adapter, image_processor)
+    rule = adapter.video_rule
+    video = None
+    if rule is not None:
+        video_config = VideoConfig.load(config.engine.model, rule)
+        video = VideoSetup(video_config, videos.server_sampling(video_config.sampling, config.video), config.video,
+                           metrics.video)
+    service = EncodeService(config.encoder, config.limits, flights, adapter, image_processor, video)
     worker = EncoderWorker(adapter, batcher, flights.deliver, metrics, seams.encoder())
     supervisor.watch_thread("encoder thread", lambda: worker.alive)
 
@@ -134,8 +149,9 @@ def build(config: ServerConfig) -> FastAPI:
     info = {"role": "encoder", "model": config.model_name, "encoder_id": flights.encoder_id,
             "vision_fingerprint": fingerprint, "num_parameters": adapter.num_parameters, "dtype": dtype.name,
             "dtype_source": dtype.source, "device": str(device), "max_batch_images": config.encoder.max_batch_images,
-            "redis_url": config.encoder.cache.safe_url,
-            "limits": limits_info(config)}
+            "video_encode_frames": config.encoder.video_encode_frames, "redis_url": config.encoder.cache.safe_url,
+            "limits": limits_info(config),
+            "video": video_info(None if video is None else video.sampling, config.video)}
     app = create_encoder_app(service, info, config, supervisor, metrics.render, lifespan)
     seams.install(app)
     return app
@@ -174,12 +190,11 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
             raise overloaded(gate.limit)
         try:
             body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
-            if len(body.images) > config.limits.max_images:
-                raise bad_request(f"The request has {len(body.images)} images; this server accepts at most "
-                                  f"{config.limits.max_images} per request.", "images", Code.TOO_MANY_IMAGES)
+            _check_counts(body.images, config)
             timeline.mark(body.room, "queued", images=len(body.images))
             try:
-                uploads = await run_in_threadpool(_uploads, body.images, config.limits, info["vision_fingerprint"])
+                uploads = await run_in_threadpool(_uploads, body.images, config.limits, service.video,
+                                                  info["vision_fingerprint"])
                 results = await service.encode(body.room, uploads)
             except APIError as exc:
                 timeline.mark(body.room, "failed", reason=exc.message)
@@ -201,16 +216,33 @@ def create_encoder_app(service: EncodeService, info: dict, config: ServerConfig,
 
 
 def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult]) -> None:
-    """Each image's outcome in the room's timeline, in time order: encoded at the time its embedding
-    was cached, the others now."""
+    """Each image's outcome in the room's timeline, in time order: a video this request read
+    (``video_decoded`` {key, frames, seconds}) when its frames were decoded, encoded at the time its
+    embedding was cached (a video's with its ``frames``), the others now."""
     queued = timeline.events(room)
     start, now = (queued[0]["t"] if queued else time.time()), time.time()
-    marks = sorted(((start + r.seconds, "encoded", r) if r.status == ENCODED else
-                    (now, "cache_hit" if r.status == CACHED else r.status, r) for r in results),
-                   key=lambda mark: mark[0])
-    for at, event, r in marks:
-        fields = {"key": r.key, "num_tokens": r.num_tokens} if event == "encoded" else {"key": r.key}
+    marks: list[tuple[float, str, dict]] = []
+    for r in results:
+        if r.read is not None:
+            marks.append((r.read.at, "video_decoded", {"key": r.key, "frames": r.read.frames,
+                                                       "seconds": r.read.seconds}))
+        if r.status == ENCODED:
+            fields: dict = {"key": r.key, "num_tokens": r.num_tokens}
+            marks.append((start + r.seconds, "encoded", fields if r.frames is None else {**fields, "frames": r.frames}))
+        else:
+            marks.append((now, "cache_hit" if r.status == CACHED else r.status, {"key": r.key}))
+    for at, event, fields in sorted(marks, key=lambda mark: mark[0]):
         timeline.mark(room, event, at=min(at, now), **fields)
+
+
+def _check_counts(parts: list[ImagePart], config: ServerConfig) -> None:
+    """400 for more images than ``--max-images-per-request``, or more videos than ``--max-videos-per-request``."""
+    counted = sum(part.video is not None for part in parts)
+    for count, most, what, code in ((len(parts) - counted, config.limits.max_images, "images", Code.TOO_MANY_IMAGES),
+                                    (counted, config.video.max_videos, "videos", Code.TOO_MANY_VIDEOS)):
+        if count > most:
+            raise bad_request(f"The request has {count} {what}; this server accepts at most {most} per request.",
+                              "images", code)
 
 
 def _parse(model: type[M], raw: bytes | bytearray) -> M:
@@ -222,21 +254,61 @@ def _parse(model: type[M], raw: bytes | bytearray) -> M:
         raise validation_error(exc.errors()) from None
 
 
-def _uploads(parts: list[ImagePart], limits: ImageLimits, fingerprint: str) -> list[Upload]:
-    """Each part's bytes and key; 400/413 naming the first bad part (runs in a worker thread)."""
+def _uploads(parts: list[ImagePart], limits: ImageLimits, video: VideoSetup | None, fingerprint: str) -> list[Upload]:
+    """Each part's bytes and key (a video's with its sampling); 400/413 naming the first bad part (runs
+    in a worker thread)."""
     uploads = []
     for i, part in enumerate(parts):
         param = f"images[{i}]"
-        data = decode_data_url(part.url, limits, param) if part.url is not None else \
-            decode_base64(part.data or "", limits, param)
-        key = image_key(data, fingerprint)
+        if part.video is not None:
+            upload = _video_upload(part, video, fingerprint, param)
+        else:
+            data = decode_data_url(part.url, limits, param) if part.url is not None else \
+                decode_base64(part.data or "", limits, param)
+            upload = Upload(image_key(data, fingerprint), data)
         if part.key is not None:
             try:
                 check_key(part.key)
             except ValueError as exc:
                 raise bad_request(str(exc), f"{param}.key", "invalid_key") from None
-            if part.key != key:
-                raise bad_request(f"The key does not match the image bytes under this encoder's vision fingerprint "
-                                  f"(expected {key}).", f"{param}.key", "key_mismatch")
-        uploads.append(Upload(key, data))
+            if part.key != upload.key:
+                what = "image bytes" if upload.video is None else "video bytes and sampling"
+                raise bad_request(f"The key does not match the {what} under this encoder's vision fingerprint "
+                                  f"(expected {upload.key}).", f"{param}.key", "key_mismatch")
+        uploads.append(upload)
     return uploads
+
+
+def _video_upload(part: ImagePart, video: VideoSetup | None, fingerprint: str, param: str) -> Upload:
+    """A video part's bytes (under ``--max-video-mb``), its sampling (checked by ``video_sampling``) and key."""
+    if video is None:
+        raise bad_request("This encoder's model takes no video.", f"{param}.video", Code.VIDEO_NOT_SUPPORTED)
+    assert part.video is not None
+    sampling = video_sampling(part.video, video.sampling, f"{param}.video")
+    url = part.url if part.url is not None else "data:application/octet-stream;base64," + (part.data or "")
+    data = videos.decode_data_url(url, video.limits, param)
+    return Upload(video_key(data, sampling.to_json(), fingerprint), data, sampling)
+
+
+def video_sampling(raw: dict[str, Any], base: VideoSampling, param: str) -> VideoSampling:
+    """A video part's sampling, as the router resolved it: a ``VideoSampling`` whose fixed settings (rule,
+    patch geometry, pixel caps: all but ``contract.video.OVERRIDABLE``) are this encoder's ``base``'s and
+    whose request settings stay within its bounds (``contract.video.within``'s: frames at most
+    ``base.max_frames``, ``max_pixels`` at most ``base.max_pixels``, fps at most 60). 400 ``invalid_value``
+    naming ``param`` otherwise."""
+    try:
+        sampling = VideoSampling.from_json(raw)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"Invalid video sampling: {exc}", param, Code.INVALID_VALUE) from None
+    fixed = {name: value for name, value in base.to_json().items() if name not in OVERRIDABLE}
+    for name, value in fixed.items():
+        if getattr(sampling, name) != value:
+            raise bad_request(f"Invalid video sampling: {name} is {getattr(sampling, name)!r}; this encoder's model "
+                              f"has {value!r} (see its /server_info video).", f"{param}.{name}", Code.INVALID_VALUE)
+    for name, most in (("num_frames", base.max_frames), ("max_frames", base.max_frames),
+                       ("max_pixels", base.max_pixels), ("fps", MAX_REQUEST_FPS)):
+        value = getattr(sampling, name)
+        if value is not None and value > most:
+            raise bad_request(f"Invalid video sampling: {name} is {value}; this encoder samples at most {most}.",
+                              f"{param}.{name}", Code.INVALID_VALUE)
+    return sampling

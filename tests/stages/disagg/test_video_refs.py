@@ -4,16 +4,14 @@ order; the errors say "video" and name the key in ``image_key``. A fake cache, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from cache.entry import Entry, InRedis
 from cache.errors import NotPending
 from cache.store import CachedEmbedding
-from contract.video import VideoPlan, VideoProbe, VideoSampling, plan
-from stages.api.message_schemas import ImageRef
+from contract.video import VideoProbe, VideoSampling
+from stages.api.message_schemas import ImageRef, VideoRef
 from stages.disagg.embeddings import EmbeddingShape, ImageInputs
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import Prompt
@@ -23,18 +21,6 @@ pytestmark = pytest.mark.unit
 IMAGE_KEY, VIDEO_KEY, OTHER_KEY = "aa" * 32, "bb" * 32, "cc" * 32
 SAMPLING = VideoSampling.from_processor_config("qwen2_vl", {"num_frames": 8, "min_pixels": 1, "max_pixels": 10**6})
 PROBE = VideoProbe(width=56, height=56, frames=16, fps=8.0, codec="h264")
-
-
-@dataclass(frozen=True)
-class VideoRef:
-    """``stages.api.message_schemas.VideoRef``'s interface as ``fill`` reads it."""
-
-    key: str
-    probe: dict
-    sampling: dict
-
-    def plan(self) -> VideoPlan:
-        return plan(VideoProbe.from_json(self.probe), VideoSampling.from_json(self.sampling))
 
 
 class Prompts:
@@ -68,7 +54,7 @@ class Cache:
 
 
 def video_ref(key: str = VIDEO_KEY, **sampling: object) -> VideoRef:
-    return VideoRef(key, PROBE.to_json(), {**SAMPLING.to_json(), **sampling})
+    return VideoRef(key=key, probe=PROBE.to_json(), sampling={**SAMPLING.to_json(), **sampling})
 
 
 def inputs(cache: Cache) -> ImageInputs:

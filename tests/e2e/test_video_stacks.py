@@ -6,6 +6,9 @@ keeps serving. EPD through the router: tests/e2e/test_video_epd.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +16,7 @@ import httpx
 import openai
 import pytest
 import torch
+from PIL import Image
 
 from cache.video_bytes import VideoBounds, decode_frames, probe
 from contract.video import plan, within
@@ -44,8 +48,9 @@ def messages(with_image: bool) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-def expected(variant: str, with_image: bool) -> list[int]:
-    """generate()'s greedy tokens on the frames the servers sample (the server's sampling + KWARGS)."""
+def expected(variant: str, with_image: bool) -> tuple[list[int], object]:
+    """generate()'s greedy tokens on the frames the servers sample (the server's sampling + KWARGS), and
+    the tokenizer to read them."""
     path = model_dir(variant)
     adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
     builder = PromptBuilder.load(path, adapter)
@@ -54,8 +59,6 @@ def expected(variant: str, with_image: bool) -> list[int]:
     items: list = [VideoFrames(decode_frames(CLIP, video_plan.indices, BOUNDS), video_plan)]
     hf_parts: list[dict] = [{"type": "video"}, {"type": "text", "text": "what moves?"}]
     if with_image:
-        from PIL import Image
-        import io
         items.append(Image.open(io.BytesIO(png(64, 64))))
         hf_parts.insert(1, {"type": "image"})
     prompt = builder.build([{"role": "user", "content": hf_parts}], items)
@@ -85,8 +88,6 @@ def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
     good = messages(False)
     url = good[0]["content"][0]["video_url"]["url"]
     header, payload = url.split(",", 1)
-    import base64
-    flipped = bytearray(base64.b64decode(payload))
     cases = {
         "truncated": (f"{header},{base64.b64encode(CLIP[: len(CLIP) // 3]).decode()}", 400, "invalid_video"),
         "not a video": (f"{header},{base64.b64encode(png(8, 8)).decode()}", 400, "invalid_video"),
@@ -109,7 +110,6 @@ def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
         assert (answer.status_code, answer.json()["error"]["param"]) == (400, f"mm_processor_kwargs.{key}"), answer.text
     assert httpx.post(f"{server.url}/v1/chat/completions", json={"messages": good, "max_tokens": 2},
                       timeout=60).status_code == 200
-    del flipped
 
 
 def test_llava_refuses_video_naming_the_model(start_server):
@@ -144,7 +144,6 @@ async def test_pd_answers_as_generate(tmp_path, transfer):
                 assert p.status_code == d.status_code == 200, (p.text, d.text)
                 text = tokenizer.decode(tokens, skip_special_tokens=True)
                 if stream:
-                    import json
                     chunks = [json.loads(line[6:]) for line in d.text.splitlines()
                               if line.startswith("data: {")]
                     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == text
@@ -153,3 +152,46 @@ async def test_pd_answers_as_generate(tmp_path, transfer):
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_a_second_turn_about_one_video_hits_the_prefix_cache(start_server):
+    """The video's key is in the prefix cache's block hashes: a follow-up question reuses its blocks; the same
+    frames sampled otherwise (another num_frames) is another key and reuses only the text before it."""
+    server = start_server("colocated", "--model", str(model_dir("qwen2_vl")), "--kv-cache-mib", "16")
+    first = {"messages": messages(False), "max_tokens": 4, "temperature": 0, "mm_processor_kwargs": KWARGS}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=first, timeout=60).json()
+    turn = messages(False) + [{"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+                              {"role": "user", "content": "and then?"}]
+    second = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                        json={**first, "messages": turn}).json()["usage"]
+    assert second["prompt_tokens_details"]["cached_tokens"] >= answer["usage"]["prompt_tokens"] // 16 * 16 - 16
+    other = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                       json={**first, "messages": turn, "mm_processor_kwargs": {"num_frames": 4}}).json()["usage"]
+    assert other["prompt_tokens_details"]["cached_tokens"] < second["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_fuzzed_videos_are_answered_or_refused_and_the_server_stays_healthy(start_server):
+    """Truncations and bit flips of a real mp4 and webm (bounded: 24 files): each a 200 or a 400/413 naming
+    the part, never a 5xx, and a good request still gets its answer afterwards."""
+    server = start_server("colocated", "--model", str(model_dir("qwen2_vl")), "--kv-cache-mib", "16")
+    rng = random.Random(33)
+    seen = set()
+    with httpx.Client(timeout=60) as client:
+        for container in ("mp4", "webm"):
+            clip = make_video(frames=16, width=64, height=48, fps=8, container=container, seed=5)
+            for i in range(12):
+                data = bytearray(clip[: rng.randrange(16, len(clip))] if i % 2 else clip)
+                for _ in range(0 if i % 2 else rng.randrange(1, 32)):
+                    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                body = {"messages": [{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": data_url(bytes(data), f"video/{container}")}}]}],
+                    "max_tokens": 2}
+                answer = client.post(f"{server.url}/v1/chat/completions", json=body)
+                assert answer.status_code in (200, 400, 413), answer.text
+                if answer.status_code != 200:
+                    assert answer.json()["error"]["param"] == "messages[0].content[0].video_url", answer.text
+                seen.add(answer.status_code)
+        assert client.get(f"{server.url}/health").status_code == 200
+        good = client.post(f"{server.url}/v1/chat/completions", json={"messages": messages(False), "max_tokens": 2})
+        assert good.status_code == 200
+    assert 400 in seen

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -15,68 +14,35 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import torch
-from PIL import Image
 
-from cache.video_bytes import VideoBounds, decode_frames, probe
-from contract.video import plan, within
 from process.ports import free_port
-from stages.api.videos import server_sampling
-from stages.config import VideoLimits
-from stages.engine.models import load_adapter
-from stages.prompt import PromptBuilder
-from stages.video_preprocess import VideoFrames
 from tests.conftest import launch
-from tests.support.devices import DEVICE
 from tests.support.generated_models import model_dir
-from tests.support.hf_reference import hf_greedy, random_image
 from tests.support.stage_api import data_url as png_data_url
 from tests.support.stage_api import png
+from tests.support.video_reference import CLIPS, KWARGS, chat, reference
 from tests.support.videos import data_url, make_video
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 8
-BOUNDS = VideoBounds(max_bytes=8 << 20, max_pixels=1 << 22, max_seconds=60, decode_timeout_s=30)
-CLIP = make_video(frames=24, width=80, height=48, fps=8, container="mp4", seed=3)
-KWARGS = {"num_frames": 8}  # a request's own sampling (mm_processor_kwargs)
+CLIP = CLIPS["video"][0]
 
 
 def messages(with_image: bool) -> list[dict]:
-    parts = [{"type": "video_url", "video_url": {"url": data_url(CLIP)}}, {"type": "text", "text": "what moves?"}]
-    if with_image:
-        parts.insert(1, {"type": "image_url", "image_url": {"url": png_data_url(png(64, 64))}})
-    return [{"role": "user", "content": parts}]
-
-
-def expected(variant: str, with_image: bool) -> tuple[list[int], object]:
-    """generate()'s greedy tokens on the frames the servers sample (the server's sampling + KWARGS), and
-    the tokenizer to read them."""
-    path = model_dir(variant)
-    adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
-    builder = PromptBuilder.load(path, adapter)
-    sampling = within(server_sampling(builder.video.sampling, VideoLimits()), KWARGS)
-    video_plan = plan(probe(CLIP, BOUNDS), sampling)
-    items: list = [VideoFrames(decode_frames(CLIP, video_plan.indices, BOUNDS), video_plan)]
-    hf_parts: list[dict] = [{"type": "video"}, {"type": "text", "text": "what moves?"}]
-    if with_image:
-        items.append(Image.open(io.BytesIO(png(64, 64))))
-        hf_parts.insert(1, {"type": "image"})
-    prompt = builder.build([{"role": "user", "content": hf_parts}], items)
-    return hf_greedy(adapter.model, prompt, adapter.image_token_id, STEPS, adapter.video_token_id), builder.tokenizer
+    return chat(("video", "image") if with_image else ("video",))
 
 
 @pytest.mark.parametrize("variant", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_colocated_answers_as_generate_whole_and_streamed(start_server, variant):
     server = start_server("colocated", "--model", str(model_dir(variant)), "--kv-cache-mib", "32")
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-    for with_image in (False, True):
-        tokens, tokenizer = expected(variant, with_image)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        whole = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages(with_image),
+    for kinds in (("video",), ("video", "image"), ("video", "video2")):
+        tokens, text = reference(variant, kinds, STEPS)
+        whole = client.chat.completions.create(model=client.models.list().data[0].id, messages=chat(kinds),
                                                max_tokens=STEPS, temperature=0, extra_body={"mm_processor_kwargs": KWARGS})
         assert whole.choices[0].message.content == text
         assert whole.usage.completion_tokens == len(tokens)
-        stream = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages(with_image),
+        stream = client.chat.completions.create(model=client.models.list().data[0].id, messages=chat(kinds),
                                                 max_tokens=STEPS, temperature=0, stream=True,
                                                 extra_body={"mm_processor_kwargs": KWARGS})
         assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == text
@@ -87,7 +53,7 @@ def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
                           "--max-videos-per-request", "1")
     good = messages(False)
     url = good[0]["content"][0]["video_url"]["url"]
-    header, payload = url.split(",", 1)
+    header = url.split(",", 1)[0]
     cases = {
         "truncated": (f"{header},{base64.b64encode(CLIP[: len(CLIP) // 3]).decode()}", 400, "invalid_video"),
         "not a video": (f"{header},{base64.b64encode(png(8, 8)).decode()}", 400, "invalid_video"),
@@ -132,17 +98,16 @@ async def test_pd_answers_as_generate(tmp_path, transfer):
             ("prefill", [*common, "--bootstrap-port", str(bootstrap)], tmp_path / "prefill.log", 180.0, None),
             ("decode", common, tmp_path / "decode.log", 180.0, None)])
     try:
-        for with_image in (False, True):
-            tokens, tokenizer = expected(variant, with_image)
+        for kinds in (("video",), ("video", "image"), ("video", "video2")):
+            tokens, text = reference(variant, kinds, STEPS)
             for stream in (False, True):
-                body = {"messages": messages(with_image), "max_tokens": STEPS, "temperature": 0, "stream": stream,
+                body = {"messages": chat(kinds), "max_tokens": STEPS, "temperature": 0, "stream": stream,
                         "mm_processor_kwargs": KWARGS, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap,
                         "bootstrap_room": random.getrandbits(63)}
                 async with httpx.AsyncClient(timeout=60) as client:
                     p, d = await asyncio.gather(client.post(f"{prefill.url}/v1/chat/completions", json=body),
                                                 client.post(f"{decode.url}/v1/chat/completions", json=body))
                 assert p.status_code == d.status_code == 200, (p.text, d.text)
-                text = tokenizer.decode(tokens, skip_special_tokens=True)
                 if stream:
                     chunks = [json.loads(line[6:]) for line in d.text.splitlines()
                               if line.startswith("data: {")]

@@ -6,7 +6,8 @@ sums the counters' increases between consecutive samples, each charged to the ro
 at the later sample. An interval across a role switch is dropped (the worker was draining); a
 counter that went down (the stage restarted) counts from zero.
 
-Units of work per role: images encoded (encoder), prompt tokens (prefill), generated tokens
+Units of work per role: images and video frames encoded (encoder: a sampled frame counts as an image,
+which is about what it costs the tower at the same size), prompt tokens (prefill), generated tokens
 (decode). Busy time: the stage's ``epd_engine_step_seconds`` sum (prefill, decode, colocated) or
 ``epd_encoder_seconds`` sum (encoder), i.e. its own step times.
 """
@@ -24,8 +25,9 @@ from router.plan.ratio import RoleLoad
 
 STEP_SECONDS = "epd_engine_step_seconds_sum"
 ENCODE_SECONDS = "epd_encoder_seconds_sum"
-UNITS = {"encoder": "epd_encoder_images_encoded_total", "prefill": "epd_prompt_tokens_total",
-         "decode": "epd_generation_tokens_total", "colocated": "epd_generation_tokens_total"}
+UNITS = {"encoder": ("epd_encoder_images_encoded_total", "epd_encoder_video_frames_encoded_total"),
+         "prefill": ("epd_prompt_tokens_total",), "decode": ("epd_generation_tokens_total",),
+         "colocated": ("epd_generation_tokens_total",)}
 QUEUE = {"encoder": "epd_encoder_queue_depth"}  # others: epd_queue_depth
 _T = TypeVar("_T")
 
@@ -50,7 +52,7 @@ def parse_sample(role: str, text: str, at: float) -> Sample:
         for s in family.samples:
             values[s.name] = values.get(s.name, 0.0) + s.value  # labelled series summed
     busy = values.get(ENCODE_SECONDS if role == "encoder" else STEP_SECONDS, 0.0)
-    return Sample(at, role, busy, values.get(UNITS.get(role, ""), 0.0),
+    return Sample(at, role, busy, sum(values.get(name, 0.0) for name in UNITS.get(role, ())),
                   values.get(QUEUE.get(role, "epd_queue_depth"), 0.0), values.get("epd_running_requests", 0.0),
                   values.get("epd_kv_blocks_used"))
 

@@ -2,7 +2,7 @@
 
 For each role r, over the sliding window (``router.fleet.load``):
 
-    demand_r    units of work per second the traffic asked for: images/s (E), prompt tokens
+    demand_r    units of work per second the traffic asked for: images and video frames /s (E), prompt tokens
                 prefilled per second (P), tokens decoded per second (D)
     capacity_r  units one worker of r does per second of its own busy time (its engine steps,
                 or the encoder's vision-tower calls): sum of units / sum of busy seconds, over

@@ -133,6 +133,11 @@ def test_parse_sample_reads_busy_time_and_the_roles_units():
                      "epd_encoder_seconds_count 2.0\n# TYPE epd_encoder_images_encoded_total counter\n"
                      "epd_encoder_images_encoded_total 8.0\n", at=1.0)
     assert (e.busy_s, e.units, e.kv_blocks_used) == (0.5, 8.0, None)
+    # a video's sampled frames count in the encoder's units as images do (the ratio's encoder demand)
+    v = parse_sample("encoder", "# TYPE epd_encoder_images_encoded_total counter\nepd_encoder_images_encoded_total 8.0\n"
+                     "# TYPE epd_encoder_video_frames_encoded_total counter\n"
+                     "epd_encoder_video_frames_encoded_total 64.0\n", at=1.0)
+    assert v.units == 72.0
 
 
 def test_history_sums_increases_per_role_over_the_window():

@@ -41,7 +41,8 @@ def build(config: ServerConfig) -> FastAPI:
             await supervisor.stop()
             async_engine.shutdown()
 
-    parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS, config.video),
+    parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS, config.video,
+                                          metrics.observe_video_decode),
                      generate=seams.generate(run_whole(async_engine)), metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=prompts.tokenizer)
     app = create_app(parts, app_config(config, prompts, "colocated"))

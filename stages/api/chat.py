@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -247,6 +249,8 @@ class Preparer:
     limits: ImageLimits
     mode: ImageMode
     video: VideoLimits = VideoLimits()
+    # Metrics.observe_video_decode: each video read here (frames decoded, seconds, bytes); any thread
+    observe_decode: Callable[[int, float, int], None] | None = None
 
     def __call__(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
         """Everything CPU-bound before a request can be queued (image and video decoding, preprocessing,
@@ -260,8 +264,7 @@ class Preparer:
         self._check_sizes(request, [size for size, _ in keyed])
         items = None
         if loaded is not None:
-            decoded = [VideoFrames(videos.frames(video.data, video.plan, self.video, video.param), video.plan)
-                       for video in planned]
+            decoded = [self._decode(video) for video in planned]
             items = _in_order(request, [image for image, _ in loaded], decoded)
         sizes = _in_order(request, [size for size, _ in keyed], [video.plan for video in planned])
         prompt = self._build(request, messages, items, sizes)
@@ -315,6 +318,14 @@ class Preparer:
             plan = videos.planned(videos.probe(data, self.video, param), sampling, param)
             found.append(PlannedVideo(plan, video_key(data, sampling.to_json(), LOCAL_FINGERPRINT), data, param))
         return found
+
+    def _decode(self, video: PlannedVideo) -> VideoFrames:
+        """The plan's frames of one video, decoded here (counted in the stage's video metrics)."""
+        start = time.perf_counter()
+        frames = videos.frames(video.data, video.plan, self.video, video.param)
+        if self.observe_decode is not None:
+            self.observe_decode(len(frames), time.perf_counter() - start, len(video.data))
+        return VideoFrames(frames, video.plan)
 
     def _referenced(self, ref: VideoRef, param: str) -> PlannedVideo:
         """A video_ref's plan, within this server's frame bound; 400 ``invalid_video`` otherwise."""

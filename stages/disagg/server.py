@@ -166,7 +166,8 @@ def build(config: ServerConfig) -> FastAPI:
                 await cache.aclose()
             runtime.close()
 
-    prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video)
+    prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video,
+                       metrics.observe_video_decode)
     parts = AppParts(runtime.engine, prepare, generate=generate, metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, config.role))

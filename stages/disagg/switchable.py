@@ -168,8 +168,8 @@ def build(config: ServerConfig) -> FastAPI:
             await slot.close()
             runtime.close()
 
-    prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video)
-                                   for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
+    prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video,
+                                            metrics.observe_video_decode) for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
     parts = AppParts(runtime.engine, prepare, generate=seams.generate(slot.generate), metrics=metrics,
                      supervisor=supervisor, lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, lambda: slot.role))

@@ -46,6 +46,9 @@ def test_colocated_answers_as_generate_whole_and_streamed(start_server, variant)
                                                 max_tokens=STEPS, temperature=0, stream=True,
                                                 extra_body={"mm_processor_kwargs": KWARGS})
         assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == text
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    # 3 chats x 2 requests, each video's 8 planned frames (KWARGS) decoded here and nothing else
+    assert "epd_video_frames_decoded_total 64.0" in metrics, [l for l in metrics.splitlines() if "video" in l]
 
 
 def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):

@@ -219,8 +219,7 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
     """Each image's outcome in the room's timeline, in time order: a video this request read
     (``video_decoded`` {key, frames, seconds}) when its frames were decoded, encoded at the time its
     embedding was cached (a video's with its ``frames``), the others now."""
-    queued = timeline.events(room)
-    start, now = (queued[0]["t"] if queued else time.time()), time.time()
+    now = time.time()
     marks: list[tuple[float, str, dict]] = []
     for r in results:
         if r.read is not None:
@@ -228,7 +227,7 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
                                                        "seconds": r.read.seconds}))
         if r.status == ENCODED:
             fields: dict = {"key": r.key, "num_tokens": r.num_tokens}
-            marks.append((start + r.seconds, "encoded", fields if r.frames is None else {**fields, "frames": r.frames}))
+            marks.append((r.cached_at, "encoded", fields if r.frames is None else {**fields, "frames": r.frames}))
         else:
             marks.append((now, "cache_hit" if r.status == CACHED else r.status, {"key": r.key}))
     for at, event, fields in sorted(marks, key=lambda mark: mark[0]):

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.timeout(300)
 STEPS = 8
 STACKS = [("qwen2_vl", "mooncake"), ("qwen2_5_vl", "mooncake"), ("qwen3_vl", "mooncake"), ("qwen3_vl", "nixl")]
 KINDS = [("video",), ("video", "image"), ("video", "video2")]
+TOKEN = "admin-token-for-video-tests-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module", params=STACKS, ids=[f"{v}-{t}" for v, t in STACKS])
@@ -32,7 +34,7 @@ def stack(request, redis_server, start_server, tmp_path_factory):  # noqa: F811
     epd = start_epd(variant, transfer, redis_server.url, tmp_path_factory.mktemp(f"video-{variant}-{transfer}"))
     try:
         router = start_server("router", "--encoder", epd.encoders[0].url, "--prefill", epd.prefill.url,
-                              "--decode", epd.decode.url, "--redis-url", redis_server.url)
+                              "--decode", epd.decode.url, "--redis-url", redis_server.url, "--admin-token", TOKEN)
         yield variant, epd, router
     finally:
         epd.stop()
@@ -104,3 +106,23 @@ def test_a_bad_video_is_refused_before_any_fan_out(stack):
     ok = httpx.post(f"{router.url}/v1/chat/completions", timeout=60,
                     json={"messages": chat(("video",)), "max_tokens": 2, "mm_processor_kwargs": KWARGS})
     assert ok.status_code == 200, ok.text
+
+
+def test_the_room_timeline_shows_the_video_decoded_and_encoded_and_the_ratio_counts_its_frames(stack):
+    _, epd, router = stack
+    started = time.time()
+    clip = make_video(frames=32, width=64, height=48, fps=8, container="mp4", seed=79)
+    body = {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(clip)}},
+                                                      {"type": "text", "text": "timeline?"}]}],
+            "max_tokens": 3, "mm_processor_kwargs": {"num_frames": 12}}
+    assert httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    rooms = [r for r in httpx.get(f"{router.url}/admin/rooms?slowest=100", headers=AUTH, timeout=30).json()["rooms"]
+             if r["events"][0]["t"] >= started]
+    assert len(rooms) == 1
+    view = httpx.get(f"{router.url}/admin/rooms/{rooms[0]['room']}", headers=AUTH, timeout=30).json()
+    events = {e["event"]: e for e in view["stages"]["encoder"]["events"]}
+    assert events["video_decoded"]["frames"] == 12 and events["video_decoded"]["seconds"] >= 0
+    assert events["encoded"]["frames"] == 12 and events["encoded"]["num_tokens"] > 0
+    assert events["video_decoded"]["t"] <= events["encoded"]["t"]
+    report = httpx.get(f"{router.url}/admin/ratio", headers=AUTH, timeout=30).json()
+    assert report["roles"]["encoder"]["units"] >= 12  # the frames count as the encoder's work

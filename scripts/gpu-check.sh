@@ -36,6 +36,10 @@
 #   transfer    the transfer conformance suite on VRAM (NIXL; Mooncake when its CUDA build loads)
 #   pd-nixl     1P1D greedy parity with generate() over NIXL, VRAM -> VRAM (tests/e2e/test_pd_parity.py)
 #   pd-mooncake the same over Mooncake's CUDA build
+#   video       video parity with generate() for the Qwen families on the GPU, in the engine and through
+#               1E1P1D (tests/stages/engine/test_video_parity.py, tests/e2e/test_video_epd.py), and our
+#               video preprocessing against transformers' own video processors (scripts/gpu_video_check.py:
+#               they need torchvision, which imports beside a CUDA torch; installed here if missing)
 #   bench       python -m bench.decode_throughput --quick on the GPU against HF generate() on the same GPU
 # Exit status 0 when no check failed. Logs: $LOG_DIR (default /tmp/epd-gpu-check-<time>).
 set -uo pipefail
@@ -49,7 +53,7 @@ DRY_RUN=0
 CPU_SMOKE=0
 FLASH_ATTN=0
 JOBS="${JOBS:-4}"
-ONLY="demo,env,parity,kv-pool,engine,transfer,pd-nixl,pd-mooncake,bench"
+ONLY="demo,env,parity,kv-pool,engine,transfer,pd-nixl,pd-mooncake,video,bench"
 LOG_DIR="${LOG_DIR:-/tmp/epd-gpu-check-$(date +%Y%m%d-%H%M%S)}"
 
 usage() { sed -n '2,14p' "$0"; exit "${1:-0}"; }
@@ -114,6 +118,7 @@ run_check() {
   local last; last=$(grep -v '^\s*$' "$LOG_DIR/$name.log" | tail -n 1 | cut -c1-150)
   case $rc in
     0) record "$name" "passed" "$last" $((SECONDS - start)) ;;
+    3) record "$name" "skipped" "$last" $((SECONDS - start)) ;;  # the check cannot run here (it says why)
     124) record "$name" "FAILED" "timed out after ${limit}s; see $LOG_DIR/$name.log" $((SECONDS - start)) ;;
     *) record "$name" "FAILED" "exit $rc: $last" $((SECONDS - start)) ;;
   esac
@@ -251,6 +256,12 @@ if [ "$MOONCAKE_GPU" = 1 ]; then
   check pd-mooncake 90 tests/e2e/test_pd_parity.py -k mooncake
 elif wanted pd-mooncake; then
   record pd-mooncake "FAILED" "Mooncake's CUDA build is not installed or does not load ($(tail -n 1 "$LOG_DIR/mooncake.log" | cut -c1-100))"
+fi
+check video 120 tests/stages/engine/test_video_parity.py tests/e2e/test_video_epd.py
+if wanted video; then
+  [ "$DRY_RUN" = 1 ] || "$PY" -c 'import torchvision' >/dev/null 2>&1 || timeout 300 "$PY" -m pip install -q torchvision \
+    >"$LOG_DIR/torchvision.log" 2>&1
+  run_check video-processors 120 "$PY" scripts/gpu_video_check.py
 fi
 bench
 

@@ -1,6 +1,6 @@
 """Video through real servers: a colocated server (the official openai client, whole and streamed) and a
-1P1D pair over both transfer backends answer a chat with a video (alone, and with an image) exactly as
-Hugging Face generate() does on the same frames; bad videos are 400s naming the part, and the server
+1P1D pair (every family, both transfer backends) answer a chat with a video alone, a video and an image,
+and two videos exactly as Hugging Face generate() does on the same frames; bad videos are 400s naming the part, and the server
 keeps serving. EPD through the router: tests/e2e/test_video_epd.py."""
 
 from __future__ import annotations
@@ -90,9 +90,12 @@ def test_llava_refuses_video_naming_the_model(start_server):
     assert "llava" in answer.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("transfer", ["mooncake", "nixl"])
-async def test_pd_answers_as_generate(tmp_path, transfer):
-    variant = "qwen3_vl"
+# every family once and both backends: the backend moves KV bytes the same way whatever the model
+PD_PAIRS = [("qwen2_vl", "mooncake"), ("qwen2_5_vl", "nixl"), ("qwen3_vl", "mooncake"), ("qwen3_vl", "nixl")]
+
+
+@pytest.mark.parametrize(("variant", "transfer"), PD_PAIRS, ids=[f"{v}-{t}" for v, t in PD_PAIRS])
+async def test_pd_answers_as_generate(tmp_path, variant, transfer):
     path = str(model_dir(variant))
     bootstrap = free_port()
     common = ["--model", path, "--transfer", transfer, "--kv-cache-mib", "16"]

@@ -17,10 +17,11 @@ from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Recorder
 from bench.video import __doc__ as DOC
 from bench.video.analysis import goals, summarize
-from bench.video.report import figures, plot, print_table
+from bench.video.report import figures, notes, plot, print_table
 from bench.video.workload import plan_pairs
 
 FRAMES = (16, 64)
+TPOT_FRAMES = (64, 16)
 ROLES_PINNED = ("encoder", "prefill", "decode", "colocated", "router", "redis")
 QUICK_SIZE = "tiny"
 
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tpot-trials", type=int, default=3, help="stream trials alone and with a video (each); 0 skips")
     p.add_argument("--stream-tokens", type=int, default=200, help="tokens of the long text stream")
     p.add_argument("--arrive-after", type=int, default=20, help="stream tokens before the video request is sent")
-    p.add_argument("--tpot-frames", type=int, default=64, help="frames sampled of the video sent beside the stream")
+    p.add_argument("--tpot-frames", default=",".join(map(str, TPOT_FRAMES)),
+                   help="frames sampled of the video sent beside the stream (comma-separated, one trial each per "
+                        "round; the first is the headline and the goal's, the rest how the stall scales)")
     add_cores_args(p, {"encoder": ("1", "the encoder"), "prefill": ("1", "the prefill"), "decode": ("0", "the decode"),
                        "colocated": ("1", "the colocated server"), "router": ("", "the router"),
                        "redis": ("", "the embedded Redis"), "client": ("", "this process, the client")})
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     frames = [int(n) for n in args.frames.split(",") if n.strip()]
     modes = [m.strip() for m in args.systems.split(",") if m.strip()]
     args.video_shape = parse_video(args.video)
+    args.tpot_frames = [int(n) for n in str(args.tpot_frames).split(",") if n.strip()]
     cores = {role: parse_cores(getattr(args, f"{role}_cores")) for role in ROLES_PINNED}
     client_cores = pin_this_process(args.client_cores)
     out = output_path(args)
@@ -101,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                    "quick": args.quick, "driven_through": "router", "first_seed": first_seed,
                    "ttft": "send -> first SSE chunk with non-empty delta content, through the router",
                    "hit": "the same video bytes with a different question written before the video: the prefix "
-                          "cache can reuse only the template's head; epd's embedding cache holds the video"},
+                          "cache can reuse only the template's head; epd's embedding cache holds the video "
+                          "(the goal is judged on it)",
+                   "follow_up_hit": "the video first, then a different question about the same video bytes: the "
+                                    "prefix cache covers the video's span as well (embedding + prefix cache); its "
+                                    "miss is the same layout with a new video"},
         "summary": summary,
         "goals": goals(summary),
         "runs": runs,
@@ -112,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{args.decode_cores}, colocated core {args.colocated_cores}")
     print_table(summary, frames)
     print(f"goals: {json.dumps(report['goals'])}")
+    report["notes"] = notes(summary, args)
+    for line in report["notes"]:
+        print(f"note: {line}")
     path = record.finish(out, report, figures(summary, frames))
+    if path is not None:  # the summary's notes: the pinning, the goal's hit, the TPOT explanation
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "notes": report["notes"]}, indent=2) + "\n")
     print(f"wrote {out}, {png} and {path} ({record.elapsed_s():.0f} s)")
     return 0
 

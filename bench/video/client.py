@@ -12,7 +12,8 @@ import random
 import time
 
 from bench.common import chat_stream
-from bench.video.workload import Pair, chat_body, encode_body, make_video, stream_body
+from bench.common.proc import cpu_seconds
+from bench.video.workload import FOLLOW_UP, Pair, chat_body, encode_body, make_video, stream_body
 
 PREFIX_HITS = "epd_prefix_cache_hit_tokens_total"
 VIDEOS_ENCODED = "epd_encoder_videos_encoded_total"
@@ -60,18 +61,19 @@ async def timed_chat(client, router: str, body: dict, kv_url: str, encoder_url: 
 
 
 async def measure_ttft(router: str, pairs: list[Pair], args, kv_url: str, encoder_url: str | None) -> list[dict]:
-    """Every pair's miss then hit, one request at a time, ``gap_s`` idle before each."""
+    """Every pair's miss then hit, one request at a time, ``gap_s`` idle before each (a follow-up pair:
+    the video before the question)."""
     import httpx
 
     out = []
     async with httpx.AsyncClient(timeout=args.request_timeout) as client:
         for pair in pairs:
             video = make_video(pair.seed, *args.video_shape)
-            for case, question in zip(("miss", "hit"), pair.questions):
+            for case, question in zip(pair.cases, pair.questions):
                 await asyncio.sleep(args.gap_s)
-                reply = await timed_chat(client, router, chat_body(video, question, pair.frames, args.max_tokens),
-                                         kv_url, encoder_url)
-                out.append({**reply, "frames": pair.frames, "case": case, "index": pair.index,
+                body = chat_body(video, question, pair.frames, args.max_tokens, video_first=pair.kind == FOLLOW_UP)
+                reply = await timed_chat(client, router, body, kv_url, encoder_url)
+                out.append({**reply, "frames": pair.frames, "kind": pair.kind, "case": case, "index": pair.index,
                             "warmup": pair.index < 0, "seed": pair.seed})
     return out
 
@@ -153,20 +155,32 @@ async def stream_trial(client, router: str, args, arrival: dict | None) -> dict:
     return {"token_s": [round(t, 5) for t in tokens], "video": video or None}
 
 
-async def measure_tpot(router: str, args, seeds) -> list[dict]:
-    """``tpot_trials`` pairs of trials, each a stream alone then a stream with a new video (``tpot_frames``
-    frames) arriving beside it, ``gap_s`` idle before each."""
+def _cpu(pid: int | None) -> float | None:
+    try:
+        return cpu_seconds(pid) if pid is not None else None
+    except OSError:
+        return None
+
+
+async def measure_tpot(router: str, args, seeds, stream_pid: int | None = None) -> list[dict]:
+    """``tpot_trials`` rounds of trials, each a stream alone then a stream with a new video arriving
+    beside it for each of ``tpot_frames`` (frame counts, the first the headline), ``gap_s`` idle before
+    each; each trial's CPU seconds of ``stream_pid`` (the server decoding the stream: epd's decode,
+    the colocated server) over it."""
     import httpx
 
     out = []
     async with httpx.AsyncClient(timeout=args.request_timeout) as client:
         for trial in range(args.tpot_trials):
-            for with_video in (False, True):
+            for frames in [None, *args.tpot_frames]:
                 arrival = None
-                if with_video:
+                if frames is not None:
                     arrival = chat_body(make_video(next(seeds), *args.video_shape), "Describe this video.",
-                                        args.tpot_frames, args.max_tokens)
+                                        frames, args.max_tokens)
                 await asyncio.sleep(args.gap_s)
-                out.append({"trial": trial, "with_video": with_video,
-                            **await stream_trial(client, router, args, arrival)})
+                cpu0 = _cpu(stream_pid)
+                result = await stream_trial(client, router, args, arrival)
+                cpu1 = _cpu(stream_pid)
+                out.append({"trial": trial, "with_video": frames is not None, "video_frames": frames, **result,
+                            "stream_server_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 3)})
     return out

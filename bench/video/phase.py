@@ -1,6 +1,7 @@
 """One phase: start the mode's stack behind the router (``stages.launch.stack``, what ``stage up``
 starts), pin every process once healthy, measure (the TTFT pairs; in epd the encoder's frames per
-second; the long stream with and without a video beside it), stop it. A part that fails is recorded
+second; the long stream alone and with a video of each ``--tpot-frames`` beside it, with the CPU
+seconds of the server decoding it), stop it. A part that fails is recorded
 with its error and the phase goes on to the next part."""
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def run_phase(mode: str, args: Namespace, model: Path, pairs: list[Pair], seeds:
         encoder = None
         if encoder_url is not None and not args.no_encoder:
             encoder = _part("encoder frames/s", mode, lambda: asyncio.run(measure_encoder(encoder_url, args, seeds)))
-        tpot = _part("stream beside a video", mode, lambda: asyncio.run(measure_tpot(stack.url, args, seeds))) \
-            if args.tpot_trials > 0 else []
+        stream_pid = (pins.get("decode") or pins.get("colocated") or {}).get("pid")
+        tpot = _part("stream beside a video", mode,
+                     lambda: asyncio.run(measure_tpot(stack.url, args, seeds, stream_pid))) if args.tpot_trials > 0 else []
         server_cpu_s = {r: round(cpu_seconds(p["pid"]) - cpu0[r], 2) for r, p in pins.items()}
     finally:
         stack.stop()

@@ -63,12 +63,15 @@ def data_url(video: bytes) -> str:
     return "data:video/mp4;base64," + base64.b64encode(video).decode()
 
 
-def chat_body(video: bytes, question: str, num_frames: int, max_tokens: int, stream: bool = True) -> dict:
-    """One user turn: the question, then the video (the question first, so a different question
-    differs before the video's placeholders and the prefix cache cannot reuse the video's KV), sampled
-    at ``num_frames`` frames (``mm_processor_kwargs``)."""
-    content = [{"type": "text", "text": question},
-               {"type": "video_url", "video_url": {"url": data_url(video)}}]
+def chat_body(video: bytes, question: str, num_frames: int, max_tokens: int, stream: bool = True,
+              video_first: bool = False) -> dict:
+    """One user turn of a question and a video sampled at ``num_frames`` frames (``mm_processor_kwargs``).
+    By default the question first, so a different question differs before the video's placeholders and
+    the prefix cache cannot reuse the video's KV; ``video_first``: the video then the question (a
+    follow-up about the same video shares the prompt up to the question: the prefix cache covers the
+    video's span)."""
+    parts = [{"type": "text", "text": question}, {"type": "video_url", "video_url": {"url": data_url(video)}}]
+    content = parts[::-1] if video_first else parts
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream, "mm_processor_kwargs": {"num_frames": num_frames}}
     if stream:
@@ -87,24 +90,42 @@ def encode_body(room: int, video: bytes, sampling: dict) -> dict:
     return {"room": room, "images": [{"data": base64.b64encode(video).decode(), "video": sampling}]}
 
 
+EMBEDDING, FOLLOW_UP = "embedding", "follow_up"
+KINDS = (EMBEDDING, FOLLOW_UP)
+# a pair's two requests by kind: the cases the samples and the summary are keyed by
+CASES = {EMBEDDING: ("miss", "hit"), FOLLOW_UP: ("follow_up_miss", "follow_up_hit")}
+LABELS = {"miss": "miss", "hit": "hit (embedding cache only)",
+          "follow_up_miss": "follow-up miss (video first, a new video)",
+          "follow_up_hit": "follow-up hit (embedding + prefix cache)"}
+
+
 @dataclass(frozen=True)
 class Pair:
-    """A miss (a video never sent before, ``questions[0]``) then a hit (the same bytes, ``questions[1]``)."""
+    """A miss (a video never sent before, ``questions[0]``) then a hit (the same bytes, ``questions[1]``).
+    ``kind`` ``embedding``: the question before the video, so a hit's prompt differs before the video and
+    only the embedding cache can hit; ``follow_up``: the video before the question (a second question
+    about the same video), so the hit's prefix cache also covers the video's span."""
 
     frames: int  # mm_processor_kwargs.num_frames
     index: int  # 0.. timed; -1 the warm-up
     seed: int
     questions: tuple[str, str]
+    kind: str = EMBEDDING
+
+    @property
+    def cases(self) -> tuple[str, str]:
+        return CASES[self.kind]
 
 
-def plan_pairs(frame_counts: list[int], requests: int, first_seed: int) -> list[Pair]:
-    """The warm-up pair of each frame count, then ``requests`` pairs per count, counts interleaved;
-    every pair its own seed, and its two questions different."""
+def plan_pairs(frame_counts: list[int], requests: int, first_seed: int, kinds=KINDS) -> list[Pair]:
+    """The warm-up pair of each frame count and kind, then ``requests`` pairs per count and kind, counts
+    and kinds interleaved; every pair its own seed (a new video), and its two questions different."""
     rng = random.Random(first_seed)
     pairs, seed = [], first_seed
     for index in [-1, *range(requests)]:
         for frames in frame_counts:
-            a, b = rng.sample(QUESTIONS, 2)
-            pairs.append(Pair(frames, index, seed, (a, b)))
-            seed += 1
+            for kind in kinds:
+                a, b = rng.sample(QUESTIONS, 2)
+                pairs.append(Pair(frames, index, seed, (a, b), kind))
+                seed += 1
     return pairs

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _BOOKKEEPING = [scripts.LRU, scripts.SIZES, scripts.BYTES]
 
+# Redis refuses a bulk string over proto-max-bulk-len (512 MB by default): an entry's payload is one value.
+# A video's entry can reach it (e.g. 256 frames of Qwen2.5-VL-7B at its per-frame pixel bound).
+MAX_VALUE_BYTES = 512 * 2**20
+
 
 class Lookup(IntEnum):
     """What ``EmbeddingCache.lookup_claim`` found of one key (the values its Lua script answers)."""
@@ -153,11 +157,15 @@ class EmbeddingCache:
         entry of that key; evicts least-recently-used entries first if the budget needs it, drops the
         claim on ``key`` if ``encoder`` holds it, and wakes every waiter on ``key``, all in one step
         (``contract.claims``: Encoding -> Cached). ``EntryTooLarge`` if the entry alone exceeds the
-        budget (then nothing changes). The caller keeps its tensors (they are copied)."""
+        budget or its payload Redis's largest value (``MAX_VALUE_BYTES``) (then nothing changes). The caller keeps its tensors (they are copied)."""
         check_key(key)
         if num_tokens < 0 or any(not isinstance(n, int) or n < 0 for n in image_grid):
             raise ValueError(f"num_tokens and image_grid must be non-negative ints, got {num_tokens}, {image_grid}")
         specs, payload = pack(tensors)
+        if len(payload) > MAX_VALUE_BYTES:
+            raise EntryTooLarge(f"an embedding of {len(payload)} bytes is over Redis's {MAX_VALUE_BYTES} bytes per "
+                                "value (proto-max-bulk-len); a video this large needs fewer frames or pixels "
+                                "(--max-video-frames, --mm-processor-kwargs)")
         now = time.time()
         entry = Entry(key, specs, num_tokens, list(image_grid), len(payload), encoder, now, now, InRedis())
         meta = encode_entry(entry)

@@ -75,3 +75,15 @@ async def test_a_video_entry_weighs_its_rows_and_evicts_what_it_needs(redis_url:
                             image_grid=longer, encoder="e")
         assert await cache.stored_bytes() == before
         assert video(1) in await cache.contains_many([video(1), video(2)])
+
+
+async def test_an_entry_over_redis_largest_value_is_refused_before_any_write(redis_url: str, monkeypatch) -> None:
+    """Redis takes no value over proto-max-bulk-len (512 MB): such an entry is EntryTooLarge naming the cause,
+    before any write (here with the bound lowered, so the test moves kilobytes, not half a gigabyte)."""
+    from cache import store
+
+    monkeypatch.setattr(store, "MAX_VALUE_BYTES", 4096)
+    async with EmbeddingCache(make_config(redis_url)) as cache:
+        with pytest.raises(EntryTooLarge, match="proto-max-bulk-len"):
+            await cache.put(video(9), tensors(9, 64), num_tokens=64, image_grid=[4, 8, 8], encoder="e")
+        assert await cache.get(video(9)) is None and await cache.stored_bytes() == 0

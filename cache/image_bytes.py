@@ -114,14 +114,32 @@ def too_many_bytes(size: int | str, bounds: ImageBounds) -> ImageRefused:
 
 
 def _base64(payload: str, bounds: ImageBounds, invalid: str) -> bytes:
-    if len(payload) // 4 * 3 > bounds.max_bytes + 3:  # bounded before decoding
-        raise too_many_bytes(len(payload) // 4 * 3, bounds)
+    try:
+        return decode_payload(payload, bounds.max_bytes)
+    except PayloadRefused as exc:
+        raise ImageRefused(Code.INVALID_BASE64, invalid) if exc.size is None else too_many_bytes(exc.size, bounds) from None
+
+
+class PayloadRefused(Exception):
+    """A base64 payload refused: ``size`` its byte count past the bound, or None when it is not base64."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def decode_payload(payload: str, max_bytes: int) -> bytes:
+    """A file's base64 (of a ``data:`` URL or sent bare) -> its bytes, its size bounded from the encoded
+    length before decoding and exactly after: ``PayloadRefused``. Shared with ``cache.video_bytes``, each
+    giving the refusal its own code."""
+    if len(payload) // 4 * 3 > max_bytes + 3:  # bounded before decoding
+        raise PayloadRefused(len(payload) // 4 * 3)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageRefused(Code.INVALID_BASE64, invalid) from None
-    if len(data) > bounds.max_bytes:
-        raise too_many_bytes(len(data), bounds)
+        raise PayloadRefused(None) from None
+    if len(data) > max_bytes:
+        raise PayloadRefused(len(data))
     return data
 
 

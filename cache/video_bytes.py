@@ -27,8 +27,6 @@ error.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import math
 import time
@@ -41,7 +39,7 @@ import av
 import av.error
 import numpy
 
-from cache.image_bytes import url_scheme
+from cache.image_bytes import PayloadRefused, decode_payload, url_scheme
 from contract.errors import Code
 from contract.video import VideoProbe
 
@@ -102,15 +100,11 @@ def data_url_bytes(url: str, bounds: VideoBounds) -> bytes:
     if mime not in VIDEO_MIME:
         raise VideoRefused(Code.INVALID_VIDEO_URL, f"A video data URL's type must be one of {', '.join(VIDEO_MIME)}; "
                            f"got {mime[:40]!r}.")
-    # Bounded before decoding. (cache.image_bytes._base64 does the same for images, with their codes.)
-    if len(payload) // 4 * 3 > bounds.max_bytes + 3:
-        raise too_many_bytes(len(payload) // 4 * 3, bounds)
     try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise VideoRefused(Code.INVALID_BASE64, "The video data URL is not valid base64.") from None
-    _check_bytes(data, bounds)
-    return data
+        return decode_payload(payload, bounds.max_bytes)
+    except PayloadRefused as exc:
+        raise (VideoRefused(Code.INVALID_BASE64, "The video data URL is not valid base64.") if exc.size is None
+               else too_many_bytes(exc.size, bounds)) from None
 
 
 def probe(data: bytes, bounds: VideoBounds) -> VideoProbe:

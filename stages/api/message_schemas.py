@@ -3,7 +3,7 @@ an EPD stage's ``image_ref`` / ``video_ref``), its tool calls, and the rules bet
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +29,9 @@ class ImageRef(RequestModel):
         description="The image's height in pixels. width x height counts against --max-image-pixels (413).")
 
 
+VideoField = bool | int | float | str | None  # a VideoProbe's or VideoSampling's field: scalars only
+
+
 class VideoURL(RequestModel):
     url: str = Field(description="A data: URL (data:video/mp4|webm|quicktime;base64,...). Stage servers fetch no "
                      "remote URL (the router fetches those from its allow-list).")
@@ -40,8 +43,10 @@ class VideoRef(RequestModel):
 
     key: str = Field(pattern=r"^[0-9a-f]{64}$", description="The video's cache key: cache.keys.video_key(file bytes, "
                      "sampling, the encoder's vision_fingerprint).")
-    probe: dict[str, Any] = Field(description="contract.video.VideoProbe as JSON: width, height, frames, fps, codec.")
-    sampling: dict[str, Any] = Field(description="contract.video.VideoSampling as JSON: the request's sampling.")
+    probe: Annotated[dict[str, VideoField], Field(max_length=16)] = Field(
+        description="contract.video.VideoProbe as JSON: width, height, frames, fps, codec.")
+    sampling: Annotated[dict[str, VideoField], Field(max_length=16)] = Field(
+        description="contract.video.VideoSampling as JSON: the request's sampling.")
 
     def plan(self) -> VideoPlan:
         """The video's plan; ValueError (VideoPlanError) for a probe or sampling that does not make one."""

@@ -53,13 +53,18 @@ CHECKS = [openapi_checks.status_code_conformance, openapi_checks.content_type_co
 # a tool call's arguments that are no JSON text, a token id outside the model's vocabulary, an image that
 # is not one (a URL string that is no data: URL of an image, a host not allowed, ...), more image parts
 # over all its messages than the stages take; and an image part of the kind the stages' mode does not
-# take (image_ref but with an embedding cache: one schema documents every role)
+# take (image_ref but with an embedding cache: one schema documents every role); the same for videos,
+# and video settings (mm_processor_kwargs) past the server's bounds
 BEYOND_SCHEMA = [(Code.CONTEXT_LENGTH_EXCEEDED, ".*"), ("image_ref_not_supported", ".*"),
-                 ("image_url_not_supported", ".*"),
-                 (Code.INVALID_VALUE, r"tool_choice|messages\[\d+\]\.tool_calls|prompt(\[\d+\])*|logit_bias"),
+                 ("image_url_not_supported", ".*"), ("video_ref_not_supported", ".*"),
+                 ("video_url_not_supported", ".*"),
+                 (Code.INVALID_VALUE, r"tool_choice|messages\[\d+\]\.tool_calls|prompt(\[\d+\])*|logit_bias|"
+                                      r"mm_processor_kwargs(\..*)?"),
                  *((code, ".*") for code in (Code.INVALID_IMAGE_URL, Code.INVALID_BASE64, Code.INVALID_IMAGE,
                                              Code.IMAGE_HOST_NOT_ALLOWED, Code.IMAGE_FETCH_FAILED,
-                                             Code.REMOTE_IMAGE_URL, Code.IMAGE_TOO_LARGE, Code.TOO_MANY_IMAGES))]
+                                             Code.REMOTE_IMAGE_URL, Code.IMAGE_TOO_LARGE, Code.TOO_MANY_IMAGES,
+                                             Code.INVALID_VIDEO_URL, Code.INVALID_VIDEO, Code.VIDEO_TOO_LARGE,
+                                             Code.TOO_MANY_VIDEOS, Code.VIDEO_NOT_SUPPORTED))]
 
 
 def positive_data_acceptance(ctx, response, case):
@@ -331,5 +336,5 @@ def test_a_pd_router_documents_its_stages_chat_schema(start_server, prefill, dec
     assert info["workers"] == {role: {"total": 1, "known": 1, "healthy": 1} for role in ("prefill", "decode")}
     stage = httpx.get(f"{prefill.url}/server_info", timeout=10).json()["limits"]
     assert info["stage_limits"] == {"max_body_bytes": 64 << 20, "max_images_per_request": 8,
-                                    "max_model_len": stage["max_model_len"], "chars_per_token": stage["chars_per_token"]}
+                                    "max_videos_per_request": 2, "max_model_len": stage["max_model_len"], "chars_per_token": stage["chars_per_token"]}
     assert stage["max_model_len"] > 0 and stage["chars_per_token"] > 0

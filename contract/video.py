@@ -69,6 +69,10 @@ class VideoProbe:
     fps: float
     codec: str
 
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.fps
+
     def to_json(self) -> dict:
         return {"width": self.width, "height": self.height, "frames": self.frames, "fps": self.fps,
                 "codec": self.codec}

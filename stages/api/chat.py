@@ -317,7 +317,18 @@ class Preparer:
             data = videos.decode_data_url(part.url, self.video, param)
             plan = videos.planned(videos.probe(data, self.video, param), sampling, param)
             found.append(PlannedVideo(plan, video_key(data, sampling.to_json(), LOCAL_FINGERPRINT), data, param))
+        self._check_fits(found)
         return found
+
+    def _check_fits(self, found: list[PlannedVideo]) -> None:
+        """400 ``context_length_exceeded`` when the videos' placeholders alone fill the context, before any
+        frame is decoded (the whole prompt is checked once it is built)."""
+        tokens, most = sum(video.plan.num_tokens for video in found), self.engine.max_model_len
+        if tokens >= most:
+            raise bad_request(f"This model's maximum context length is {most} tokens. However, the request's "
+                              f"videos alone fill {tokens} tokens as sampled. Please sample fewer frames or pixels "
+                              "(mm_processor_kwargs) or send a shorter video.", "messages",
+                              Code.CONTEXT_LENGTH_EXCEEDED)
 
     def _decode(self, video: PlannedVideo) -> VideoFrames:
         """The plan's frames of one video, decoded here (counted in the stage's video metrics)."""

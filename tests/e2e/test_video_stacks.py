@@ -53,7 +53,7 @@ def test_colocated_answers_as_generate_whole_and_streamed(start_server, variant)
 
 def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
     server = start_server("colocated", "--model", str(model_dir("qwen2_vl")), "--kv-cache-mib", "16",
-                          "--max-videos-per-request", "1")
+                          "--max-videos-per-request", "1", "--max-model-len", "64")
     good = messages(False)
     url = good[0]["content"][0]["video_url"]["url"]
     header = url.split(",", 1)[0]
@@ -79,6 +79,13 @@ def test_bad_videos_are_400s_and_the_server_keeps_serving(start_server):
         assert (answer.status_code, answer.json()["error"]["param"]) == (400, f"mm_processor_kwargs.{key}"), answer.text
     assert httpx.post(f"{server.url}/v1/chat/completions", json={"messages": good, "max_tokens": 2},
                       timeout=60).status_code == 200
+    # videos whose placeholders alone fill the context are refused before a frame is decoded
+    decoded = httpx.get(f"{server.url}/metrics", timeout=10).text.count("epd_video_frames_decoded_total 8.0")
+    long = {"messages": good, "max_tokens": 2, "mm_processor_kwargs": {"num_frames": 24}}  # 72 tokens of 64
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=long, timeout=60)
+    assert (answer.status_code, answer.json()["error"]["code"]) == (400, "context_length_exceeded"), answer.text
+    assert "videos alone fill" in answer.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/metrics", timeout=10).text.count("epd_video_frames_decoded_total 8.0") == decoded
 
 
 def test_llava_refuses_video_naming_the_model(start_server):

@@ -14,7 +14,7 @@ from bench.common.meter import CpuMeter
 from bench.common.proc import cpu_seconds
 from bench.epd_cache.client import EpdProbe, measure_burst, measure_ttft
 from bench.epd_cache.landing import LandingClock
-from bench.epd_cache.stack import start_stack
+from bench.common.pinned_stack import start_stack
 from bench.epd_cache.workload import ImageSource, Pair
 
 

@@ -15,29 +15,10 @@ from argparse import Namespace
 from pathlib import Path
 
 from bench.common.machine import loadavg
-from bench.common.pinning import pin_threads
+from bench.common.pinned_stack import start_stack
 from bench.common.proc import cpu_seconds
 from bench.video.client import measure_encoder, measure_tpot, measure_ttft
 from bench.video.workload import Pair
-
-
-def start_stack(mode: str, args: Namespace, model: Path, log_dir: Path, cores: dict[str, list[int]]):
-    """A started, healthy ``Stack`` of ``mode``, every process pinned; and its pinning record."""
-    from stages.launch.stack import Stack, StackConfig
-
-    config = StackConfig(model=model, log_dir=log_dir, mode=mode, transfer=args.transfer, threads=args.threads,
-                         startup_timeout_s=args.startup_timeout,
-                         stage_args=("--log-level", "warning", *args.server_arg))
-    stack = Stack(config, say=lambda line: print(f"  [{mode}] {line}", flush=True)).start()
-    pins = {}
-    for child in stack.children:
-        pin_threads(child.proc.pid, cores.get(child.spec.role, []))
-        pins[child.spec.role] = {"pid": child.proc.pid, "cores": cores.get(child.spec.role) or None,
-                                 "url": child.spec.url}
-    if stack.redis is not None and stack.redis.process is not None:
-        pin_threads(stack.redis.process.pid, cores.get("redis", []))
-        pins["redis"] = {"pid": stack.redis.process.pid, "cores": cores.get("redis") or None}
-    return stack, pins
 
 
 def _part(name: str, mode: str, run) -> dict | list:

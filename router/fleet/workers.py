@@ -139,6 +139,7 @@ def fingerprint_diff(a: dict | None, b: dict | None) -> list[str]:
 
 
 Pairable = Callable[[Worker, Worker], bool]  # (prefill, decode) -> may they form a pair
+PARTNERS = 16  # prefills ``with_partner`` tries first: one per kind of pair (group, fingerprint) found
 
 
 def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str],
@@ -146,12 +147,29 @@ def pick_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collect
     """D by its policy among decodes with at least one prefill it is ``pairable`` with, then P by its
     policy (given ``context``, the request) among those prefills; None when no such pair is eligible."""
     ps = prefills.candidates(model, exclude)
-    ds = [d for d in decodes.candidates(model, exclude) if any(pairable(p, d) for p in ps)]
+    ds = with_partner(decodes.candidates(model, exclude), ps, pairable)
     if not ds:
         return None
     decode = decodes.pick(ds)
     prefill = prefills.pick([p for p in ps if pairable(p, decode)], context=context)
     return prefill, decode
+
+
+def with_partner(decodes: Sequence[Worker], prefills: Sequence[Worker], pairable: Pairable) -> list[Worker]:
+    """The ``decodes`` (in order) that are ``pairable`` with at least one of ``prefills``. A prefill that
+    paired an earlier decode is tried first (workers of one group or fingerprint pair alike), so it
+    takes O(P + D x groups) calls of ``pairable``, not O(P x D) when the pairing rules split the fleet;
+    only a decode no partner found so far pairs with scans the prefills."""
+    out: list[Worker] = []
+    partners: list[Worker] = []  # one prefill per kind of pair found so far
+    for decode in decodes:
+        if any(pairable(p, decode) for p in partners):
+            out.append(decode)
+        elif (found := next((p for p in prefills if pairable(p, decode)), None)) is not None:
+            if len(partners) < PARTNERS:
+                partners.append(found)
+            out.append(decode)
+    return out
 
 
 def has_pair(prefills: Pool, decodes: Pool, model: str | None, exclude: Collection[str],

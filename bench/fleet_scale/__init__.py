@@ -5,8 +5,7 @@ driven by a recorded load.
 
 Three measures per fleet size N (workers per role):
 
-The two in-process measures import the router, which ``bench`` may not (tests/test_import_graph.py):
-they live in ``tests/bench/test_fleet_scale.py`` (``planner``, ``hot_path``), run as a child process.
+The two in-process measures (``inproc.py``) use the router's own objects, no sockets.
 
 - **Planner decision time** (in process): a ``router.fleet.load.History`` filled with a window of
   samples of 3N workers (encoder, prefill, decode), each the parse (``parse_sample``) of the

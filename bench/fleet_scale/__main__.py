@@ -4,18 +4,15 @@ the table, the JSON and the summary (the package's docstring says what is measur
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 
-from bench.common.args import REPO, add_cores_args, add_output_args, make_parser, output_path
+from bench.common.args import add_cores_args, add_output_args, make_parser, output_path
 from bench.common.pinning import pin_this_process
 from bench.common.record import Recorder
 from bench.fleet_scale import __doc__ as DOC
+from bench.fleet_scale.inproc import hot_path, planner
 from bench.fleet_scale.live import measure
 from bench.fleet_scale.report import figures, table
-
-INPROC_TIMEOUT_S = 600.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,13 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     out = output_path(args)
     pin_this_process(args.client_cores)
     plan, hot, live = {}, {}, {}
-    # the in-process measures import the router, which bench may not: a child process runs them
-    inproc = out.with_name(out.stem + "_inproc.json")
-    subprocess.run([sys.executable, "-m", "tests.bench.test_fleet_scale", "--sizes", ",".join(map(str, sizes)),
-                    "--repeats", str(args.repeats), "--budget-s", str(args.budget_s), "--out", str(inproc)],
-                   cwd=REPO, check=True, timeout=INPROC_TIMEOUT_S)
-    for n, measured in json.loads(inproc.read_text()).items():
-        plan[int(n)], hot[int(n)] = measured["planner"], measured["hot_path"]
+    for n in sizes:
+        plan[n], hot[n] = planner(n, args.repeats, args.budget_s), hot_path(n, args.repeats, args.budget_s)
+        print(f"N={n}: decision {plan[n]['decision']}, plan rr {hot[n]['plan_round_robin']}", flush=True)
     if args.live:
         for n in sizes:
             live[n] = measure(n, args, out)

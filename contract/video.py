@@ -217,6 +217,17 @@ def within(base: VideoSampling, overrides: Mapping[str, Any]) -> VideoSampling:
     return sampling
 
 
+def check_resolved(base: VideoSampling, sampling: VideoSampling, holder: str = "server") -> None:
+    """That ``sampling`` (resolved elsewhere: a video_ref's, an encode's) is one ``within(base, ...)`` could
+    have made: every setting but ``OVERRIDABLE`` is ``base``'s, and those within its bounds.
+    VideoSettingError naming the key."""
+    for f in fields(VideoSampling):
+        if f.name not in OVERRIDABLE and getattr(sampling, f.name) != getattr(base, f.name):
+            raise VideoSettingError(f.name, f"{f.name} is {getattr(sampling, f.name)!r}; this {holder}'s model has "
+                                    f"{getattr(base, f.name)!r}")
+    within(base, {key: value for key in OVERRIDABLE if (value := getattr(sampling, key)) is not None})
+
+
 def plan(probe: VideoProbe, sampling: VideoSampling) -> VideoPlan:
     """The plan of a video under ``sampling``; VideoPlanError if it cannot be sampled."""
     indices = _indices(probe, sampling)

@@ -31,7 +31,7 @@ from PIL import Image
 
 from cache.keys import image_key, video_key
 from contract.errors import Code
-from contract.video import VideoPlan, VideoSampling
+from contract.video import VideoPlan, VideoSampling, check_resolved
 from stages.api import videos
 from stages.api.errors import bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
@@ -339,14 +339,15 @@ class Preparer:
         return VideoFrames(frames, video.plan)
 
     def _referenced(self, ref: VideoRef, param: str) -> PlannedVideo:
-        """A video_ref's plan, within this server's frame bound; 400 ``invalid_video`` otherwise."""
+        """A video_ref's plan, its sampling one this server could have made (``contract.video.check_resolved``:
+        its model's, within its bounds); 400 ``invalid_video`` otherwise."""
+        assert self.base_sampling is not None  # _videos refused the video of a model without video
         try:
+            check_resolved(self.base_sampling, VideoSampling.from_json(ref.sampling))
             plan = ref.plan()
         except ValueError as exc:
-            raise bad_request(f"The video reference does not make a plan: {exc}", param, Code.INVALID_VIDEO) from None
-        if len(plan.indices) > self.video.max_frames:
-            raise bad_request(f"The video reference samples {len(plan.indices)} frames; this server takes at most "
-                              f"{self.video.max_frames} (--max-video-frames).", param, Code.INVALID_VIDEO)
+            raise bad_request(f"The video reference does not make a plan here: {exc}", param,
+                              Code.INVALID_VIDEO) from None
         return PlannedVideo(plan, ref.key, b"", param)
 
     def _build(self, request: ChatCompletionRequest, messages: list[dict], items: list | None,

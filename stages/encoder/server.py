@@ -35,7 +35,7 @@ from contract.bootstrap import ROOM_MAX
 from contract.encode import CACHED, ENCODED, AbortAnswer, EncodeAnswer, EncodedImage
 from contract.errors import Code
 from contract.paths import ABORT_PATH, ENCODE_PATH, HEALTH_PATH, SERVER_INFO_PATH
-from contract.video import MAX_REQUEST_FPS, OVERRIDABLE, VideoSampling
+from contract.video import VideoSampling, VideoSettingError, check_resolved
 from stages.api import videos
 from stages.api.admission import Admission
 from stages.api.body import ReleaseMemory, read_body
@@ -290,24 +290,14 @@ def _video_upload(part: ImagePart, video: VideoSetup | None, fingerprint: str, p
 
 
 def video_sampling(raw: dict[str, Any], base: VideoSampling, param: str) -> VideoSampling:
-    """A video part's sampling, as the router resolved it: a ``VideoSampling`` whose fixed settings (rule,
-    patch geometry, pixel caps: all but ``contract.video.OVERRIDABLE``) are this encoder's ``base``'s and
-    whose request settings stay within its bounds (``contract.video.within``'s: frames at most
-    ``base.max_frames``, ``max_pixels`` at most ``base.max_pixels``, fps at most 60). 400 ``invalid_value``
-    naming ``param`` otherwise."""
+    """A video part's sampling, as the router resolved it, checked against this encoder's ``base``
+    (``contract.video.check_resolved``). 400 ``invalid_value`` naming ``param`` (and the key) otherwise."""
     try:
         sampling = VideoSampling.from_json(raw)
+        check_resolved(base, sampling, "encoder")
+    except VideoSettingError as exc:
+        raise bad_request(f"Invalid video sampling: {exc}.", param if exc.key is None else f"{param}.{exc.key}",
+                          Code.INVALID_VALUE) from None
     except (TypeError, ValueError) as exc:
         raise bad_request(f"Invalid video sampling: {exc}", param, Code.INVALID_VALUE) from None
-    fixed = {name: value for name, value in base.to_json().items() if name not in OVERRIDABLE}
-    for name, value in fixed.items():
-        if getattr(sampling, name) != value:
-            raise bad_request(f"Invalid video sampling: {name} is {getattr(sampling, name)!r}; this encoder's model "
-                              f"has {value!r} (see its /server_info video).", f"{param}.{name}", Code.INVALID_VALUE)
-    for name, most in (("num_frames", base.max_frames), ("max_frames", base.max_frames),
-                       ("max_pixels", base.max_pixels), ("fps", MAX_REQUEST_FPS)):
-        value = getattr(sampling, name)
-        if value is not None and value > most:
-            raise bad_request(f"Invalid video sampling: {name} is {value}; this encoder samples at most {most}.",
-                              f"{param}.{name}", Code.INVALID_VALUE)
     return sampling

@@ -143,10 +143,15 @@ async def main(args: argparse.Namespace) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.encoder_port).start()
         runners.append(runner)
+    print(f"fake prefill on {args.prefill_port}, decode on {args.decode_port}", flush=True)
+    await serve_until_signalled(runners)
+
+
+async def serve_until_signalled(runners: list[web.AppRunner]) -> None:
+    """Serve until SIGTERM or SIGINT, then stop every runner."""
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    print(f"fake prefill on {args.prefill_port}, decode on {args.decode_port}", flush=True)
     await stop.wait()
     for runner in runners:
         await runner.cleanup()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import time
 from collections import Counter
@@ -21,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ for fake_backend (a script, not a module)
-from fake_backend import make_app  # noqa: E402
+from fake_backend import make_app, serve_until_signalled  # noqa: E402
 
 from bench.fleet_scale.load import metrics_text  # noqa: E402
 
@@ -50,13 +49,8 @@ async def main(args: argparse.Namespace) -> None:
     tmp = Path(args.ports_file + ".tmp")
     tmp.write_text(json.dumps(urls))
     tmp.rename(args.ports_file)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     print(f"fake fleet: {args.prefill} prefill, {args.decode} decode", flush=True)
-    await stop.wait()
-    for runner in runners:
-        await runner.cleanup()
+    await serve_until_signalled(runners)
 
 
 if __name__ == "__main__":

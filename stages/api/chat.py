@@ -230,10 +230,11 @@ class PlannedVideo:
     param: str  # messages[i].content[j].video_url
 
 
-def _in_order(request: ChatCompletionRequest, images: list, videos_: list) -> list:
-    """The images' and the videos' values merged in the order of their parts in the conversation."""
+def _in_order(is_video: list[bool], images: list, videos_: list) -> list:
+    """The images' and the videos' values merged in the order of their parts (``is_video``, one per part
+    in conversation order)."""
     image_values, video_values = iter(images), iter(videos_)
-    return [next(video_values) if part.is_video else next(image_values) for part, _ in image_parts(request)]
+    return [next(video_values) if video else next(image_values) for video in is_video]
 
 
 @dataclass(frozen=True)
@@ -262,14 +263,15 @@ class Preparer:
         keyed = [(image.size, key) for image, key in loaded] if loaded is not None else \
             image_sizes(request, self.limits, self.mode)
         self._check_sizes(request, [size for size, _ in keyed])
+        order = [part.is_video for part, _ in image_parts(request)]
         items = None
         if loaded is not None:
             decoded = [self._decode(video) for video in planned]
-            items = _in_order(request, [image for image, _ in loaded], decoded)
-        sizes = _in_order(request, [size for size, _ in keyed], [video.plan for video in planned])
+            items = _in_order(order, [image for image, _ in loaded], decoded)
+        sizes = _in_order(order, [size for size, _ in keyed], [video.plan for video in planned])
         prompt = self._build(request, messages, items, sizes)
         # for prefix caching: each image's and video's content key
-        prompt.image_keys = _in_order(request, [key for _, key in keyed], [video.key for video in planned])
+        prompt.image_keys = _in_order(order, [key for _, key in keyed], [video.key for video in planned])
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size,
                                  guide(request, self.prompts.guides), self.prompts.defaults)
         try:

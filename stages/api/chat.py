@@ -180,10 +180,11 @@ def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
             sized.append((header_size(data, limits, param), image_key(data, LOCAL_FINGERPRINT)))
         return sized
     refs = []
-    for ref, param in image_refs(request):
-        if not isinstance(ref, ImageRef):
-            continue  # a video_ref: Preparer._videos
-        check_size(ref.width, ref.height, limits, param)
+    for part, param in image_parts(request):
+        if part.type != "image_ref":
+            continue  # an image_url is refused by check_images; a video_ref is Preparer._videos's
+        ref = part.image_ref
+        check_size(ref.width, ref.height, limits, f"{param}.image_ref")
         refs.append(((ref.width, ref.height), ref.key))
     return refs
 

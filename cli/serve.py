@@ -34,7 +34,7 @@ ROLE_HELP = {  # one line each in `stage serve --help`
     "prefill": "prefills and sends the KV to a decode",
     "decode": "takes the KV from a prefill, streams the answer",
     "encoder": "vision tower only: images into the embedding cache",
-    "pd": "a prefill or a decode, as the router says",
+    "pd": "a prefill or a decode (with --redis-url: or an encoder), as the router says",
 }
 
 
@@ -161,7 +161,7 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
         g.add_argument("--peer-heartbeat-s", type=float, default=d["peer_heartbeat_s"],
                        help="send each decode a heartbeat naming its rooms here this often (keep it well below "
                             "the decodes' --peer-idle-timeout-s)")
-    if role == "prefill":  # EPD only, which a switchable worker does not run
+    if role in ("prefill", "pd"):  # EPD only (--redis-url)
         g.add_argument("--embedding-timeout-s", type=float, default=d["embedding_timeout_s"],
                        help="EPD mode: request arrival -> every image embedding it references read from the "
                             "cache (waiting for encodes in flight), at most; keep it below the decode's "
@@ -256,16 +256,18 @@ def add_role_args(parser: argparse.ArgumentParser, role: str) -> None:
     add_http_args(parser, default_port=DEFAULT_PORTS[role])
     if role in DISAGG_ROLES:
         add_disagg_args(parser, role)
-    if role in ("prefill", "decode"):  # a switchable pd worker runs PD mode only
+    if role in ("prefill", "decode", "pd"):
         add_cache_args(parser, required=False)
     if role == "encoder":
         add_cache_args(parser)
+    if role in ("encoder", "pd"):  # pd: the encoder's flags apply when --redis-url makes it a possible encoder
         add_encoder_args(parser)
 
 
 def role_parts(role: str, epd: bool) -> tuple[str, ...]:
     """The halves of the model a role loads (``stages.loading``): the encoder the vision half; decode,
-    and prefill in EPD mode, the text half; colocated and a PD prefill (which encodes) both."""
+    and prefill in EPD mode, the text half; colocated, a PD prefill (which encodes) and a switchable
+    worker (which may serve as any of them) both."""
     if role == "encoder":
         return (VISION,)
     if role == "decode" or (role == "prefill" and epd):
@@ -301,7 +303,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
                                            device=args.transfer_device, timeout_s=args.transfer_timeout_s),
             allowed_bootstrap=tuple(getattr(args, "allowed_bootstrap", None) or ()), **side)
     encoder = None
-    if role == "encoder":
+    if role == "encoder" or (role == "pd" and url is not None):
         encoder = EncoderConfig(cache=cache_config(args, str(url)), max_batch_images=args.max_batch_images,
                                 claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s,
                                 video_encode_frames=args.video_encode_frames)

@@ -11,7 +11,7 @@
    requests are answered 409 ``room_aborted`` and queued work nobody else waits for is cancelled
    (``AbortAnswer.cancelled`` counts it).
 
-The encoder checks a body with its own models (``stages.encoder.server``: the same fields, the
+The encoder checks a body with its own models (``stages.encoder.routes``: the same fields, the
 messages of its 400s); tests/contract holds the two equal.
 """
 

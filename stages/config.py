@@ -165,8 +165,8 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """One stage server. ``disagg`` is required for prefill and decode and refused otherwise;
-    ``encoder`` likewise for the encoder."""
+    """One stage server. ``disagg`` is required for prefill, decode and pd and refused otherwise;
+    ``encoder`` for the encoder and a pd worker in EPD mode (``encodes``)."""
 
     role: str
     engine: EngineConfig
@@ -190,7 +190,7 @@ class ServerConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if (self.disagg is not None) != (self.role in DISAGG_ROLES):
             raise ValueError(f"a {self.role} server {'needs' if self.disagg is None else 'takes no'} DisaggConfig")
-        if (self.encoder is not None) != (self.role == "encoder"):
+        if (self.encoder is not None) != self.encodes:
             raise ValueError(f"a {self.role} server {'needs' if self.encoder is None else 'takes no'} EncoderConfig")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
@@ -207,6 +207,11 @@ class ServerConfig:
         if self.debug_faults and not is_loopback(self.host):
             raise ValueError(f"--debug-faults is refused on a server bound to {self.host!r}: fault points are for "
                              "tests on loopback only (bind 127.0.0.1 or drop --debug-faults)")
+
+    @property
+    def encodes(self) -> bool:
+        """Runs the encoder's parts: an encoder, or a switchable worker in EPD mode (it can serve as one)."""
+        return self.role == "encoder" or (self.role == "pd" and self.disagg is not None and self.disagg.epd)
 
     @property
     def model_name(self) -> str:

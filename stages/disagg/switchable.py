@@ -1,19 +1,31 @@
-"""``stage serve pd``: a switchable worker. It loads the model once (both halves, PD mode: as a
-prefill it encodes images itself) and serves as a prefill or a decode, whichever the router says.
+"""``stage serve pd``: a switchable worker. It loads the model once (both halves) and serves as a
+prefill or a decode, whichever the router says; with ``--redis-url`` (EPD mode) as an encoder too.
 
-    POST /role {"role": "prefill" | "decode"}    token-protected (``stages.disagg.admin``); 200
-                                                 {"role", "previous"}, or 409 while it is busy
-    GET  /server_info                            the role's info (``server.stage_info``) plus
-                                                 "switchable": true; "role": null until assigned
+    POST /role {"role": "encoder" | "prefill" | "decode"}   token-protected (``stages.disagg.admin``);
+                                                 200 {"role", "previous"}, or 409 while it is busy
+    GET  /server_info                            the role's info (``server.stage_info``, or the
+                                                 encoder's) plus "switchable": true and "roles" (the
+                                                 roles it can take); "role": null until assigned
+    POST /v1/encode, /v1/abort                   EPD mode: as an encoder's (``stages.encoder.routes``),
+                                                 served as an encoder and as a prefill (local encoding:
+                                                 the router sends a prefill its own request's images)
+
+PD mode: as a prefill it takes pixels and encodes them itself; EPD mode: as a prefill it takes image
+references and reads their embeddings from the cache, as a decode only their sizes, as an encoder it
+encodes images into the cache. The encoder's parts (``stages.encoder.stack``) live as long as the
+worker: the vision tower is the model's own, the fingerprint an encoder of the same checkpoint has.
 
 It starts with no role: chat requests get 503 ``no_role`` until the router assigns one (when the
-worker is added, or at the router's startup). A switch is refused while the worker has anything in
-flight: requests being generated, requests in its engine, or KV blocks in use (a decode's aborted
-room holds its blocks until the prefill confirms). The router drains the worker before switching
-(``router.fleet.membership``), so no request is lost. Switching stops the old role's coordinator (and its
-supervised tasks: a prefill's bootstrap endpoint closes) and starts the new one; the engine, its
-KV pool, the transfer backend's registration, the allow-list of prefills to dial (which the router
-may extend at ``/admin/allowed_bootstrap``) and the room timeline stay.
+worker is added, or at the router's startup); as an encoder, 503 ``no_role`` too, and a decode (or a
+worker with no role) answers encode calls 503 ``no_role``. A switch is refused while the worker has
+anything in flight: requests being generated, requests in its engine, KV blocks in use (a decode's
+aborted room holds its blocks until the prefill confirms), encode requests or images being encoded
+(each image's flight ends, its entry written and its claim released, before the worker may switch).
+The router drains the worker before switching (``router.fleet.membership``), so no request is lost.
+Switching stops the old role's coordinator (and its supervised tasks: a prefill's bootstrap endpoint
+closes) and starts the new one; the engine, its KV pool, the transfer backend's registration, the
+encoder's parts, the allow-list of prefills to dial (which the router may extend at
+``/admin/allowed_bootstrap``) and the room timeline stay.
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 
@@ -35,6 +49,7 @@ from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.admin import add_bootstrap_route, check_admin, read_json
 from stages.disagg.decode_side import DecodeCoordinator
+from stages.disagg.embeddings import ImageInputs
 from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.runtime import StageRuntime, start_runtime
 from stages.disagg.server import decode_generate, prefill_generate, stage_info
@@ -48,16 +63,33 @@ from process.instance import instance_id
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline, add_room_route
 
+if TYPE_CHECKING:  # EPD mode only
+    from cache.store import EmbeddingCache
+    from stages.encoder.stack import EncoderStack
+
 log = logging.getLogger(__name__)
-ROLES = ("prefill", "decode")
+PD_ROLES = ("prefill", "decode")
+EPD_ROLES = ("encoder", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class EPDParts:
+    """What EPD mode adds: the cache, the encoder's parts, and the prefill's way to the embeddings."""
+
+    cache: EmbeddingCache
+    encoder: EncoderStack
+    inputs: ImageInputs
 
 
 class RoleSlot:
-    """The worker's current role and its coordinator; changed only by ``switch``, on the event loop."""
+    """The worker's current role and its coordinator; changed only by ``switch``, on the event loop.
+    ``epd``: EPD mode's parts (None in PD mode)."""
 
-    def __init__(self, config: ServerConfig, runtime: StageRuntime, supervisor: Supervisor, seams: Seams) -> None:
+    def __init__(self, config: ServerConfig, runtime: StageRuntime, supervisor: Supervisor, seams: Seams,
+                 epd: EPDParts | None = None) -> None:
         assert config.disagg is not None
-        self.config, self.runtime, self.supervisor, self.seams = config, runtime, supervisor, seams
+        self.config, self.runtime, self.supervisor, self.seams, self.epd = config, runtime, supervisor, seams, epd
+        self.roles = PD_ROLES if epd is None else EPD_ROLES
         self.timeline = RoomTimeline()
         self.allow = config.disagg.allow_list()
         self.role: str | None = None
@@ -69,13 +101,15 @@ class RoleSlot:
     def busy(self) -> str | None:
         """What the worker still has in flight, or None if it may switch."""
         stats = self.runtime.engine.stats()
-        if self._in_flight or stats.waiting or stats.running or stats.blocks_used:
-            return (f"{self._in_flight} request(s) in flight, {stats.waiting + stats.running} in the engine, "
-                    f"{stats.blocks_used} KV blocks in use")
+        encoding = None if self.epd is None else self.epd.encoder.service.busy()
+        if self._in_flight or stats.waiting or stats.running or stats.blocks_used or encoding:
+            return "; ".join(filter(None, (
+                f"{self._in_flight} request(s) in flight, {stats.waiting + stats.running} in the engine, "
+                f"{stats.blocks_used} KV blocks in use", encoding)))
         return None
 
     async def switch(self, role: str) -> str | None:
-        """Serve ``role`` from now on; the previous role. APIError 409 while busy."""
+        """Serve ``role`` (one of ``roles``) from now on; the previous role. APIError 409 while busy."""
         async with self._lock:
             previous = self.role
             if role == previous:
@@ -83,21 +117,26 @@ class RoleSlot:
             if (why := self.busy()) is not None:
                 raise APIError(409, f"busy: {why}; drain it before switching roles", code="worker_busy")
             await self._stop_role()
-            supervisor = Supervisor()
-            disagg, runtime = self.config.disagg, self.runtime
-            assert disagg is not None
-            coordinator: PrefillCoordinator | DecodeCoordinator
-            if role == "prefill":
-                coordinator = PrefillCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.prefill(),
-                                                 timeline=self.timeline)
-            else:
-                coordinator = DecodeCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.decode(),
-                                                timeline=self.timeline, allow=self.allow)
-            await coordinator.start()
-            self.supervisor.adopt("role", supervisor)
-            self.coordinator, self._role_supervisor, self.role = coordinator, supervisor, role
+            if role != "encoder":
+                await self._start_coordinator(role)
+            self.role = role
             log.info("switchable worker: now a %s (was %s)", role, previous)
             return previous
+
+    async def _start_coordinator(self, role: str) -> None:
+        supervisor = Supervisor()
+        disagg, runtime = self.config.disagg, self.runtime
+        assert disagg is not None
+        coordinator: PrefillCoordinator | DecodeCoordinator
+        if role == "prefill":
+            coordinator = PrefillCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.prefill(),
+                                             timeline=self.timeline)
+        else:
+            coordinator = DecodeCoordinator(runtime, disagg, supervisor=supervisor, hooks=self.seams.decode(),
+                                            timeline=self.timeline, allow=self.allow)
+        await coordinator.start()
+        self.supervisor.adopt("role", supervisor)
+        self.coordinator, self._role_supervisor = coordinator, supervisor
 
     async def close(self) -> None:
         async with self._lock:
@@ -112,13 +151,21 @@ class RoleSlot:
         if coordinator is not None:
             await coordinator.close()
 
+    def encode_refusal(self) -> APIError | None:
+        """The answer to an encode call in this role: None (served) as an encoder or a prefill."""
+        if self.role in ("encoder", "prefill"):
+            return None
+        return APIError(503, f"this switchable worker serves as {_a(self.role)} now and takes no encode calls",
+                        code="no_role", headers={"Retry-After": "1"})
+
     async def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
                        body: AnyRequest) -> AsyncGenerator[RequestOutput, None]:
         coordinator = self.coordinator
         if coordinator is None:
-            raise APIError(503, "this switchable worker has no role now (the router assigns one: POST /role)",
-                           code="no_role", headers={"Retry-After": "1"})
-        generate = (prefill_generate(coordinator, None) if isinstance(coordinator, PrefillCoordinator)
+            raise APIError(503, f"this switchable worker serves as {_a(self.role)} now, not a prefill or a decode "
+                           "(the router assigns its role: POST /role)", code="no_role", headers={"Retry-After": "1"})
+        inputs = None if self.epd is None else self.epd.inputs
+        generate = (prefill_generate(coordinator, inputs) if isinstance(coordinator, PrefillCoordinator)
                     else decode_generate(coordinator))
         return self._counted(await generate(request_id, prompt, params, body))
 
@@ -133,19 +180,29 @@ class RoleSlot:
             self._in_flight -= 1
 
 
-class RolePreparer:
-    """Prompts as the current role takes images: pixels as a prefill (it encodes them), sizes only as
-    a decode (``stages.api.chat.Preparer``)."""
+def _a(role: str | None) -> str:
+    return "no role" if role is None else f"an {role}" if role == "encoder" else f"a {role}"
 
-    def __init__(self, slot: RoleSlot, pixels: Preparer, sizes: Preparer) -> None:
-        self.slot, self.pixels, self.sizes = slot, pixels, sizes
+
+class RolePreparer:
+    """Prompts as the current role takes images (``stages.api.chat.Preparer``): PD mode, pixels as a
+    prefill (it encodes them) and sizes only as a decode; EPD mode, references in every role."""
+
+    def __init__(self, slot: RoleSlot, prefill: Preparer, other: Preparer) -> None:
+        self.slot, self.prefill, self.other = slot, prefill, other
 
     def __call__(self, body: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
-        return (self.pixels if self.slot.role == "prefill" else self.sizes)(body)
+        return (self.prefill if self.slot.role == "prefill" else self.other)(body)
+
+
+def image_modes(epd: bool) -> tuple[ImageMode, ImageMode]:
+    """How a switchable worker takes images as a prefill and in its other roles."""
+    return (ImageMode.REFS, ImageMode.REFS) if epd else (ImageMode.PIXELS, ImageMode.SIZES)
 
 
 def build(config: ServerConfig) -> FastAPI:
-    """Load the model (both halves) and register the KV pool once; the app starts with no role."""
+    """Load the model (both halves) and register the KV pool once; EPD mode also builds the encoder's
+    parts over the same model. The app starts with no role."""
     from stages.api.routes import create_app
     from stages.api.app_config import AppParts, app_config
     from stages.metrics import Metrics
@@ -156,48 +213,93 @@ def build(config: ServerConfig) -> FastAPI:
     runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=True, seams=seams,
                             on_step=metrics.observe_step)
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
-    slot = RoleSlot(config, runtime, supervisor, seams)
+    epd = _epd_parts(config, runtime, seams, metrics.registry) if config.encodes else None
+    slot = RoleSlot(config, runtime, supervisor, seams, epd)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         runtime.engine.start()
+        if epd is not None:
+            epd.encoder.start(supervisor)
         try:
             yield
         finally:
             await supervisor.stop()
             await slot.close()
+            if epd is not None:
+                await epd.encoder.stop()
+                await epd.cache.aclose()
             runtime.close()
 
+    modes = image_modes(epd is not None)
     prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video,
-                                            metrics.observe_video_decode) for mode in (ImageMode.PIXELS, ImageMode.SIZES)))
+                                            metrics.observe_video_decode) for mode in modes))
     parts = AppParts(runtime.engine, prepare, generate=seams.generate(slot.generate), metrics=metrics,
                      supervisor=supervisor, lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, lambda: slot.role))
     seams.install(app)
+    _add_role_routes(app, slot)
+    if epd is not None:
+        from stages.encoder.routes import add_encode_routes
+        add_encode_routes(app, epd.encoder.service, config, slot.timeline, epd.encoder.fingerprint,
+                          slot.encode_refusal)
+    add_room_route(app, slot.timeline, "pd")
+    add_bootstrap_route(app, disagg.admin_token, lambda: slot.allow)
+    return app
+
+
+def _epd_parts(config: ServerConfig, runtime: StageRuntime, seams: Seams, registry) -> EPDParts:
+    """EPD mode's cache (its ``epd_cache_*`` series on ``registry``), the encoder's parts over the
+    runtime's model (theirs on ``registry`` too) and the prefill's embedding reader."""
+    from cache.metrics import register_cache_metrics
+    from cache.store import EmbeddingCache
+    from stages.disagg.embeddings import EmbeddingShape
+    from stages.encoder.stack import build_stack
+
+    disagg = config.disagg
+    assert disagg is not None and disagg.cache is not None
+    cache = EmbeddingCache(disagg.cache)
+    register_cache_metrics(registry, cache.stats)
+    adapter = runtime.prompts.adapter
+    encoder = build_stack(config, adapter, cache, seams, registry)
+    inputs = ImageInputs(cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers),
+                         runtime.prompts, disagg.embedding_timeout_s)
+    return EPDParts(cache, encoder, inputs)
+
+
+def _add_role_routes(app: FastAPI, slot: RoleSlot) -> None:
+    """``GET /server_info`` (the current role's) and ``POST /role``."""
+    config, runtime, disagg, epd = slot.config, slot.runtime, slot.config.disagg, slot.epd
+    assert disagg is not None
+    prefill_mode, other_mode = image_modes(epd is not None)
 
     @app.get(SERVER_INFO_PATH)
     async def server_info() -> dict:
-        coordinator = slot.coordinator
+        coordinator, switchable = slot.coordinator, {"switchable": True, "roles": list(slot.roles)}
+        if slot.role == "encoder" and epd is not None:
+            from stages.resources import rss_bytes
+            return {**epd.encoder.info, **switchable, "group": disagg.group, "rss_bytes": rss_bytes(),
+                    "instance_id": instance_id()}
         if coordinator is None:
             stats = runtime.engine.stats()
-            return {"role": None, "switchable": True, "roles": list(ROLES), "model": config.model_name,
+            return {"role": None, **switchable, "model": config.model_name,
                     "transfer_backend": disagg.transfer, "group": disagg.group,
                     "fingerprint": dataclasses.asdict(runtime.fingerprint),
                     **generation_info(config.engine.generation_config, runtime.prompts.defaults),
                     "kv_blocks": {"used": stats.blocks_used, "total": stats.blocks_total, "cached": stats.blocks_cached},
                     "engine": engine_info(runtime.engine), "instance_id": instance_id()}
-        mode = ImageMode.PIXELS if isinstance(coordinator, PrefillCoordinator) else ImageMode.SIZES
-        return {**stage_info(config, runtime, coordinator, mode), "switchable": True, "roles": list(ROLES)}
+        prefill = isinstance(coordinator, PrefillCoordinator)
+        info = {**stage_info(config, runtime, coordinator, prefill_mode if prefill else other_mode), **switchable}
+        if prefill and epd is not None:  # it encodes its own requests' images when the router sends them
+            info |= {key: epd.encoder.info[key] for key in ("encoder_id", "vision_fingerprint")}
+        return info
 
     @app.post("/role", include_in_schema=False)
     async def set_role(request: Request) -> dict:
         check_admin(disagg.admin_token, request)
         role = (await read_json(request)).get("role")
-        if role not in ROLES:
-            raise APIError(400, f"role must be one of {list(ROLES)}, got {role!r}", param="role",
+        if not isinstance(role, str) or role not in slot.roles:
+            why = "" if role not in EPD_ROLES else " (an encoder only in EPD mode: start it with --redis-url)"
+            raise APIError(400, f"role must be one of {list(slot.roles)}, got {role!r}{why}", param="role",
                            code=Code.INVALID_VALUE)
         return {"role": role, "previous": await slot.switch(role)}
-
-    add_room_route(app, slot.timeline, "pd")
-    add_bootstrap_route(app, disagg.admin_token, lambda: slot.allow)
-    return app

@@ -75,6 +75,10 @@ class Flights:
         """The loop ``deliver`` crosses to; call once from the server's lifespan."""
         self._loop = loop
 
+    def __len__(self) -> int:
+        """Flights not ended yet (each holds or awaits its key's claim)."""
+        return len(self._table)
+
     def get(self, key: str) -> Flight | None:
         return self._table.get(key)
 

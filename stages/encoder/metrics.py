@@ -32,8 +32,11 @@ _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class EncoderMetrics:
-    def __init__(self, queue_depth: Callable[[], int], cache_stats: Callable[[], CacheStats]) -> None:
-        r = self.registry = CollectorRegistry()
+    def __init__(self, queue_depth: Callable[[], int], cache_stats: Callable[[], CacheStats] | None,
+                 registry: CollectorRegistry | None = None) -> None:
+        """The series on ``registry`` (a new one when None); ``cache_stats`` None: the ``epd_cache_*``
+        series are there already (a switchable worker registers them once for its roles)."""
+        r = self.registry = CollectorRegistry() if registry is None else registry
         self.images_encoded = Counter("epd_encoder_images_encoded", "Images run through the vision tower.",
                                       registry=r)
         self.batch_size = Histogram("epd_encoder_batch_size", "Images per vision-tower call.",
@@ -45,7 +48,8 @@ class EncoderMetrics:
         self.videos_encoded = Counter("epd_encoder_videos_encoded", "Videos run through the vision tower.",
                                       registry=r)
         self.video = VideoMetrics(r, prefix="epd_encoder_")
-        register_cache_metrics(r, cache_stats)
+        if cache_stats is not None:
+            register_cache_metrics(r, cache_stats)
 
     def observe_call(self, images: int, seconds: float) -> None:
         """One vision-tower call over ``images`` images that succeeded. Called on the encoder thread."""

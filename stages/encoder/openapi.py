@@ -1,7 +1,7 @@
 """What the encoder's ``/openapi.json`` says of each route (the encoder reads its bodies itself, after
 admission and within the byte cap, so FastAPI cannot see them). The ``*_ROUTE`` dicts are the keyword
 arguments of each route's decorator; the request models they name (``EncodeRequest``,
-``AbortRequest``, in ``stages.encoder.server``) are added to the document by
+``AbortRequest``, in ``stages.encoder.routes``) are added to the document by
 ``stages.api.openapi.install``.
 """
 

@@ -122,6 +122,12 @@ class EncodeService:
         self._serials = itertools.count()
         self._aborted = RecentRooms()
 
+    def busy(self) -> str | None:
+        """What this service still has in flight (requests waiting, flights not ended), or None."""
+        if self._requests or len(self.flights):
+            return f"{len(self._requests)} encode request(s) in flight, {len(self.flights)} image(s) being encoded"
+        return None
+
     def start(self, supervisor: Supervisor) -> None:
         """Call once from the server's event loop (lifespan), before the first request."""
         self.flights.attach(asyncio.get_running_loop())

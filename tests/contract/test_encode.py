@@ -9,14 +9,14 @@ import pytest
 from contract.encode import (IMAGE_STATUSES, AbortAnswer, AbortRequest, EncodeAnswer, EncodedImage, EncodeImage,
                              EncodeRequest)
 from stages.encoder import openapi as encoder_openapi
-from stages.encoder import server as encoder_server
+from stages.encoder import routes as encoder_routes
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("struct, model", [
-    (EncodeRequest, encoder_server.EncodeRequest), (EncodeImage, encoder_server.ImagePart),
-    (AbortRequest, encoder_server.AbortRequest), (EncodeAnswer, encoder_openapi.EncodeAnswer),
+    (EncodeRequest, encoder_routes.EncodeRequest), (EncodeImage, encoder_routes.ImagePart),
+    (AbortRequest, encoder_routes.AbortRequest), (EncodeAnswer, encoder_openapi.EncodeAnswer),
     (EncodedImage, encoder_openapi.EncodedImage), (AbortAnswer, encoder_openapi.AbortAnswer),
 ])
 def test_the_encoders_models_have_the_contracts_fields(struct, model):
@@ -32,6 +32,6 @@ def test_an_image_status_is_one_of_three():
 def test_a_request_is_the_room_and_each_image_once_without_unset_fields():
     raw = msgspec.json.encode(EncodeRequest(7, [EncodeImage(key="ab", url="data:image/png;base64,AA==")]))
     assert raw == b'{"room":7,"images":[{"key":"ab","url":"data:image/png;base64,AA=="}]}'
-    assert encoder_server.EncodeRequest.model_validate_json(raw).room == 7
+    assert encoder_routes.EncodeRequest.model_validate_json(raw).room == 7
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"room":7,"images":[],"extra":1}', type=EncodeRequest)

@@ -305,7 +305,7 @@ def test_the_documents_describe_each_role(colocated, prefill, decode):
 def test_the_encoder_and_router_documents(encoder, router, colocated):
     """The encoder's bodies are its request models; the router's chat body is the stage's; both serve
     /metrics as text and document /server_info."""
-    from stages.encoder.server import AbortRequest, EncodeRequest
+    from stages.encoder.routes import AbortRequest, EncodeRequest
 
     encoder_doc = httpx.get(f"{encoder.url}/openapi.json", timeout=10).json()
     for path, model in (("/v1/encode", EncodeRequest), ("/v1/abort", AbortRequest)):

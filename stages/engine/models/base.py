@@ -89,6 +89,14 @@ class ModelAdapter(ABC):
         language model's (for ``cache.keys.vision_fingerprint``)."""
         return {k: v for k, v in self.config.to_dict().items() if k != "text_config"}
 
+    def vision_state(self) -> list[tuple[str, torch.Tensor]]:
+        """The parameters and buffers by name of everything but the language model (the vision tower,
+        its projector and whatever else the model holds), for ``cache.keys.weights_digest``: the same
+        list whether the model was loaded whole (a switchable worker) or vision only (an encoder)."""
+        text = self.modules_of((TEXT,))
+        return [(name, tensor) for name, tensor in self.model.state_dict().items()
+                if not any(name == path or name.startswith(path + ".") for path in text)]
+
     def submodule(self, path: str) -> nn.Module:
         """The loaded module at the dotted ``path`` of the Hugging Face model."""
         return self.model.get_submodule(path)

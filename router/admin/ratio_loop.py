@@ -3,11 +3,12 @@
 The report reads the load history (``router.fleet.load``) over the window asked for (at most
 ``--ratio-window-s``): per role its workers, utilization, queue depth, demand and measured capacity;
 the demand as images/s, prefill tokens/s and decode tokens/s; the mean TTFT and TPOT the router saw;
-the recommended E:P:D split for the current pool (``router.plan.ratio.recommend``) and the prefill:decode
-split ``POST /admin/ratio`` would apply to get closest to it (``apply``).
+the recommended E:P:D split for the current pool (``router.plan.ratio.recommend``) and the split
+``POST /admin/ratio`` would apply to get closest to it (``apply``): E:P:D when a switchable worker can
+be an encoder (``split_roles``), else P:D with the encoders fixed.
 
-The loop, every interval: sample, compute ``apply``, and let ``Hysteresis`` decide whether to
-switch workers now (``Membership.apply_split``).
+The loop, every interval: sample, and let ``router.plan.ratio.decide_tick`` (``apply`` and
+``Hysteresis``) decide whether to switch workers now (``Membership.apply_split``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from router.errors import RouterError
 from router.fleet.load import History, role_loads
-from router.fleet.membership import Membership
-from router.plan.ratio import ORDER, Hysteresis, RoleLoad, clamp_split, recommend
+from router.fleet.membership import Membership, movable_of
+from router.plan.ratio import ORDER, Hysteresis, Movable, RoleLoad, decide_tick, recommend, target_split
 from router.fleet.registry import Registry
 
 log = logging.getLogger(__name__)
-SPLIT_ROLES = ("prefill", "decode")
 
 
 def report(registry: Registry, history: History, window_s: float) -> dict:
@@ -55,41 +55,48 @@ def report(registry: Registry, history: History, window_s: float) -> dict:
     return body
 
 
+def split_roles(registry: Registry) -> tuple[str, ...]:
+    """The roles switching moves workers between: encoder, prefill and decode when the router has
+    encoders and a switchable worker (in any pool) can take the role encoder; else prefill and decode
+    (the encoders fixed); none in colocated mode."""
+    if "prefill" not in registry.pools:
+        return ()
+    epd = "encoder" in registry.pools and any("encoder" in w.roles for w in registry if w.switchable)
+    return ORDER if epd else ("prefill", "decode")
+
+
+def movable(registry: Registry) -> Movable:
+    """The workers of ``split_roles`` in numbers."""
+    return movable_of({role: registry.pools[role].workers for role in split_roles(registry)})
+
+
 def apply_target(registry: Registry, loads: list[RoleLoad]) -> dict[str, int] | None:
-    """The prefill:decode split closest to the recommendation that switching can reach, or None."""
-    split_loads = [load for load in loads if load.role in SPLIT_ROLES]
-    if len(split_loads) != 2:
-        return None
-    pools = {role: registry.pools[role].workers for role in SPLIT_ROLES}
-    total = sum(len(pools[role]) for role in SPLIT_ROLES)
-    target = recommend(split_loads, total)
-    if target is None:
-        return None
-    fixed = {role: sum(not w.switchable for w in pools[role]) for role in SPLIT_ROLES}
-    return clamp_split(target, fixed, total)
+    """The split of ``split_roles`` closest to the recommendation that switching can reach, or None."""
+    return target_split(movable(registry), loads)
 
 
 async def auto_ratio_loop(membership: Membership, history: History, sample: Callable[[], Awaitable[object]],
                           interval_s: float, window_s: float) -> None:
     """Forever: every ``interval_s``, ``sample`` the workers into ``history`` and apply the recommended
-    prefill:decode split (over the last ``window_s``) when ``Hysteresis`` says so."""
-    hysteresis, registry = Hysteresis(), membership.registry
+    split of ``split_roles`` (over the last ``window_s``) when ``decide_tick`` says so."""
+    hysteresis = Hysteresis()
     while True:
         await asyncio.sleep(interval_s)
         await sample()
-        now = time.monotonic()
-        current = {role: len(registry.pools[role].workers) for role in SPLIT_ROLES}
-        loads, _ = role_loads(history, now, window_s, current, SPLIT_ROLES)
-        target = apply_target(registry, loads)
-        if not hysteresis.decide(current, target, {load.role: load.need for load in loads}):
+        pool = movable(membership.registry)
+        loads, _ = role_loads(history, time.monotonic(), window_s, pool.current, pool.roles)
+        target = decide_tick(pool, loads, hysteresis)
+        if target is None:
             continue
-        assert target is not None
-        log.info("auto ratio: applying prefill:decode %d:%d (was %d:%d)", target["prefill"], target["decode"],
-                 current["prefill"], current["decode"])
+        log.info("auto ratio: applying %s %s (was %s)", ":".join(pool.roles), _split(target), _split(pool.current))
         try:
-            await membership.apply_split(target["prefill"], target["decode"])
+            await membership.apply_split(target)
         except RouterError as exc:
             log.warning("auto ratio: could not apply %s: %s", target, exc.message)
+
+
+def _split(split: Mapping[str, int]) -> str:
+    return ":".join(str(n) for n in split.values())
 
 
 def _mean(history: History, now: float, window_s: float, name: str) -> float | None:

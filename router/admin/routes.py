@@ -6,10 +6,12 @@ resumed, removed), ``membership`` (added, drained, switched), ``pairing``, ``rat
     POST   /admin/workers                      {"url", "role", "group"?}: add one
     POST   /admin/workers/{id}/drain?wait_s=S  no new work; answers once idle (200) or after S s (202)
     POST   /admin/workers/{id}/resume          takes new work again
+    POST   /admin/workers/{id}/role            {"role"}: switch one switchable worker to it
     DELETE /admin/workers/{id}?force=true      remove (refused while it has requests in flight)
     GET    /admin/pairing, PUT /admin/pairing  the pairing rules and what they allow
     GET    /admin/ratio?window_s=S             load, capacity and the recommended split
-    POST   /admin/ratio                        {"prefill": n, "decode": m}: switch workers to it
+    POST   /admin/ratio                        {"prefill": n, "decode": m} or (epd) {"encoder": e, ...}:
+                                               switch workers to it
     GET    /admin/rooms?slowest=N              the slowest recent rooms
     GET    /admin/rooms/{room}                 one room across the stages
 """
@@ -34,12 +36,15 @@ from router.runtime import Router
 
 log = logging.getLogger(__name__)
 AdminHandler = Callable[[Router, Request], Awaitable[Response]]
+PD_SPLIT = 'a split is {"prefill": n, "decode": m}'
+EPD_SPLIT = PD_SPLIT + ' (the encoders stay) or {"encoder": e, "prefill": n, "decode": m}'
 
 
 def add_admin_routes(table: Routes, router: Router) -> None:
     """The admin routes over ``router``, each behind the token check."""
     routes = [("GET", "/admin/workers", _workers), ("POST", "/admin/workers", _add),
               ("POST", "/admin/workers/{id}/drain", _drain), ("POST", "/admin/workers/{id}/resume", _resume),
+              ("POST", "/admin/workers/{id}/role", _switch_role),
               ("DELETE", "/admin/workers/{id}", _remove), ("GET", "/admin/pairing", _pairing),
               ("PUT", "/admin/pairing", _set_pairing), ("GET", "/admin/ratio", _ratio),
               ("POST", "/admin/ratio", _apply_ratio), ("GET", "/admin/rooms", _rooms),
@@ -96,6 +101,15 @@ async def _resume(router: Router, request: Request) -> Response:
     return json_response({"worker": worker_json(worker, router.registry.source(worker))})
 
 
+async def _switch_role(router: Router, request: Request) -> Response:
+    worker = router.registry.find(request.match_info["id"])
+    body = await _json(request)
+    if set(body) != {"role"}:
+        raise bad_request('switching a worker takes {"role": ROLE}', param=None, code="invalid_role")
+    switched = await router.membership.switch_role(worker, body["role"])
+    return json_response({"worker": worker_json(worker, router.registry.source(worker)), "switched": switched})
+
+
 async def _remove(router: Router, request: Request) -> Response:
     worker = router.registry.find(request.match_info["id"])
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
@@ -142,11 +156,11 @@ async def _ratio(router: Router, request: Request) -> Response:
 async def _apply_ratio(router: Router, request: Request) -> Response:
     if router.config.mode == "colocated":
         raise RouterError(400, "colocated mode has no prefill:decode split", code="invalid_split")
-    body = await _json(request)
-    if set(body) != {"prefill", "decode"}:
-        raise bad_request('a split is {"prefill": n, "decode": m}', param=None, code="invalid_split")
-    switched = await router.membership.apply_split(body["prefill"], body["decode"])
-    current = {role: len(router.registry.pools[role].workers) for role in ("prefill", "decode")}
+    body, epd = await _json(request), router.config.mode == "epd"
+    if set(body) != {"prefill", "decode"} and not (epd and set(body) == {"encoder", "prefill", "decode"}):
+        raise bad_request(EPD_SPLIT if epd else PD_SPLIT, param=None, code="invalid_split")
+    switched = await router.membership.apply_split(body)
+    current = {role: len(pool.workers) for role, pool in router.registry.pools.items() if role in body}
     return json_response({**current, "switched": switched})
 
 

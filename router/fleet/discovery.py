@@ -31,6 +31,7 @@ from router.fleet.workers import Worker
 
 log = logging.getLogger(__name__)
 WILDCARDS = ("0.0.0.0", "::", "")
+SWITCHED = ("encoder", "prefill", "decode")  # the roles a switchable worker is told, and checked for
 
 
 class InfoError(Exception):
@@ -48,42 +49,40 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) 
 
 
 async def read_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> None:
-    """Fill in ``worker``'s models and request limits (all roles), fingerprint, group and switchability
-    (prefill, decode) and bootstrap address (prefill), or its encoder id and vision fingerprint
-    (encoder). A switchable worker (``stage serve pd``) serving another role, or none yet, is told
-    ``worker.role`` first, with the router's admin ``token``. Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    """Fill in ``worker``'s models and request limits (all roles), switchability and the roles it can
+    take (all roles), fingerprint and group (prefill, decode), bootstrap address (prefill), and encoder
+    id and vision fingerprint (encoder; a prefill that can encode its own images), clearing what its
+    role has not. A switchable worker serving another role, or none yet, is told ``worker.role``
+    first, with the router's admin ``token``. Raises InfoError, aiohttp.ClientError or TimeoutError."""
+    info = await _role_info(session, worker, timeout_s, token)
     if worker.role == "encoder":
-        return await _read_encoder(session, worker, timeout_s)
-    models = await _get_json(session, worker.url + "/v1/models", timeout_s)
-    cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
-    fingerprint, bootstrap = None, None
-    info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
-    if worker.role in ("prefill", "decode"):
-        if info.get("switchable") is True and info.get("role") != worker.role:
-            await _assign_role(session, worker, timeout_s, token)
-            info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
-        if info.get("role") != worker.role:
-            raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --{worker.role}")
-        fingerprint = info.get("fingerprint")
-        if not isinstance(fingerprint, dict):
-            raise InfoError(f"{worker.url}/server_info has no fingerprint")
-        if worker.role == "prefill":
-            bootstrap = _bootstrap(worker, info.get("bootstrap"))
-    worker.cards, worker.models = cards, tuple(card["id"] for card in cards)
-    worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
+        _take_encoder(worker, info)
+    else:
+        await _take_stage(session, worker, info, timeout_s)
     worker.switchable = info.get("switchable") is True
+    roles = info.get("roles") if worker.switchable else None
+    worker.roles = tuple(role for role in roles if isinstance(role, str)) if isinstance(roles, list) else ()
     worker.limits = published(info)
-    worker.takes_video, worker.video = video_published(info)
-    if worker.group is None and isinstance(info.get("group"), str):
-        worker.group = info["group"]
     worker.known = True
 
 
-async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> None:
-    """An encoder has no ``/v1/models``: its ``/server_info`` names its model, id and vision fingerprint."""
+async def _role_info(session: aiohttp.ClientSession, worker: Worker, timeout_s: float, token: str | None) -> dict:
+    """``worker``'s ``/server_info`` once it serves ``worker.role`` (a switchable one is told it first);
+    InfoError if it is a server of another role."""
     info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
-    if info.get("role") != "encoder":
-        raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --encoder")
+    if worker.role not in SWITCHED:
+        return info
+    if info.get("switchable") is True and info.get("role") != worker.role:
+        await _assign_role(session, worker, timeout_s, token)
+        info = await _get_json(session, worker.url + SERVER_INFO_PATH, timeout_s)
+    if info.get("role") != worker.role:
+        raise InfoError(f"{worker.url} is a {info.get('role')!r} server, given as --{worker.role}")
+    return info
+
+
+def _take_encoder(worker: Worker, info: dict) -> None:
+    """An encoder has no ``/v1/models``: its ``/server_info`` names its model, id and vision fingerprint.
+    What a switchable worker had as a prefill or decode is cleared."""
     names = ("model", "encoder_id", "vision_fingerprint")
     fields = {name: value for name in names if isinstance(value := info.get(name), str) and value}
     lacking = sorted(set(names) - set(fields))
@@ -91,8 +90,34 @@ async def _read_encoder(session: aiohttp.ClientSession, worker: Worker, timeout_
         raise InfoError(f"{worker.url}/server_info lacks {lacking}")
     worker.models, worker.cards = (fields["model"],), ()
     worker.encoder_id, worker.vision_fingerprint = fields["encoder_id"], fields["vision_fingerprint"]
-    worker.limits = published(info)
-    worker.known = True
+    worker.fingerprint, worker.bootstrap, worker.takes_video, worker.video = None, None, None, None
+
+
+async def _take_stage(session: aiohttp.ClientSession, worker: Worker, info: dict, timeout_s: float) -> None:
+    """A prefill's, decode's or colocated server's models (``/v1/models``), fingerprint, bootstrap
+    address (prefill), video settings and group, and a prefill's local encoder (else none)."""
+    models = await _get_json(session, worker.url + "/v1/models", timeout_s)
+    cards = tuple(card for card in models.get("data") or () if isinstance(card, dict) and "id" in card)
+    fingerprint, bootstrap = None, None
+    if worker.role in ("prefill", "decode"):
+        fingerprint = info.get("fingerprint")
+        if not isinstance(fingerprint, dict):
+            raise InfoError(f"{worker.url}/server_info has no fingerprint")
+    if worker.role == "prefill":
+        bootstrap = _bootstrap(worker, info.get("bootstrap"))
+    worker.cards, worker.models = cards, tuple(card["id"] for card in cards)
+    worker.fingerprint, worker.bootstrap = fingerprint, bootstrap
+    worker.encoder_id, worker.vision_fingerprint = _local_encoder(info) if worker.role == "prefill" else (None, None)
+    worker.takes_video, worker.video = video_published(info)
+    if worker.group is None and isinstance(info.get("group"), str):
+        worker.group = info["group"]
+
+
+def _local_encoder(info: dict) -> tuple[str | None, str | None]:
+    """A prefill's ``encoder_id`` and ``vision_fingerprint``, published when it encodes its own images
+    (an EPD switchable worker); (None, None) when it does not publish both as strings."""
+    encoder_id, vision = info.get("encoder_id"), info.get("vision_fingerprint")
+    return (encoder_id, vision) if isinstance(encoder_id, str) and isinstance(vision, str) else (None, None)
 
 
 async def read_chat_schema(session: aiohttp.ClientSession, worker: Worker, timeout_s: float) -> dict:

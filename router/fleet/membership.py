@@ -1,5 +1,5 @@
 """Changing the router's workers while it serves, where it takes talking to them: add, drain (and
-wait until idle), switch a role, apply a prefill:decode split. The workers themselves, and the
+wait until idle), switch a role, apply an E:P:D or P:D split. The workers themselves, and the
 changes that need no I/O (remove, resume, the role a switching worker is in), are the registry's
 (``router.fleet.registry``). Called by the admin API (``router.admin.routes``) and the automatic ratio loop
 (``router.admin.ratio_loop``), on the event loop.
@@ -11,8 +11,11 @@ Contracts:
   the router takes the chat schema from its ``/openapi.json`` if it has none yet.
 - A draining worker gets no new request; requests it holds finish.
 - ``switch`` drains a switchable (``stage serve pd``) worker, waits until the router has nothing
-  in flight on it, tells it its new role (``POST /role``), re-reads its info, and readmits it.
-  Nothing is sent to it while it switches, so no request is lost or fails.
+  in flight on it, tells it its new role (``POST /role``: prefill, decode, or encoder for one whose
+  ``/server_info`` ``roles`` has it), re-reads its info, checks it fits its new role as ``add`` does
+  (an encoder's vision fingerprint is the other encoders', which is the router's), and readmits it; a
+  misfit is switched back. Nothing is sent to it while it switches, so no request is lost or fails.
+  One split (``apply_split``) or single switch (``switch_role``) at a time.
 - Whenever a prefill joins (added, or switched to prefill) every decode is asked to allow its
   bootstrap address, and whenever a decode joins it is asked to allow every prefill
   (``POST /admin/allowed_bootstrap`` on the decode, with the router's admin token). A decode that
@@ -23,9 +26,10 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
@@ -37,10 +41,12 @@ from router.errors import RouterError
 from router.fleet.pairing import Pairing
 from router.fleet.registry import Registry
 from router.upstream.client import Upstream
-from router.fleet.workers import Worker, compatible, fingerprint_diff
+from router.fleet.workers import Pool, Worker, compatible, fingerprint_diff
+from router.plan.ratio import ORDER, Movable
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a drain looks at the worker's outstanding count
+LETTERS = {"encoder": "e", "prefill": "n", "decode": "m"}  # a split's counts, as its error message names them
 LearnSchema = Callable[[list[Worker]], Awaitable[None]]  # take the chat schema from these, if none yet
 
 
@@ -51,7 +57,7 @@ class Membership:
                  learn_schema: LearnSchema) -> None:
         self.config, self.registry, self.upstream, self.pairing = config, registry, upstream, pairing
         self._learn_schema = learn_schema
-        self._switching = asyncio.Lock()  # one split at a time
+        self._switching = asyncio.Lock()  # one split or role switch at a time
 
     # --- add -----------------------------------------------------------------------------------
     async def add(self, url: str, role: str, group: str | None, source: str = "admin") -> dict:
@@ -93,7 +99,8 @@ class Membership:
         an encoder must have the other encoders' vision fingerprint (else its image keys differ)."""
         pools = self.registry.pools
         if worker.role == "encoder":
-            known = [w for w in pools["encoder"].workers if w.known]
+            known = [w for w in pools["encoder"].workers
+                     if w.known and w is not worker and not self.registry.switching(w)]
             if known and worker.vision_fingerprint != known[0].vision_fingerprint:
                 raise RouterError(409, f"{worker.url} has vision fingerprint {worker.vision_fingerprint!r}, the "
                                   f"encoders {known[0].vision_fingerprint!r}: its image keys would differ",
@@ -164,26 +171,38 @@ class Membership:
         return worker.outstanding == 0
 
     # --- roles ---------------------------------------------------------------------------------
-    async def apply_split(self, prefill: int, decode: int) -> list[dict]:
-        """Switch switchable workers until there are ``prefill`` prefills and ``decode`` decodes; the
-        switches made. RouterError (4xx) if the split cannot be reached, 409 while another is applied."""
-        pools = self.registry.pools
-        ps, ds = pools["prefill"].workers, pools["decode"].workers
-        check_split(prefill, decode, ps, ds)
+    async def apply_split(self, split: Mapping[str, object]) -> list[dict]:
+        """Switch switchable workers until each role of ``split`` (a count per role, some of this
+        router's encoder, prefill and decode) has that many workers; roles not in it keep theirs. All
+        the switches run at once (``movers`` picks them); the switches made. RouterError (4xx) if the
+        split cannot be reached, 409 ``split_in_progress`` while another split or switch is applied."""
+        pools = {role: pool.workers for role, pool in self.registry.pools.items() if role in split}
+        counts = check_split(split, pools)
+        async with self._one_at_a_time():
+            moves = movers(counts, pools)
+            return list(await asyncio.gather(*(self.switch(w, role) for w, role in moves)))
+
+    async def switch_role(self, worker: Worker, role: object) -> dict | None:
+        """Switch one worker to ``role`` (``switch``); None when it serves ``role`` already. RouterError
+        (4xx, ``check_switch``) if it may not, 409 ``split_in_progress`` while a split or switch is applied."""
+        target = check_switch(worker, role, self.registry.pools)
+        if target is None:
+            return None
+        async with self._one_at_a_time():
+            return await self.switch(worker, target)
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self) -> AsyncIterator[None]:
         if self._switching.locked():
-            raise RouterError(409, "a split is being applied now; try again when it is done", code="split_in_progress")
+            raise RouterError(409, "a split or role switch is being applied now; try again when it is done",
+                              code="split_in_progress")
         async with self._switching:
-            source, target, count = ("decode", "prefill", prefill - len(ps)) if prefill > len(ps) else \
-                ("prefill", "decode", len(ps) - prefill)
-            candidates = [w for w in pools[source].workers if w.switchable and not w.draining]
-            if len(candidates) < count:
-                raise RouterError(409, f"{count} {source} worker(s) must switch, but only {len(candidates)} are "
-                                  "switchable and not drained (resume drained ones first)", code="split_unreachable")
-            movers = sorted(candidates, key=lambda w: (w.outstanding, w.id))[:count]
-            return list(await asyncio.gather(*(self.switch(w, target) for w in movers)))
+            yield
 
     async def switch(self, worker: Worker, role: str) -> dict:
-        """Drain ``worker``, switch it to ``role`` and readmit it (see the module docstring)."""
+        """Drain ``worker``, switch it to ``role`` and readmit it (see the module docstring). One that
+        does not fit its new role (``_check_fits``: an encoder of another vision fingerprint, a prefill
+        or decode no peer pairs with) is switched back, and the misfit raised (409 ``worker_misfit``)."""
         config, started, previous = self.config, time.monotonic(), worker.role
         self.registry.begin_switch(worker)
         try:
@@ -191,19 +210,34 @@ class Membership:
                 raise RouterError(504, f"{worker.id} still had {worker.outstanding} request(s) in flight after "
                                   f"{config.drain_timeout_s:g} s (--drain-timeout-s); it keeps its role",
                                   code=Code.DRAIN_TIMEOUT)
-            self.registry.move(worker, role)
-            try:
-                await self._tell_role(worker, started + config.drain_timeout_s)
-                await read_info(self.upstream.session, worker, config.health_timeout_s, config.admin_token)
-            except BaseException:
-                self.registry.move(worker, previous)
-                raise
+            misfit = await self._take_role(worker, role, previous, started + config.drain_timeout_s)
+            if misfit is not None:
+                await self._take_role(worker, previous, previous, time.monotonic() + config.drain_timeout_s)
+                await self.connect(worker)
+                raise RouterError(409, f"{misfit.message}; it was switched back to {previous}", code="worker_misfit")
             dial = await self.connect(worker)
         finally:
             self.registry.end_switch(worker)
         log.info("admin: %s %s switched from %s to %s in %.2f s", worker.id, worker.url, previous, role,
                  time.monotonic() - started)
         return {"id": worker.id, "from": previous, "to": role, "seconds": time.monotonic() - started, "dial": dial}
+
+    async def _take_role(self, worker: Worker, role: str, previous: str, deadline: float) -> RouterError | None:
+        """Move switching ``worker`` to ``role``'s pool, tell it (``POST /role``, until ``deadline``) and
+        re-read its info; back in ``previous``'s pool if that fails. The misfit if it does not fit there."""
+        config = self.config
+        self.registry.move(worker, role)
+        try:
+            await self._tell_role(worker, deadline)
+            await read_info(self.upstream.session, worker, config.health_timeout_s, config.admin_token)
+        except BaseException:
+            self.registry.move(worker, previous)
+            raise
+        try:
+            self._check_fits(worker)
+        except RouterError as misfit:
+            return misfit
+        return None
 
     async def _tell_role(self, worker: Worker, deadline: float) -> None:
         """``POST /role`` until the worker takes it (it refuses while it still has work) or ``deadline``."""
@@ -230,21 +264,97 @@ async def post_role(session: aiohttp.ClientSession, worker: Worker, config: Rout
         return 0, f"{type(exc).__name__}: {exc}"
 
 
-def check_split(prefill: object, decode: object, prefills: list[Worker], decodes: list[Worker]) -> None:
-    """RouterError (400/409) unless ``prefill``:``decode`` can be reached by switching switchable workers."""
-    total = len(prefills) + len(decodes)
-    if not (isinstance(prefill, int) and isinstance(decode, int)) or isinstance(prefill, bool) or \
-            isinstance(decode, bool) or prefill < 1 or decode < 1:
-        raise RouterError(400, 'a split is {"prefill": n, "decode": m}, each an integer >= 1', code="invalid_split")
-    if prefill + decode != total:
-        raise RouterError(400, f"the pool has {total} prefill and decode workers; prefill + decode must be {total}, "
-                          f"got {prefill} + {decode}", code="invalid_split")
-    fixed_p = sum(not w.switchable for w in prefills)
-    fixed_d = sum(not w.switchable for w in decodes)
-    if prefill < fixed_p or decode < fixed_d:
-        raise RouterError(409, f"only switchable workers (stage serve pd) change roles: {fixed_p} prefill and "
-                          f"{fixed_d} decode workers are fixed, so prefill must be >= {fixed_p} and decode >= "
-                          f"{fixed_d}", code="split_unreachable")
+def check_split(split: Mapping[str, object], pools: Mapping[str, Sequence[Worker]]) -> dict[str, int]:
+    """``split`` (a count for each role of ``pools``, in ``ORDER``) if switching can reach it: RouterError
+    400 ``invalid_split`` unless each is an integer >= 1 and they add up to the pools' workers, 409
+    ``split_unreachable`` unless each role keeps its fixed workers and gets no more than can take it."""
+    roles = list(pools)
+    counts = {role: n for role in roles if isinstance(n := split.get(role), int) and not isinstance(n, bool) and n >= 1}
+    if len(counts) != len(roles) or set(split) != set(roles):
+        shape = ", ".join(f'"{role}": {LETTERS[role]}' for role in roles)
+        raise RouterError(400, f"a split is {{{shape}}}, each an integer >= 1", code="invalid_split")
+    total = sum(len(workers) for workers in pools.values())
+    if sum(counts.values()) != total:
+        raise RouterError(400, f"the pool has {total} {_words(roles)} workers; {' + '.join(roles)} must be {total}, "
+                          f"got {' + '.join(str(n) for n in counts.values())}", code="invalid_split")
+    movable = movable_of(pools)
+    if any(counts[role] < movable.fixed[role] for role in roles):
+        fixed = _words([f"{movable.fixed[role]} {role}" for role in roles])
+        bounds = _words([f"{role}{' must be' if i == 0 else ''} >= {movable.fixed[role]}"
+                         for i, role in enumerate(roles)])
+        raise RouterError(409, f"only switchable workers (stage serve pd) change roles: {fixed} workers are fixed, "
+                          f"so {bounds}", code="split_unreachable")
+    for role in (role for role in roles if counts[role] > movable.most[role]):
+        raise RouterError(409, f"at most {movable.most[role]} workers can serve as {role}: {movable.fixed[role]} fixed "
+                          f"and {movable.most[role] - movable.fixed[role]} switchable that can take the role (an EPD "
+                          "switchable worker, stage serve pd --redis-url, can be an encoder)", code="split_unreachable")
+    return counts
+
+
+def movable_of(pools: Mapping[str, Sequence[Worker]]) -> Movable:
+    """The workers of ``pools`` (the roles a split moves between) in numbers (``router.plan.ratio.Movable``)."""
+    switchable = [w for workers in pools.values() for w in workers if w.switchable]
+    fixed = {role: sum(not w.switchable for w in workers) for role, workers in pools.items()}
+    return Movable(current={role: len(workers) for role, workers in pools.items()}, fixed=fixed,
+                   most={role: fixed[role] + sum(role in w.roles or role == w.role for w in switchable)
+                         for role in pools})
+
+
+def movers(split: Mapping[str, int], pools: Mapping[str, Sequence[Worker]]) -> list[tuple[Worker, str]]:
+    """Who switches to which role to reach ``split`` (``check_split`` passed): for each role that
+    grows, the encoder first (fewer workers can take it), one at a time the least loaded switchable
+    worker, not drained, of a role that shrinks and still has too many, that can take it. RouterError
+    409 ``split_unreachable`` when too few such workers are there."""
+    surplus = {role: len(pools[role]) - n for role, n in split.items() if len(pools[role]) > n}
+    free = [w for role in surplus for w in pools[role] if w.switchable and not w.draining]
+    for role, count in surplus.items():
+        if (have := sum(w.role == role for w in free)) < count:
+            raise RouterError(409, f"{count} {role} worker(s) must switch, but only {have} are switchable and not "
+                              "drained (resume drained ones first)", code="split_unreachable")
+    moves: list[tuple[Worker, str]] = []
+    for role in (role for role in ORDER if split.get(role, 0) > len(pools.get(role, ()))):
+        for _ in range(split[role] - len(pools[role])):
+            able = [w for w in free if role in w.roles and surplus[w.role] > 0]
+            if not able:
+                raise RouterError(409, f"{split[role] - len(pools[role])} worker(s) must switch to {role}, but only "
+                                  f"{sum(to == role for _, to in moves)} switchable worker(s) not drained can take it",
+                                  code="split_unreachable")
+            mover = min(able, key=lambda w: (w.outstanding, w.id))
+            free.remove(mover)
+            surplus[mover.role] -= 1
+            moves.append((mover, role))
+    return moves
+
+
+def check_switch(worker: Worker, role: object, pools: Mapping[str, Pool]) -> str | None:
+    """The role ``worker`` may switch to alone, or None when it serves ``role`` already. RouterError:
+    400 ``invalid_role`` for a role this router has no pool for or ``worker`` cannot take; 409
+    ``worker_not_switchable`` for a fixed worker, ``worker_busy`` for a drained or switching one,
+    ``split_unreachable`` when it is the only worker of its role."""
+    if not isinstance(role, str) or role not in pools or role not in ORDER:
+        raise RouterError(400, f"role must be one of {', '.join(r for r in pools if r in ORDER)}, got {role!r}",
+                          code="invalid_role", param="role")
+    if role == worker.role:
+        return None
+    if not worker.switchable:
+        raise RouterError(409, f"{worker.id} ({worker.role} {worker.url}) is not a switchable worker (stage serve "
+                          "pd): it keeps its role", code="worker_not_switchable")
+    if role not in worker.roles:
+        raise RouterError(400, f"{worker.id} can take the roles {', '.join(worker.roles)}, not {role} (an EPD "
+                          "switchable worker, stage serve pd --redis-url, can be an encoder)",
+                          code="invalid_role", param="role")
+    if worker.draining:
+        raise RouterError(409, f"{worker.id} is draining or switching; resume it first (POST /admin/workers/"
+                          f"{worker.id}/resume)", code="worker_busy")
+    if len(pools[worker.role].workers) == 1:
+        raise RouterError(409, f"{worker.id} is the only {worker.role} worker: switching it would leave none",
+                          code="split_unreachable")
+    return role
+
+
+def _words(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else "".join(items)
 
 
 def _json_kind(value: object) -> str:
@@ -259,6 +369,7 @@ def worker_json(worker: Worker, source: str) -> dict:
     return {"id": worker.id, "role": worker.role, "url": worker.url, "source": source, "healthy": worker.healthy,
             "known": worker.known, "circuit": worker.breaker.state.name.lower(), "outstanding": worker.outstanding,
             "group": worker.group, "draining": worker.draining, "switchable": worker.switchable,
+            "roles": list(worker.roles),
             "bootstrap": _host_port(*worker.bootstrap) if worker.bootstrap else None}
 
 

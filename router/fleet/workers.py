@@ -32,8 +32,10 @@ class Worker:
     cards: tuple[dict, ...] = ()  # its /v1/models entries, served by the router's /v1/models
     fingerprint: dict | None = None  # prefill and decode: /server_info "fingerprint"
     bootstrap: tuple[str, int] | None = None  # prefill: where decodes dial it
-    encoder_id: str | None = None  # encoder: /server_info "encoder_id", the owner of the claims taken for it
-    vision_fingerprint: str | None = None  # encoder: /server_info "vision_fingerprint", the key of image keys
+    # encoder: /server_info "encoder_id", the owner of the claims taken for it; an EPD switchable worker serving as
+    # prefill publishes it too (it can encode its own images: local encoding); None for any other prefill or decode
+    encoder_id: str | None = None
+    vision_fingerprint: str | None = None  # /server_info "vision_fingerprint", the key of image keys (as encoder_id)
     limits: dict[str, int] | None = None  # /server_info "limits" the router enforces (router.plan.limits.published)
     # /server_info "video" (router.plan.videos.video_published): None unknown (not published), False null
     takes_video: bool | None = None
@@ -41,7 +43,8 @@ class Worker:
     known: bool = False  # discovery has read its info at least once
     id: str = ""  # the admin API's name for it (w1, w2, ...), stable across role switches
     group: str | None = None  # pairing label: given when added, else its stage's --group
-    switchable: bool = False  # a `stage serve pd` worker: the router may switch it between prefill and decode
+    switchable: bool = False  # a `stage serve pd` worker: the router may switch it between the roles it can take
+    roles: tuple[str, ...] = ()  # /server_info "roles" of a switchable worker, the roles it can take; () if fixed
     draining: bool = False  # gets no new request (admin drain, or a role switch under way)
 
     @property

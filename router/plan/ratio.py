@@ -14,6 +14,9 @@ remainder, with at least one worker for every role in the split. A role whose wo
 busy in the window (e.g. decodes asked for one token, which the prefill makes) needs no worker's
 time: it keeps its minimum of one.
 ``docs/admin.md`` shows the formula with an example.
+
+What switching can reach (``Movable``, ``clamp_split``, ``target_split``) and when the automatic
+loop switches (``Hysteresis``, ``decide_tick``) are here too, on counts of workers.
 """
 
 from __future__ import annotations
@@ -61,11 +64,49 @@ def peak_load(needs: Mapping[str, float], split: Mapping[str, int]) -> float:
     return max((need / split[role] for role, need in needs.items() if split.get(role)), default=0.0)
 
 
-def clamp_split(target: Mapping[str, int], fixed: Mapping[str, int], total: int) -> dict[str, int]:
-    """A prefill:decode ``target`` made reachable: only switchable workers move, so each role keeps at
-    least its ``fixed`` (not switchable) workers, and the two add up to ``total``."""
-    prefill = min(max(target["prefill"], fixed.get("prefill", 0)), total - fixed.get("decode", 0))
-    return {"prefill": prefill, "decode": total - prefill}
+@dataclass(frozen=True)
+class Movable:
+    """The roles a split moves workers between, in numbers (in ``ORDER``): per role its workers now
+    (``current``), those that cannot leave it (``fixed``: not switchable) and the most it can have
+    (``most``: its fixed workers and every switchable worker of these roles, wherever it serves now,
+    that can take it). Every switchable worker takes prefill and decode, so within these bounds every
+    split with the same total is reachable."""
+
+    current: Mapping[str, int]
+    fixed: Mapping[str, int]
+    most: Mapping[str, int]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self.current)
+
+
+def clamp_split(target: Mapping[str, int], fixed: Mapping[str, int],
+                most: Mapping[str, int] | None = None) -> dict[str, int]:
+    """``target`` made reachable by switching: each role between its ``fixed`` workers and its ``most``
+    (default: no bound), the same total. Roles pushed over by a bound give back from the one furthest
+    over its target, roles short take from the one furthest under it (ties: E, P, D order)."""
+    total, most = sum(target.values()), most or {}
+    low = {role: fixed.get(role, 0) for role in target}
+    high = {role: most.get(role, total) for role in target}
+    split = {role: min(max(n, low[role]), high[role]) for role, n in target.items()}
+    while sum(split.values()) > total:
+        role = max((r for r in split if split[r] > low[r]), key=lambda r: (split[r] - target[r], -_rank(r)))
+        split[role] -= 1
+    while sum(split.values()) < total:
+        role = max((r for r in split if split[r] < high[r]), key=lambda r: (target[r] - split[r], -_rank(r)))
+        split[role] += 1
+    return split
+
+
+def target_split(movable: Movable, loads: list[RoleLoad]) -> dict[str, int] | None:
+    """The split of ``movable``'s roles closest to the recommendation (``recommend`` over their
+    ``loads``) that switching can reach, or None when there is no recommendation."""
+    moved = [load for load in loads if load.role in movable.current]
+    if len(moved) != len(movable.roles) or len(moved) < 2:
+        return None
+    target = recommend(moved, sum(movable.current.values()))
+    return None if target is None else clamp_split(target, movable.fixed, movable.most)
 
 
 @dataclass
@@ -94,6 +135,14 @@ class Hysteresis:
             return False
         self._last, self._streak = None, 0
         return True
+
+
+def decide_tick(movable: Movable, loads: list[RoleLoad], hysteresis: Hysteresis) -> dict[str, int] | None:
+    """One tick of the automatic ratio loop: the split to apply now (``target_split``, once
+    ``hysteresis`` agrees), or None. Pure but for ``hysteresis``'s streak."""
+    target = target_split(movable, loads)
+    needs = {load.role: load.need for load in loads if load.role in movable.current}
+    return target if hysteresis.decide(movable.current, target, needs) else None
 
 
 def _rank(role: str) -> int:

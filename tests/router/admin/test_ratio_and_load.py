@@ -34,8 +34,10 @@ FP = {"model": "m", "backend": "mooncake", "block_size": 16}
 
 def worker(url: str, role: str, group: str | None = None, fingerprint: dict | None = FP,
            switchable: bool = False) -> Worker:
+    """A known, healthy worker; a switchable one takes prefill and decode (``stage serve pd``)."""
     return Worker(url, role, CircuitBreaker(1, 10.0), healthy=True, known=True, models=("m",),
-                  fingerprint=fingerprint, group=group, switchable=switchable, id=url.rsplit(":", 1)[-1])
+                  fingerprint=fingerprint, group=group, switchable=switchable, id=url.rsplit(":", 1)[-1],
+                  roles=("prefill", "decode") if switchable else ())
 
 
 # --- ratio -------------------------------------------------------------------------------------
@@ -76,9 +78,9 @@ def test_a_role_never_busy_needs_no_more_than_its_minimum():
 
 
 def test_clamp_split_moves_only_switchable_workers():
-    assert clamp_split({"prefill": 1, "decode": 5}, {"prefill": 2, "decode": 1}, 6) == {"prefill": 2, "decode": 4}
-    assert clamp_split({"prefill": 6, "decode": 0}, {"prefill": 0, "decode": 1}, 6) == {"prefill": 5, "decode": 1}
-    assert clamp_split({"prefill": 3, "decode": 3}, {}, 6) == {"prefill": 3, "decode": 3}
+    assert clamp_split({"prefill": 1, "decode": 5}, {"prefill": 2, "decode": 1}) == {"prefill": 2, "decode": 4}
+    assert clamp_split({"prefill": 6, "decode": 0}, {"prefill": 0, "decode": 1}) == {"prefill": 5, "decode": 1}
+    assert clamp_split({"prefill": 3, "decode": 3}, {}) == {"prefill": 3, "decode": 3}
 
 
 def test_hysteresis_waits_for_a_stable_target_worth_a_switch():
@@ -273,18 +275,19 @@ def test_stage_timeline_is_bounded_and_ordered():
 def test_check_split():
     ps = [worker("http://p:1", "prefill"), worker("http://p:2", "prefill", switchable=True)]
     ds = [worker("http://d:1", "decode"), worker("http://d:2", "decode", switchable=True)]
-    check_split(1, 3, ps, ds)
-    check_split(3, 1, ps, ds)
+    pools = {"prefill": ps, "decode": ds}
+    assert check_split({"prefill": 1, "decode": 3}, pools) == {"prefill": 1, "decode": 3}
+    check_split({"prefill": 3, "decode": 1}, pools)
     for prefill, decode, status, message in [
         (0, 4, 400, 'a split is {"prefill": n, "decode": m}, each an integer >= 1'),
         (True, 3, 400, 'a split is {"prefill": n, "decode": m}, each an integer >= 1'),
         (2, 3, 400, "the pool has 4 prefill and decode workers; prefill + decode must be 4, got 2 + 3"),
     ]:
         with pytest.raises(RouterError) as error:
-            check_split(prefill, decode, ps, ds)
+            check_split({"prefill": prefill, "decode": decode}, pools)
         assert (error.value.status, error.value.message) == (status, message)
     with pytest.raises(RouterError) as error:
-        check_split(1, 3, [worker("http://p:1", "prefill")] * 2, ds)
+        check_split({"prefill": 1, "decode": 3}, {"prefill": [worker("http://p:1", "prefill")] * 2, "decode": ds})
     assert error.value.status == 409 and error.value.message == (
         "only switchable workers (stage serve pd) change roles: 2 prefill and 1 decode workers are fixed, so "
         "prefill must be >= 2 and decode >= 1")
@@ -347,6 +350,6 @@ async def test_a_split_moves_only_switchable_workers_not_drained():
     membership = membership_of([worker("http://p:1", "prefill"), x], [worker("http://d:1", "decode")])
     x.draining = True
     with pytest.raises(RouterError) as error:
-        await membership.apply_split(1, 2)
+        await membership.apply_split({"prefill": 1, "decode": 2})
     assert (error.value.status, error.value.message) == (
         409, "1 prefill worker(s) must switch, but only 0 are switchable and not drained (resume drained ones first)")

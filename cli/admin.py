@@ -6,7 +6,8 @@ library only (urllib), so it starts at once; a readable table, or the API's JSON
     stage admin drain ID [--wait-s S]         stage admin resume ID
     stage admin remove ID [--force]
     stage admin pairing [--by any|group|transfer] [--link LABEL=LABEL,LABEL ...]
-    stage admin ratio [--window-s S] [--apply PREFILL:DECODE]
+    stage admin ratio [--window-s S] [--apply [ENCODER:]PREFILL:DECODE]
+    stage admin role ID ROLE                  switch one switchable worker to ROLE
     stage admin room ROOM | --slowest N
 
 The token is ``--token`` or ``EPD_ADMIN_TOKEN``. Exit status: 0 on success, 1 when the router
@@ -56,7 +57,11 @@ def add_admin_args(parser: argparse.ArgumentParser) -> None:
     ratio = commands.add_parser("ratio", parents=[common], help="load, capacity and the recommended split")
     ratio.add_argument("--window-s", type=float, default=None, help="measure over this window (at most the "
                        "router's --ratio-window-s)")
-    ratio.add_argument("--apply", default=None, metavar="PREFILL:DECODE", help="switch workers to this split")
+    ratio.add_argument("--apply", default=None, metavar="[ENCODER:]PREFILL:DECODE",
+                       help="switch workers to this split (E:P:D in epd mode moves encoders too)")
+    role = commands.add_parser("role", parents=[common], help="switch one switchable worker to another role")
+    role.add_argument("id")
+    role.add_argument("role", choices=["encoder", "prefill", "decode"])
     room = commands.add_parser("room", parents=[common], help="one room's timeline, or the slowest rooms")
     room.add_argument("room", nargs="?", type=int)
     room.add_argument("--slowest", type=int, default=None, help="list the N slowest recent rooms")
@@ -113,13 +118,20 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict | None]:
     if command == "ratio":
         if args.apply is None:
             return "GET", "/admin/ratio" + ("" if args.window_s is None else f"?window_s={args.window_s}"), None
-        prefill, sep, decode = args.apply.partition(":")
-        if not (sep and prefill.isdigit() and decode.isdigit()):
-            raise ValueError(f"--apply takes PREFILL:DECODE, e.g. 3:5, got {args.apply!r}")
-        return "POST", "/admin/ratio", {"prefill": int(prefill), "decode": int(decode)}
+        return "POST", "/admin/ratio", _split(args.apply)
+    if command == "role":
+        return "POST", f"/admin/workers/{args.id}/role", {"role": args.role}
     if (args.room is None) == (args.slowest is None):
         raise ValueError("room takes a room id or --slowest N")
     return "GET", f"/admin/rooms/{args.room}" if args.room is not None else f"/admin/rooms?slowest={args.slowest}", None
+
+
+def _split(text: str) -> dict[str, int]:
+    """``--apply``'s ``P:D`` or ``E:P:D`` as ``POST /admin/ratio``'s body."""
+    counts = text.split(":")
+    if len(counts) not in (2, 3) or not all(n.isascii() and n.isdigit() for n in counts):
+        raise ValueError(f"--apply takes PREFILL:DECODE or ENCODER:PREFILL:DECODE, e.g. 3:5 or 2:3:3, got {text!r}")
+    return dict(zip(("encoder", "prefill", "decode")[3 - len(counts):], map(int, counts)))
 
 
 def _link(text: str) -> tuple[str, list[str]]:
@@ -165,7 +177,12 @@ def render(args: argparse.Namespace, answer: dict) -> str:
                               ("ALLOWED", lambda p: "yes" if p["allowed"] else "no"),
                               ("WHY NOT", lambda p: p["why_not"] or "")])
     if command == "ratio":
-        return _ratio(answer)
+        return _ratio(answer) if "roles" in answer else _applied(answer)
+    if command == "role":
+        worker, switched = answer["worker"], answer["switched"]
+        done = (f"switched from {switched['from']} in {switched['seconds']:.2f} s" if switched
+                else "serves that role already")
+        return f"{worker['id']} ({worker['role']} {worker['url']}): {done}"
     return _room(answer) if "timeline" in answer else table(answer["rooms"], ROOM_COLUMNS)
 
 
@@ -215,9 +232,17 @@ def _ratio(answer: dict) -> str:
         f"TPOT {_cell(answer['tpot_s'])} s",
         f"split ({'/'.join(answer['current'])}): now {split(answer['current'])}, recommended "
         f"{split(answer['recommended'])}{' (' + answer['reason'] + ')' if answer.get('reason') else ''}, "
-        f"prefill:decode to apply {split(answer['apply'])}",
+        f"{'/'.join(answer['apply'] or ('prefill', 'decode'))} to apply {split(answer['apply'])}",
     ]
     return "\n".join(lines)
+
+
+def _applied(answer: dict) -> str:
+    """``POST /admin/ratio``'s answer: the split now and each switch made."""
+    roles = [role for role in ("encoder", "prefill", "decode") if role in answer]
+    head = f"{'/'.join(roles)} now {':'.join(str(answer[role]) for role in roles)}"
+    return "\n".join([head, *(f"  {s['id']}: {s['from']} -> {s['to']} in {s['seconds']:.2f} s"
+                               for s in answer["switched"])])
 
 
 def _room(answer: dict) -> str:

@@ -48,6 +48,12 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="epd: deadline of each Redis call")
     g.add_argument("--claim-lease-s", type=float, default=_D["claim_lease_s"],
                    help="epd: a claim the router takes for an encoder lapses after this unless the encoder renews it")
+    g.add_argument("--local-encode", choices=("never", "auto", "always"), default=_D["local_encode"],
+                   help="epd: let a request's own prefill encode its missing images (a switchable `stage serve pd "
+                        "--redis-url` worker can; same claim, same cache entry) instead of an encoder: auto when "
+                        "every encoder is saturated (--local-encode-queue) or none is eligible")
+    g.add_argument("--local-encode-queue", type=int, default=_D["local_encode_queue"],
+                   help="epd, --local-encode auto: an encoder with this many encode calls in flight is saturated")
     p = parser.add_argument_group("policies")
     for role, choices in ROLE_POLICIES.items():
         p.add_argument(f"--policy-{role}", choices=choices, default=_D[f"policy_{role}"], help=f"picks the {role}"

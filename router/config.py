@@ -24,6 +24,7 @@ PREFIX_POLICIES = (*POLICIES, "prefix_aware")  # the roles that compute a prompt
 ROLE_POLICIES = {"prefill": PREFIX_POLICIES, "decode": POLICIES, "colocated": PREFIX_POLICIES,
                  "encoder": ENCODER_POLICIES}
 ROLES = ("encoder", "prefill", "decode", "colocated")
+LOCAL_ENCODE = ("never", "auto", "always")
 MODE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
 MIN_TOKEN_CHARS = 16
 
@@ -48,6 +49,10 @@ class RouterConfig:
     policy_decode: str = "least_load"
     policy_colocated: str = "least_load"
     policy_encoder: str = "cache_aware"
+    # epd: a request's images encoded by its own prefill (a switchable worker in EPD mode, which publishes an
+    # encoder id) instead of an encoder: never, always, or auto (router.plan.local_encode.encode_locally)
+    local_encode: str = "auto"
+    local_encode_queue: int = 2  # auto: when every eligible encoder has at least this many encode calls in flight
     # prefix_aware (router.plan.policy.PrefixAware; docs/router.md, "Prefix-aware routing")
     prefix_cache_threshold: float = PrefixSettings.cache_threshold
     prefix_balance_abs: int = PrefixSettings.balance_abs
@@ -115,8 +120,10 @@ class RouterConfig:
                      "claim_lease_s", "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.local_encode not in LOCAL_ENCODE:
+            raise ValueError(f"--local-encode must be one of {LOCAL_ENCODE}, got {self.local_encode!r}")
         for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",
-                     "max_videos_per_request", "room_history"):
+                     "max_videos_per_request", "room_history", "local_encode_queue"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.admin_token is not None and len(self.admin_token) < MIN_TOKEN_CHARS:

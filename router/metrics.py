@@ -112,6 +112,8 @@ class Metrics:
         self.images = Counter("epd_router_images", "Images in the chat requests received (the encode demand), by "
                               "cache: hit if the embedding cache held the image when the request was planned (epd), "
                               "else miss.", ["cache"], registry=r)
+        self.local_encodes = Counter("epd_router_local_encode_images", "Images sent to encode to the request's own "
+                                     "prefill instead of an encoder (--local-encode), per attempt.", registry=r)
         self.prefix_routes = Counter("epd_router_prefix_routes", "prefix_aware picks, by how: match (the longest "
                                      "prefix match covered --prefix-cache-threshold), spread (it did not: the "
                                      "smallest prefix tree), load (loads imbalanced: the least loaded).", ["by"],
@@ -130,7 +132,7 @@ class Metrics:
                                   ["role", "worker"], registry=r)
         self._outcomes = {outcome: self.requests.labels(outcome=outcome) for outcome in OUTCOMES}
         self._retries = {stage: self.retries.labels(stage=stage) for stage in STAGES}
-        self._stage_seconds = {stage: self.stage_seconds.labels(stage=stage) for stage in STAGES}
+        self._stage_seconds = {stage: self.stage_seconds.labels(stage=stage) for stage in (*STAGES, "local_encode")}
         self._images = {cache: self.images.labels(cache=cache) for cache in CACHE}
         self._prefix_routes = {by: self.prefix_routes.labels(by=by) for by in PREFIX_BY}
 

@@ -92,14 +92,15 @@ class RoomTimeline:
         return kept
 
 
-def add_room_route(app: FastAPI, timeline: RoomTimeline, role: str) -> None:
+def add_room_route(app: FastAPI, timeline: RoomTimeline, role: str, encoder: RoomTimeline | None = None) -> None:
     """``GET /rooms/{room}``: ``{"room", "role", "status", "events"}`` (``status``: the handover status
     the room's state last entered, ``RoomStatus.label``; null where the stage keeps none), or 404
-    ``room_not_found``."""
+    ``room_not_found``. ``encoder``: a switchable worker's encode events, kept apart from its role's and
+    served for ``?stage=encoder`` (which the router asks of every worker that encoded for a room)."""
 
     @app.get("/rooms/{room}", include_in_schema=False)
-    async def room_events(room: int) -> dict:
-        kept = timeline.snapshot(room)
+    async def room_events(room: int, stage: str | None = None) -> dict:
+        kept = (encoder if stage == "encoder" and encoder is not None else timeline).snapshot(room)
         if kept is None:
             raise APIError(404, f"room {room} is not among the last {timeline.capacity} rooms this {role} kept",
                            param="room", code=Code.ROOM_NOT_FOUND)

@@ -13,12 +13,18 @@ import asyncio
 import aiohttp
 
 from router.dispatch.timeline import RoomRecord
+from router.plan.modes import LOCAL_ENCODE
 
 
-async def stage_events(session: aiohttp.ClientSession, url: str, room: int, timeout_s: float) -> dict:
-    """``{"events": [...]}`` from one stage, or ``{"error": why}``."""
+async def stage_events(session: aiohttp.ClientSession, url: str, room: int, timeout_s: float,
+                       encoder: bool = False) -> dict:
+    """``{"events": [...]}`` from one stage, or ``{"error": why}``. ``encoder``: the worker's encode
+    events (``?stage=encoder``: a switchable worker keeps them apart from its role's; an encoder has
+    only those)."""
+    query = "?stage=encoder" if encoder else ""
     try:
-        async with session.get(f"{url}/rooms/{room}", timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with session.get(f"{url}/rooms/{room}{query}",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             body = await response.json(content_type=None)
             if response.status != 200 or not isinstance(body, dict) or not isinstance(body.get("events"), list):
                 error = body.get("error") if isinstance(body, dict) else None
@@ -32,7 +38,8 @@ async def stage_events(session: aiohttp.ClientSession, url: str, room: int, time
 async def room_view(session: aiohttp.ClientSession, record: RoomRecord, timeout_s: float) -> dict:
     """The record, each stage's events, and every event of all of them in time order (``timeline``)."""
     stages = list(record.workers.items())
-    answers = await asyncio.gather(*(stage_events(session, who["url"], record.room, timeout_s) for _, who in stages))
+    answers = await asyncio.gather(*(stage_events(session, who["url"], record.room, timeout_s, _encodes(stage))
+                                     for stage, who in stages))
     view = record.to_json()
     view["stages"] = {stage: {**who, **answer} for (stage, who), answer in zip(stages, answers)}
     timeline = [{"stage": "router", **event} for event in record.events()]
@@ -40,3 +47,8 @@ async def room_view(session: aiohttp.ClientSession, record: RoomRecord, timeout_
         timeline += [{"stage": stage, **event} for event in answer.get("events", ())]
     view["timeline"] = sorted(timeline, key=lambda event: event["t"])
     return view
+
+
+def _encodes(stage: str) -> bool:
+    """A stage label of an encode call: ``encoder``, ``encoder2``, ... or ``local_encode``."""
+    return stage.startswith("encoder") or stage == LOCAL_ENCODE

@@ -30,7 +30,8 @@ silent when the claim taken for it ended untaken is charged).
 The answer carries ``x-epd-room`` (the attempt's room), ``x-epd-stage-times`` (seconds of each
 call, sent to its last byte: a JSON answer every stage's, as it is sent once every side call has
 ended; a stream those of the side calls that had answered when it started:
-``encoder=0.0123;prefill=0.0456;decode=0.0789``) and, in epd mode, ``x-epd-cache: hit=N miss=M``
+``encoder=0.0123;prefill=0.0456;decode=0.0789``; the prefill's encode call for its own request's images,
+``local_encode=``: ``Plan.label``) and, in epd mode, ``x-epd-cache: hit=N miss=M``
 (the request's image parts whose keys the cache held, or not, when the attempt was planned).
 
 Metrics: an attempt's stage times (every stage), TTFT and TPOT are recorded when it is settled,
@@ -132,6 +133,8 @@ class Dispatcher:
         ended, before its body is sent; a stream once the stage's stream has ended, before the
         final chunk."""
         record = self._record(call, plan)
+        if plan.local_encode:
+            self.metrics.local_encodes.inc(sum(1 for url in plan.images.values() if url))
         tally = Tally(call.started)
         wakeup = Wakeup(request.connection.loop)
         answer = open_answer(self.upstream, plan.answer, call.stream, tally, wakeup)
@@ -183,7 +186,7 @@ class Dispatcher:
         """This attempt's entry in the room log (a colocated plan has no room: a detached record)."""
         now = time.time()
         record = RoomRecord(plan.room if plan.room is not None else -1, now - (time.perf_counter() - call.started),
-                            now, call.stream, tuple((t.stage, t.worker) for t in (plan.answer, *plan.sides)))
+                            now, call.stream, tuple((plan.label(t), t.worker) for t in (plan.answer, *plan.sides)))
         return self.rooms.open(record) if plan.room is not None else record
 
     async def _head(self, plan: Plan, answer: asyncio.Future[Head], sides: Sequence[asyncio.Future[float]],
@@ -228,7 +231,7 @@ class Dispatcher:
             error = task.exception()
             if error is None:
                 lease.success()
-                self.metrics.stage_time(side.stage).observe(task.result())
+                self.metrics.stage_time(plan.label(side)).observe(task.result())
             elif isinstance(error, StageError):
                 log.warning("%s stage %s failed after the answer started: %s", side.stage, side.worker.url,
                             error.failure.message)
@@ -299,8 +302,8 @@ def _headers(plan: Plan, sides: Sequence[asyncio.Future[float]], answer_s: float
     times: dict[str, float] = {}
     for side, task in zip(plan.sides, sides):
         if task.done() and not task.cancelled() and task.exception() is None:
-            seconds = task.result()
-            times[side.stage] = max(times[side.stage], seconds) if side.stage in times else seconds
+            seconds, stage = task.result(), plan.label(side)
+            times[stage] = max(times[stage], seconds) if stage in times else seconds
     if answer_s is not None:
         times[plan.answer.stage] = answer_s
     headers = {"x-epd-room": str(plan.room),

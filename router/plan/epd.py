@@ -7,12 +7,15 @@
    as an image with ``video``, its resolved sampling). No eligible pair: 503 before any Redis call.
 2. The cache index says which of the request's keys are cached, and each missing key gets an
    encoder by ``--policy-encoder`` (``cache_aware``: the same key, the same encoder) among the
-   eligible encoders with the router's vision fingerprint, and is claimed on that encoder's behalf
+   eligible encoders with the router's vision fingerprint, or every one the request's own prefill
+   when ``router.plan.local_encode`` says it encodes them (``--local-encode``: ``Plan.local_encode``;
+   its encode call is an encoder side call to the prefill's URL), and is claimed on that encoder's behalf
    (``claim(key, owner=encoder_id, --claim-lease-s)``; the encoder renews it once the image is queued
    there). A key whose claim is held already is being encoded elsewhere: it is not sent, the prefill
    waits for it; unless it is held for an encoder this attempt will not send to (one that failed
    this request, or out of rotation: ``_gone``), which may never end it: then it is taken over for
-   the encoder picked now (``contract.claims``). A missing key with no eligible encoder: 503.
+   the encoder picked now (``contract.claims``). A missing key with no eligible encoder (and no
+   prefill that encodes): 503.
 3. Redis round trips, however many images: one with ``cache_aware`` (an encoder per key is known
    before the lookup: ``lookup_claim`` looks up and claims in one call), two with ``round_robin`` and
    ``least_load``, which pick for the missing keys only (``contains_many``, then ``claim_many``).
@@ -50,11 +53,13 @@ from contract.paths import ABORT_PATH, ENCODE_PATH
 from router.config import RouterConfig
 from router.errors import no_worker
 from router.plan.image_refs import encode_body, with_refs
+from router.plan.local_encode import encode_locally
 from router.plan.modes import Call, PDPlanner, Plan, Target
 from router.upstream.client import JSON_HEADERS, Upstream
 from router.fleet.workers import Pool, Worker
 
 log = logging.getLogger(__name__)
+ENCODING_ROLES = ("encoder", "prefill")  # a prefill encodes its own requests' images (router.plan.local_encode)
 
 
 class EPDPlanner:
@@ -82,20 +87,26 @@ class EPDPlanner:
         keys = list(dict.fromkeys(item.key for item in media if item.key is not None))
         if not keys:
             return pd
-        room = pd.room
-        assert room is not None
+        room, prefill = pd.room, pd.partner
+        assert room is not None and prefill is not None
         takeover = self._gone(exclude)
-        if self.config.policy_encoder == "cache_aware" and (candidates := self._candidates(call.model, exclude)):
-            cached, sent = await self._look_up_and_claim(keys, candidates, str(room), takeover)
+        candidates = self._candidates(call.model, exclude)
+        config = self.config
+        local = encode_locally(config.local_encode, prefill.worker, candidates, self.fingerprint,
+                               config.local_encode_queue)
+        pick = (lambda _key: prefill.worker) if local else (lambda key: self.encoders.pick(candidates, key))
+        if local or (config.policy_encoder == "cache_aware" and candidates):
+            cached, sent = await self._look_up_and_claim([(key, pick(key)) for key in keys], str(room), takeover)
         else:
             cached, claims = await self._cached(keys)
-            sent = await self._assign([k for k in keys if k not in cached], call.model, exclude, str(room),
+            sent = await self._assign([k for k in keys if k not in cached], candidates, call.model, str(room),
                                       takeover if claims else None)
         by_key = {item.key: item for item in media}
         targets = tuple(Target("encoder", worker, encode_body(room, [by_key[k] for k in mine]), ENCODE_PATH)
                         for worker, mine in sent)
         images = {key: "" for key in keys} | {key: worker.url for worker, mine in sent for key in mine}
         return dataclasses.replace(pd, sides=(*targets, *pd.sides), images=images, cached=frozenset(cached),
+                                   local_encode=local and bool(sent),
                                    on_abort=lambda unreachable: self._abort(room, sent, unreachable))
 
     async def _cached(self, keys: Sequence[str]) -> tuple[set[str], bool]:
@@ -111,18 +122,18 @@ class EPDPlanner:
         return [w for w in self.encoders.candidates(model, exclude) if w.vision_fingerprint == self.fingerprint]
 
     def _gone(self, exclude: Collection[str]) -> list[str]:
-        """The ids of the encoders this attempt will not send to (failed this request, or out of
-        rotation): a claim held for one of them is taken over (``contract.claims``), as it may never end."""
-        return [w.encoder_id for w in self.encoders.workers
-                if w.encoder_id is not None and (w.url in exclude or not w.eligible())]
+        """The ids of the encoders (and prefills that encode) this attempt will not send to (failed this
+        request, or out of rotation): a claim held for one of them is taken over (``contract.claims``),
+        as it may never end."""
+        return [w.encoder_id for w in self.encoders.members  # every worker, once: the registry's one list
+                if w.encoder_id is not None and w.role in ENCODING_ROLES and (w.url in exclude or not w.eligible())]
 
-    async def _look_up_and_claim(self, keys: Sequence[str], candidates: Sequence[Worker], tag: str,
+    async def _look_up_and_claim(self, chosen: Sequence[tuple[str, Worker]], tag: str,
                                  takeover: Sequence[str]) -> tuple[set[str], list[tuple[Worker, list[str]]]]:
-        """cache_aware: each key's encoder is a function of the key, known before the lookup, so the
-        lookup and the claims are one Redis call (``EmbeddingCache.lookup_claim``). The cached keys
-        and the encoders that get images (``_assign``'s answer). Redis down: nothing cached, every
-        image sent unclaimed."""
-        chosen = [(key, self.encoders.pick(candidates, key)) for key in keys]
+        """Each key's encoder known before the lookup (``cache_aware``: a function of the key; local
+        encoding: the prefill), so the lookup and the claims are one Redis call
+        (``EmbeddingCache.lookup_claim``). The cached keys and the encoders that get images
+        (``_assign``'s answer). Redis down: nothing cached, every image sent unclaimed."""
         assert all(worker.encoder_id is not None for _, worker in chosen)
         try:
             found = await self.cache.lookup_claim([(key, worker.encoder_id or "") for key, worker in chosen],
@@ -133,14 +144,13 @@ class EPDPlanner:
         cached = {key for (key, _), got in zip(chosen, found) if got is Lookup.CACHED}
         return cached, _by_encoder([pair for pair, got in zip(chosen, found) if got is Lookup.CLAIMED])
 
-    async def _assign(self, missing: list[str], model: str | None, exclude: Collection[str], tag: str,
+    async def _assign(self, missing: list[str], candidates: list[Worker], model: str | None, tag: str,
                       takeover: Sequence[str] | None) -> list[tuple[Worker, list[str]]]:
-        """round_robin, least_load: the encoders that get images, each with its keys, picked for the
-        missing keys only (a cached key takes no turn); keys claimed elsewhere are dropped (they are
-        pending there). ``takeover`` None: Redis is down, nothing is claimed."""
+        """round_robin, least_load: the encoders that get images, each with its keys, picked among
+        ``candidates`` for the missing keys only (a cached key takes no turn); keys claimed elsewhere
+        are dropped (they are pending there). ``takeover`` None: Redis is down, nothing is claimed."""
         if not missing:
             return []
-        candidates = self._candidates(model, exclude)
         if not candidates:
             raise no_worker("encoder", model)
         chosen = [(key, self.encoders.pick(candidates, key)) for key in missing]

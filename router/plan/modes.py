@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from router.plan.image_refs import RefImage
     from router.plan.videos import RefVideo
 
+LOCAL_ENCODE = "local_encode"  # the label of an encode call a prefill serves for its own request
 NO_IMAGES: Mapping[str, str] = MappingProxyType({})  # a plan's ``images`` without any (read-only: shared)
 _encode = msgspec.json.Encoder().encode
 
@@ -93,9 +94,15 @@ class Plan:
     # epd: each image key -> the URL of the encoder it was sent to, "" if not sent (``verdict.blame_encoder``)
     images: Mapping[str, str] = field(default_factory=lambda: NO_IMAGES)
     cached: frozenset[str] = frozenset()  # epd: the image keys the cache held when the plan was made
+    local_encode: bool = False  # epd: the missing images went to the prefill itself (router.plan.local_encode)
     # epd: called once if the attempt ends without success, with the URLs it could not reach; it
     # tells the plan's encoders to drop the room's work (closing a connection does not)
     on_abort: Callable[[frozenset[str]], Awaitable[None]] | None = None
+
+    def label(self, target: Target) -> str:
+        """``target``'s stage as the room log, ``x-epd-stage-times`` and ``epd_router_stage_seconds`` name
+        it: ``local_encode`` for the encode call sent to the prefill itself, else its stage."""
+        return LOCAL_ENCODE if self.local_encode and target.stage == "encoder" else target.stage
 
     @property
     def partner(self) -> Target | None:

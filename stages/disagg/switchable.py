@@ -79,6 +79,7 @@ class EPDParts:
     cache: EmbeddingCache
     encoder: EncoderStack
     inputs: ImageInputs
+    timeline: RoomTimeline = dataclasses.field(default_factory=RoomTimeline)  # the encode calls' events
 
 
 class RoleSlot:
@@ -241,9 +242,9 @@ def build(config: ServerConfig) -> FastAPI:
     _add_role_routes(app, slot)
     if epd is not None:
         from stages.encoder.routes import add_encode_routes
-        add_encode_routes(app, epd.encoder.service, config, slot.timeline, epd.encoder.fingerprint,
+        add_encode_routes(app, epd.encoder.service, config, epd.timeline, epd.encoder.fingerprint,
                           slot.encode_refusal)
-    add_room_route(app, slot.timeline, "pd")
+    add_room_route(app, slot.timeline, "pd", None if epd is None else epd.timeline)
     add_bootstrap_route(app, disagg.admin_token, lambda: slot.allow)
     return app
 

@@ -129,7 +129,10 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--ratio-window-s", type=float, default=_D["ratio_window_s"],
                    help="demand, utilization and capacity are measured over this window")
     a.add_argument("--auto-ratio-interval-s", type=float, default=_D["auto_ratio_interval_s"],
-                   help="apply the recommended prefill:decode split this often, with hysteresis (0: never)")
+                   help="apply the recommended split (of --auto-ratio-roles) this often, with hysteresis (0: never)")
+    a.add_argument("--auto-ratio-roles", type=lambda text: tuple(text.split(",")), default="encoder,prefill,decode",
+                   help="the roles the automatic loop moves switchable workers between: encoder,prefill,decode, or "
+                        "prefill,decode to keep the encoders fixed")
     a.add_argument("--drain-timeout-s", type=float, default=_D["drain_timeout_s"],
                    help="a role switch gives up on a worker still busy after this long")
 

@@ -25,6 +25,7 @@ ROLE_POLICIES = {"prefill": PREFIX_POLICIES, "decode": POLICIES, "colocated": PR
                  "encoder": ENCODER_POLICIES}
 ROLES = ("encoder", "prefill", "decode", "colocated")
 LOCAL_ENCODE = ("never", "auto", "always")
+AUTO_RATIO_ROLES = (("encoder", "prefill", "decode"), ("prefill", "decode"))  # --auto-ratio-roles choices
 MODE_ROLES = {"colocated": ("colocated",), "pd": ("prefill", "decode"), "epd": ("encoder", "prefill", "decode")}
 MIN_TOKEN_CHARS = 16
 
@@ -89,7 +90,8 @@ class RouterConfig:
     admin_token: str | None = field(default=None, repr=False)
     room_history: int = 1024  # rooms whose timelines the router keeps
     ratio_window_s: float = 60.0  # demand, utilization and capacity are measured over this window
-    auto_ratio_interval_s: float = 0.0  # apply the recommended P:D split this often (0: never)
+    auto_ratio_interval_s: float = 0.0  # apply the recommended split this often (0: never)
+    auto_ratio_roles: tuple[str, ...] = AUTO_RATIO_ROLES[0]  # the roles the loop moves workers between
     drain_timeout_s: float = 120.0  # a switch or a waiting drain gives up on a worker still busy after this
     shutdown_grace_s: float = 30.0  # SIGTERM: stop accepting, let requests in flight finish within this, exit 0
     # this process's start id in /server_info; `stage serve router` gives its own (EPD_INSTANCE_ID when its
@@ -120,6 +122,9 @@ class RouterConfig:
                      "claim_lease_s", "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if tuple(self.auto_ratio_roles) not in AUTO_RATIO_ROLES:
+            raise ValueError(f"--auto-ratio-roles must be encoder,prefill,decode or prefill,decode (encoders fixed), "
+                             f"got {','.join(self.auto_ratio_roles)!r}")
         if self.local_encode not in LOCAL_ENCODE:
             raise ValueError(f"--local-encode must be one of {LOCAL_ENCODE}, got {self.local_encode!r}")
         for name in ("max_in_flight", "breaker_failures", "health_timeouts", "max_image_bytes", "max_images_per_request",

@@ -126,7 +126,8 @@ class Router:
             self._spawn("dns watch", self.dns.run())
         if config.auto_ratio_interval_s > 0 and config.mode != "colocated":
             self._spawn("auto ratio loop", auto_ratio_loop(self.membership, self.history, self.sample,
-                                                           config.auto_ratio_interval_s, config.ratio_window_s))
+                                                           config.auto_ratio_interval_s, config.ratio_window_s,
+                                                           config.auto_ratio_roles))
         log.info("%s router ready: %s", self.config.mode,
                  ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in pools.items()))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from router.errors import RouterError
 from router.fleet.load import History, role_loads
@@ -55,19 +55,21 @@ def report(registry: Registry, history: History, window_s: float) -> dict:
     return body
 
 
-def split_roles(registry: Registry) -> tuple[str, ...]:
+def split_roles(registry: Registry, allowed: Collection[str] = ORDER) -> tuple[str, ...]:
     """The roles switching moves workers between: encoder, prefill and decode when the router has
-    encoders and a switchable worker (in any pool) can take the role encoder; else prefill and decode
-    (the encoders fixed); none in colocated mode."""
+    encoders, ``allowed`` names the encoder (``--auto-ratio-roles``, for the loop) and a switchable
+    worker (in any pool) can take the role encoder; else prefill and decode (the encoders fixed);
+    none in colocated mode."""
     if "prefill" not in registry.pools:
         return ()
-    epd = "encoder" in registry.pools and any("encoder" in w.roles for w in registry if w.switchable)
+    epd = "encoder" in registry.pools and "encoder" in allowed and \
+        any("encoder" in w.roles for w in registry if w.switchable)
     return ORDER if epd else ("prefill", "decode")
 
 
-def movable(registry: Registry) -> Movable:
+def movable(registry: Registry, allowed: Collection[str] = ORDER) -> Movable:
     """The workers of ``split_roles`` in numbers."""
-    return movable_of({role: registry.pools[role].workers for role in split_roles(registry)})
+    return movable_of({role: registry.pools[role].workers for role in split_roles(registry, allowed)})
 
 
 def apply_target(registry: Registry, loads: list[RoleLoad]) -> dict[str, int] | None:
@@ -76,14 +78,15 @@ def apply_target(registry: Registry, loads: list[RoleLoad]) -> dict[str, int] | 
 
 
 async def auto_ratio_loop(membership: Membership, history: History, sample: Callable[[], Awaitable[object]],
-                          interval_s: float, window_s: float) -> None:
+                          interval_s: float, window_s: float, roles: Collection[str] = ORDER) -> None:
     """Forever: every ``interval_s``, ``sample`` the workers into ``history`` and apply the recommended
-    split of ``split_roles`` (over the last ``window_s``) when ``decide_tick`` says so."""
+    split of ``split_roles`` among ``roles`` (``--auto-ratio-roles``; over the last ``window_s``) when
+    ``decide_tick`` says so."""
     hysteresis = Hysteresis()
     while True:
         await asyncio.sleep(interval_s)
         await sample()
-        pool = movable(membership.registry)
+        pool = movable(membership.registry, roles)
         loads, _ = role_loads(history, time.monotonic(), window_s, pool.current, pool.roles)
         target = decide_tick(pool, loads, hysteresis)
         if target is None:

@@ -37,6 +37,10 @@ def test_mode_follows_from_the_roles():
     ({"colocated": ("http://h:1",), "upstream_timeout_s": -1}, "--upstream-timeout-s must be > 0, got -1"),
     ({"colocated": ("http://h:1",), "retries": -1}, "--retries must be >= 0, got -1"),
     ({"colocated": ("http://h:1",), "allowed_image_hosts": ("http://x/",)}, "--allowed-image-hosts takes host"),
+    ({"colocated": ("http://h:1",), "local_encode": "sometimes"}, "--local-encode must be one of"),
+    ({"colocated": ("http://h:1",), "local_encode_queue": 0}, "--local-encode-queue must be > 0, got 0"),
+    ({"colocated": ("http://h:1",), "auto_ratio_roles": ("encoder", "prefill")},
+     "--auto-ratio-roles must be encoder,prefill,decode or prefill,decode (encoders fixed), got 'encoder,prefill'"),
 ])
 def test_config_errors_name_the_flag(kwargs, message):
     with pytest.raises(ValueError) as error:

@@ -2,14 +2,17 @@
 workers can be encoders (``clamp_split``, ``check_split``, ``target_split``), who moves (``movers``,
 ``check_switch``, ``Membership.apply_split`` with its switches recorded instead of made), which roles
 the loop moves (``split_roles``), and the automatic loop's step (``decide_tick``) driven by recorded
-load samples as the sampler writes them (``router.fleet.load``). No sockets."""
+load samples as the sampler writes them (``router.fleet.load``); ``stage admin ratio --apply E:P:D`` and
+``stage admin role``. No sockets."""
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
 
+from cli.admin import _request, add_admin_args, render
 from router.admin.ratio_loop import apply_target, movable, split_roles
 from router.config import RouterConfig
 from router.errors import RouterError
@@ -282,3 +285,29 @@ def test_the_loop_moves_the_encoder_with_the_traffic_and_holds_on_steady_load():
     assert 30 + hysteresis.stable_ticks <= to_text <= 30 + 4 + hysteresis.stable_ticks
     assert 60 + hysteresis.stable_ticks <= back <= 60 + 4 + hysteresis.stable_ticks
     assert x.role == "encoder" and [len(registry.pools[r].workers) for r in ORDER] == [2, 1, 1]
+
+
+# --- stage admin -------------------------------------------------------------------------------
+def admin_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_admin_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_stage_admin_applies_e_p_d_or_p_d_and_switches_one_worker():
+    assert _request(admin_args("ratio", "--apply", "2:3:3")) == (
+        "POST", "/admin/ratio", {"encoder": 2, "prefill": 3, "decode": 3})
+    assert _request(admin_args("ratio", "--apply", "3:5")) == ("POST", "/admin/ratio", {"prefill": 3, "decode": 5})
+    for bad in ("3", "1:2:3:4", "a:b", "3:-1", "²:1"):
+        with pytest.raises(ValueError):
+            _request(admin_args("ratio", "--apply", bad))
+    assert _request(admin_args("role", "w3", "encoder")) == ("POST", "/admin/workers/w3/role", {"role": "encoder"})
+    applied = {"encoder": 2, "prefill": 1, "decode": 1,
+               "switched": [{"id": "w2", "from": "prefill", "to": "encoder", "seconds": 1.234, "dial": {}}]}
+    assert render(admin_args("ratio", "--apply", "2:1:1"), applied) == (
+        "encoder/prefill/decode now 2:1:1\n  w2: prefill -> encoder in 1.23 s")
+    worker_view = {"id": "w2", "role": "encoder", "url": "http://x:1"}
+    assert render(admin_args("role", "w2", "encoder"), {"worker": worker_view, "switched": applied["switched"][0]}) == \
+        "w2 (encoder http://x:1): switched from prefill in 1.23 s"
+    assert render(admin_args("role", "w2", "encoder"), {"worker": worker_view, "switched": None}) == \
+        "w2 (encoder http://x:1): serves that role already"

@@ -59,6 +59,9 @@ class Flight:
     owned: bool = False  # this process holds the key's claim
     cancelled: bool = False
     ended_at: float = 0.0  # time.monotonic() when it ended
+    # time.monotonic() when its embedding was ready and its entry's write began: before any reader can see the
+    # entry (a prefill may read it before this encoder hears its write succeeded, so ended_at can come after)
+    encoded_at: float = 0.0
 
 
 class Flights:
@@ -177,6 +180,7 @@ class Flights:
                 self.batcher.cancel(flight.job)
                 result = f"not encoded within {self.config.encode_timeout_s:g} s (--encode-timeout-s)"
             if isinstance(result, ImageEmbedding):
+                flight.encoded_at = time.monotonic()
                 outcome, end, reason = await self._store(key, result)
             else:
                 outcome, end, reason = _encode_failure(result, flight.cancelled), _ending(result, flight), result

@@ -117,7 +117,8 @@ def add_encode_routes(app: FastAPI, service: EncodeService, config: ServerConfig
 def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult]) -> None:
     """Each image's outcome in the room's timeline, in time order: a video this request read
     (``video_decoded`` {key, frames, seconds}) when its frames were decoded, encoded at the time its
-    embedding was cached (a video's with its ``frames``), the others now."""
+    embedding was ready and its entry's write began, before any prefill could read it (a video's with
+    its ``frames``), the others now."""
     now = time.time()
     marks: list[tuple[float, str, dict]] = []
     for r in results:

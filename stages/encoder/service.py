@@ -100,7 +100,7 @@ class ImageResult:
     seconds: float  # request arrival -> the embedding is in the cache, for "encoded"
     frames: int | None = None  # a video's sampled frames, for "encoded"
     read: VideoRead | None = None  # a video this request decoded itself
-    cached_at: float = 0.0  # wall clock (``time.time()``) when the embedding was cached, for "encoded"
+    cached_at: float = 0.0  # wall clock (``time.time()``) when its entry began to be written, for "encoded"
 
 
 @dataclass
@@ -183,7 +183,7 @@ class EncodeService:
                                fields=ErrorFields(room=room, image_key=key))
             encoded = outcome == ENCODED
             seconds = round(flight.ended_at - start, 6) if encoded else 0.0
-            cached_at = time.time() - (time.monotonic() - flight.ended_at) if encoded else 0.0
+            cached_at = time.time() - (time.monotonic() - flight.encoded_at) if encoded else 0.0
             results[key] = ImageResult(key, outcome, flight.job.image.num_tokens if encoded else None, seconds,
                                        flight.job.frames or None if encoded else None, reads.get(key), cached_at)
         return [results[u.key] for u in uploads]

@@ -209,6 +209,7 @@ def test_the_encoder_is_in_the_split_only_when_a_switchable_worker_can_be_one():
     epd = registry_of(worker("e1", "encoder"), worker("x", "decode", EPD), worker("p1", "prefill"),
                       worker("d1", "decode"))
     assert split_roles(epd) == EPD
+    assert split_roles(epd, allowed=PD) == PD  # --auto-ratio-roles prefill,decode: the encoders stay
     assert split_roles(registry_of(worker("x", "prefill", EPD), worker("d1", "decode"), mode="pd")) == PD
     loads = [RoleLoad("encoder", 1, 300, 100), RoleLoad("prefill", 1, 100, 100), RoleLoad("decode", 2, 50, 100)]
     assert apply_target(epd, loads) == {"encoder": 2, "prefill": 1, "decode": 1}

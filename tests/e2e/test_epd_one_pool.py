@@ -20,9 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from cache.config import MIB
-from cache.embedded import EmbeddedRedis
 from process.ports import free_port
+from tests.support.redis_fixtures import redis_server  # noqa: F401
 from tests.support.router_helpers import ask, data_url, messages, metric, png
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,10 +33,8 @@ FAILURES = ('epd_router_requests_total{outcome="upstream_error"}', 'epd_router_r
 
 
 @pytest.fixture(scope="module")
-def redis_url():
-    server = EmbeddedRedis(64 * MIB).start()
-    yield server.url
-    server.stop()
+def redis_url(redis_server):  # noqa: F811
+    return redis_server.url
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-
 from bench.common.children import Child, Server, server_env
 from process.ports import free_port
 
@@ -74,8 +72,3 @@ class Fleet:
             worker.stop()
         self.redis.stop()
 
-
-def workers_view(router_url: str, client: httpx.Client) -> list[dict]:
-    """``GET /admin/workers``: each worker's id, url, role and draining flag."""
-    body = client.get(f"{router_url}/admin/workers", headers=AUTH).raise_for_status().json()
-    return [{k: w.get(k) for k in ("id", "url", "role", "draining", "outstanding")} for w in body["workers"]]

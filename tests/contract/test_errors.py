@@ -20,6 +20,8 @@ NOT_A_CODE = {
     ("router/fleet/discovery.py", "draining"),  # /health's {"status": "draining"}
     ("router/fleet/membership.py", "draining"),  # a worker's field in /admin/workers
     ("cli/admin.py", "draining"),  # that field, read by `stage admin workers`
+    ("bench/ratio_shift/client.py", "draining"),  # that field, sampled by bench.ratio_shift
+    ("bench/ratio_shift/analysis.py", "draining"),  # and read there
 }
 
 

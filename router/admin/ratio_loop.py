@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from router.errors import RouterError
 from router.fleet.load import History, role_loads
-from router.fleet.membership import Membership, movable_of
+from router.fleet.membership import Membership
+from router.fleet.splits import movable_of
 from router.plan.ratio import ORDER, Hysteresis, Movable, RoleLoad, decide_tick, recommend, target_split
 from router.fleet.registry import Registry
 

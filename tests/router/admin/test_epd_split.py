@@ -18,7 +18,8 @@ from router.config import RouterConfig
 from router.errors import RouterError
 from router.fleet.breaker import CircuitBreaker
 from router.fleet.load import History, Sample, role_loads
-from router.fleet.membership import Membership, check_split, check_switch, movable_of, movers
+from router.fleet.membership import Membership
+from router.fleet.splits import check_split, check_switch, movable_of, movers
 from router.fleet.pairing import Pairing
 from router.fleet.registry import Registry
 from router.fleet.workers import Worker

@@ -14,7 +14,8 @@ from router.fleet.breaker import CircuitBreaker
 from router.errors import RouterError
 from router.fleet.load import History, Sample, parse_sample, role_loads
 from router.config import RouterConfig
-from router.fleet.membership import Membership, check_split
+from router.fleet.membership import Membership
+from router.fleet.splits import check_split
 from router.metrics import Metrics
 from router.fleet.pairing import Pairing, PairingRules
 from router.plan.policy import RoundRobin

@@ -166,6 +166,9 @@ def add_disagg_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="EPD mode: request arrival -> every image embedding it references read from the "
                             "cache (waiting for encodes in flight), at most; keep it below the decode's "
                             "--kv-timeout-s")
+        g.add_argument("--prefill-overlap", action=argparse.BooleanOptionalAction, default=d["prefill_overlap"],
+                       help="EPD mode: compute the prompt while its images are encoded (the text before the "
+                            "first image at once, each image's span as its embedding lands)")
     if role in ("decode", "pd"):
         g.add_argument("--admin-token", default=None,
                        help=f"bearer token of the router's calls (/admin/allowed_bootstrap, pd: /role), or "
@@ -292,7 +295,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
     if role in DISAGG_ROLES:
         side = {name: getattr(args, name) for name in (
             "bootstrap_host", "bootstrap_port", "prefill_timeout_s", "kv_timeout_s", "accept_timeout_s",
-            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "group",
+            "abort_grace_s", "max_peer_links", "peer_link_idle_s", "embedding_timeout_s", "prefill_overlap", "group",
             "peer_idle_timeout_s", "peer_heartbeat_s")
             if hasattr(args, name)}
         side["admin_token"] = admin_token(args)

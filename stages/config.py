@@ -105,6 +105,9 @@ class DisaggConfig:
     peer_link_idle_s: float = 60.0  # decode: close a link to a prefill after this long without a room
     cache: CacheConfig | None = None  # EPD mode (--redis-url): image references instead of pixels
     embedding_timeout_s: float = 20.0  # prefill, EPD: request arrival -> every embedding it references read
+    # prefill, EPD: compute the prompt while its images' embeddings come (text before the first image at once,
+    # each image's span as its embedding lands); False: wait for all of them first (--no-prefill-overlap)
+    prefill_overlap: bool = True
     group: str | None = None  # pairing label the router reads from /server_info (--group)
     admin_token: str | None = field(default=None, repr=False)  # decode, pd: the router's admin calls (--admin-token)
 

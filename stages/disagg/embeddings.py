@@ -1,8 +1,10 @@
 """An EPD prefill's image inputs: the embeddings of a request's image and video references, read from the cache.
 
-``ImageInputs.fill(prompt, refs)`` is awaited by the prefill's room (``PrefillCoordinator``) before
-its request enters the engine, so a request whose embeddings are not ready waits on its own and
-never holds up the prefill or decode of others. Per distinct key: ``EmbeddingCache.get``; on a miss
+``ImageInputs.fill(prompt, refs)`` reads them for the prefill's room (``PrefillCoordinator``): whole,
+awaited before its request enters the engine, or (``arrived``) each key handed on as soon as it is
+read, so the engine computes the prompt up to the next image it still waits for (``stand_ins`` are the
+prompt's embeddings meanwhile: ``ImageEmbedding.pending``). Either way a request whose embeddings are
+not ready waits on its own and never holds up the prefill or decode of others. Per distinct key: ``EmbeddingCache.get``; on a miss
 ``wait_ready`` (woken when the key lands, within what is left of ``--embedding-timeout-s``). Every
 entry is checked against what its reference implies (``check_embedding``) before it is used: a
 mismatch is a miss, its entry is deleted, and the request fails; wrong data is never spliced in.
@@ -31,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,6 +79,10 @@ class VideoReference(Protocol):
     def plan(self) -> VideoPlan: ...
 
 
+Refs = Sequence[tuple["ImageRef | VideoReference", str]]  # each reference and its param path, in prompt order
+Arrived = Callable[[list[int], ImageEmbedding], Awaitable[None]]  # (the prompt's image indexes of one key, its embedding)
+
+
 class Mismatch(ValueError):
     """A cached entry that does not fit its reference or the model."""
 
@@ -117,32 +123,55 @@ class ImageInputs:
         self.prompts = prompts
         self.timeout_s = timeout_s
 
-    async def fill(self, prompt: Prompt, refs: Sequence[tuple[ImageRef | VideoReference, str]]) -> None:
-        """Set ``prompt.embeddings`` from the cache, one per reference (image or video) in order
-        (``param``: the reference's path in the request, for errors). Raises DisaggError (module
-        docstring) within ``timeout_s`` of the call; other keys' waits are cancelled when one fails."""
+    def stand_ins(self, refs: Refs) -> list[ImageEmbedding]:
+        """Each reference's ``pending`` stand-in (the placeholders it fills and its grid), in order.
+        DisaggError 400 for a video reference without a plan."""
+        return [ImageEmbedding.pending(want.num_tokens, want.grid)
+                for want in (self._expected(ref, param) for ref, param in refs)]
+
+    async def fill(self, prompt: Prompt, refs: Refs, arrived: Arrived | None = None) -> None:
+        """Read each reference's embedding (image or video; ``param``: its path in the request, for
+        errors) from the cache, every distinct key at once: set ``prompt.embeddings`` once all are
+        read, or with ``arrived``, hand each key's embedding on as soon as it is read and checked (keys
+        land in any order). Raises DisaggError (module docstring) within ``timeout_s`` of the call;
+        other keys' reads are cancelled when one fails."""
         deadline = time.monotonic() + self.timeout_s
         expected = [self._expected(ref, param) for ref, param in refs]  # a video ref without a plan: 400 first
-        keys = {ref.key: (param, _kind(ref)) for ref, param in reversed(refs)}  # first param per key
-        found: dict[str, CachedEmbedding] = {}
+        indexes: dict[str, list[int]] = {}
+        for i, (ref, _) in enumerate(refs):
+            indexes.setdefault(ref.key, []).append(i)
+        embeddings: list[ImageEmbedding | None] = [None] * len(refs)
+
+        async def one(key: str, first: int) -> None:
+            ref, param = refs[first]
+            hit = await self._read(key, _Named(param, _kind(ref)), deadline)
+            embedding = await self._checked(hit, ref, param, expected[first])
+            for i in indexes[key]:
+                embeddings[i] = embedding
+            if arrived is not None:
+                await arrived(indexes[key], embedding)
+
         try:
             async with asyncio.TaskGroup() as group:
-                for key, (param, kind) in keys.items():
-                    group.create_task(self._read(key, _Named(param, kind), deadline, found))
+                for key, mine in indexes.items():
+                    group.create_task(one(key, mine[0]))
         except BaseExceptionGroup as failed:
             raise _first(failed) from None
-        embeddings = []
-        for (ref, param), want in zip(refs, expected, strict=True):
-            try:
-                embeddings.append(check_embedding(found[ref.key], want, self.shape))
-            except Mismatch as exc:
-                await self._drop(ref.key)
-                size = "width and height" if isinstance(ref, ImageRef) else "probe and sampling"
-                raise DisaggError(502, f"The cached embedding of {_kind(ref)} {ref.key} does not fit this request: "
-                                  f"{exc}; the entry was dropped. Check the reference's {size}, and that the "
-                                  "encoder serves the same model as this prefill.", Code.EMBEDDING_MISMATCH,
-                                  param, image_key=ref.key) from None
-        prompt.embeddings = embeddings
+        if arrived is None:
+            prompt.embeddings = [e for e in embeddings if e is not None]
+
+    async def _checked(self, hit: CachedEmbedding, ref: ImageRef | VideoReference, param: str,
+                       want: Expected) -> ImageEmbedding:
+        """The entry as an embedding if it fits ``ref``; else it is dropped and the request fails (502)."""
+        try:
+            return check_embedding(hit, want, self.shape)
+        except Mismatch as exc:
+            await self._drop(ref.key)
+            size = "width and height" if isinstance(ref, ImageRef) else "probe and sampling"
+            raise DisaggError(502, f"The cached embedding of {_kind(ref)} {ref.key} does not fit this request: "
+                              f"{exc}; the entry was dropped. Check the reference's {size}, and that the "
+                              "encoder serves the same model as this prefill.", Code.EMBEDDING_MISMATCH,
+                              param, image_key=ref.key) from None
 
     def _expected(self, ref: ImageRef | VideoReference, param: str) -> Expected:
         """What ``ref`` implies: an image's by the size rule, a video's by its plan."""
@@ -156,7 +185,7 @@ class ImageInputs:
                               param, image_key=ref.key) from None
         return Expected(plan.num_tokens, plan.grid)
 
-    async def _read(self, key: str, named: _Named, deadline: float, found: dict[str, CachedEmbedding]) -> None:
+    async def _read(self, key: str, named: _Named, deadline: float) -> CachedEmbedding:
         param, kind, what = named.param, named.kind, named.kind.capitalize()
         try:
             hit = await self.cache.get(key)
@@ -179,7 +208,7 @@ class ImageInputs:
         except ReadyTimeout:
             raise DisaggError(504, f"{what} {key} was still being encoded after {self.timeout_s:g} s "
                               "(--embedding-timeout-s).", Code.EMBEDDING_TIMEOUT, param, image_key=key) from None
-        found[key] = hit
+        return hit
 
     async def _drop(self, key: str) -> None:
         try:

@@ -11,11 +11,18 @@ rope delta). A request of ``n`` sequences is prefilled once and ends in n output
 the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP request.
 
 Inputs (EPD mode): ``prefill`` may take an ``inputs`` coroutine (the room's image embeddings, read
-from the cache: ``stages.disagg.embeddings``). It starts at once, beside the pairing; the paired
-room awaits it before its request enters the engine, so a room whose inputs are not ready never
-holds up the engine's other requests. If it fails, the room fails with its error on both halves:
-at once if the room is paired (``KVFailed`` with that reason), and if not yet, the room is closed
-with that reason, so the decode's ``KVRequest`` is refused with it when it comes.
+from the cache: ``stages.disagg.embeddings``). It starts at once, beside the pairing. Without a
+``feed`` the paired room awaits it before its request enters the engine. With one (``--prefill-overlap``:
+the prompt's embeddings are ``pending`` stand-ins and ``inputs`` hands each to the feed as it lands) the
+paired room's request enters the engine at once, ``awaiting`` them: the engine computes the text before
+the first image and each image's span once its embedding is given (``Engine.provide``), so the
+prefill overlaps the encode (the timeline's ``embeddings_ready`` carries ``overlap_s``, how long the
+room's request had been in the engine by then, and ``computed_tokens``, the most prompt tokens it had
+computed when an embedding came). Either way a room whose inputs are not ready never holds up the
+engine's other requests. If they fail, the room fails with their error on both halves: at once if the
+room is paired (its engine request aborted, its blocks freed; ``KVFailed`` with that reason), and if
+not yet, the room is closed with that reason, so the decode's ``KVRequest`` is refused with it when it
+comes.
 
 A room's state (``transfer.rooms.Room``, in the room table's entry) is the one record of where it
 stands: ``Bootstrapping`` (one half here), ``WaitingForInput`` (paired), ``Transferring`` (prefilled,
@@ -50,11 +57,12 @@ from typing import Any
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
 from stages.disagg.hooks import PrefillHooks
+from stages.disagg.input_feed import InputFeed
 from stages.disagg.ready import ready_message
 from stages.disagg.runtime import StageRuntime
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.outputs import RequestOutput
-from stages.engine.multimodal import Prompt
+from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
@@ -88,6 +96,7 @@ class _Local:
     prompt: Prompt
     params: SamplingParams
     inputs: asyncio.Task | None = None  # EPD: fills prompt.embeddings; awaited before the forward pass
+    feed: InputFeed | None = None  # EPD with overlap: ``inputs`` feeds this instead; not awaited before
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def stop_inputs(self) -> None:
@@ -144,11 +153,12 @@ class PrefillCoordinator:
             raise conflict(f"bootstrap room {room}: {exc}") from exc
 
     async def prefill(self, room: int, prompt: Prompt, params: SamplingParams,
-                      inputs: Coroutine[Any, Any, None] | None = None) -> PrefillResult:
+                      inputs: Coroutine[Any, Any, None] | None = None, feed: InputFeed | None = None) -> PrefillResult:
         """The HTTP half of ``room``: returns once the KV is in the decode's blocks, or raises DisaggError.
-        ``inputs`` (EPD): completes the prompt (its embeddings); run at once, awaited before the forward."""
+        ``inputs`` (EPD): completes the prompt (its embeddings); run at once, awaited before the forward,
+        or with ``feed`` (which it fills) given to the engine request as they land (module docstring)."""
         self.timeline.mark(room, "queued")
-        local = _Local(prompt, params, asyncio.ensure_future(inputs) if inputs is not None else None)
+        local = _Local(prompt, params, asyncio.ensure_future(inputs) if inputs is not None else None, feed)
         # the HTTP side may stop waiting (timeout, client gone); its result is then read by nobody
         local.result.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
@@ -262,7 +272,7 @@ class PrefillCoordinator:
         mark = self.timeline.mark
         try:
             self._check_pair(room, local, remote)
-            if local.inputs is not None:
+            if local.inputs is not None and local.feed is None:
                 await self._inputs(state, local.inputs)
                 mark(room, "embeddings_ready")
             self.hooks.before_forward(room)
@@ -307,13 +317,19 @@ class PrefillCoordinator:
         itself if it raises (a sequence failed, or one is missing)."""
         finished: dict[int, RequestOutput] = {}
         ended = False  # the stream ended by itself (not by an exception: a cancel may come after the last output)
+        request_id, feeding = _request_id(state.room), local.feed is not None
+        stream = self.engine.generate(request_id, local.prompt, local.params, hand_off=True, awaiting=feeding)
+        # the feed task first runs when this coroutine first waits, in the stream, after it queued the
+        # request's start: the engine takes the start before any embedding the feed hands it
+        feeder = asyncio.create_task(self._feed(state.room, local)) if feeding else None
         try:
-            async for output in self.engine.generate(_request_id(state.room), local.prompt, local.params,
-                                                     hand_off=True):
+            async for output in stream:
                 if output.finished:
                     finished[output.index] = output
             ended = True
         finally:
+            if feeder is not None:
+                feeder.cancel()
             outputs = [finished[i] for i in sorted(finished)]
             held = [block for o in outputs for block in o.blocks or []]
             complete = (ended and sorted(finished) == list(range(local.params.n)) and outputs[0].blocks is not None
@@ -323,9 +339,35 @@ class PrefillCoordinator:
         if complete:
             return outputs
         _check_live(state)
+        if local.inputs is not None and local.inputs.done() and not local.inputs.cancelled():
+            local.inputs.result()  # the inputs failed (the feed aborted the request): their error
         error = next((o.error for o in outputs if o.error), None)
         raise internal(f"bootstrap room {state.room}: the prefill's engine failed on this request: "
                        f"{error or f'it ended with {len(outputs)} of its {local.params.n} sequences'}")
+
+    async def _feed(self, room: int, local: _Local) -> None:
+        """Hand the room's embeddings to its engine request as they land; when its inputs fail, abort
+        the request (its stream ends, ``_forward`` raises their error); ``embeddings_ready`` (with
+        ``overlap_s``) once all are read."""
+        assert local.feed is not None and local.inputs is not None
+        request_id, started, computed = _request_id(room), time.monotonic(), [0]
+
+        async def provide(index: int, embedding: ImageEmbedding) -> None:
+            had = await self.engine.call(lambda engine: engine.provide(request_id, index, embedding))
+            computed[0] = max(computed[0], had or 0)
+
+        try:
+            await local.feed.attach(provide)
+        except Exception:  # the engine refused an embedding (or is gone): the request cannot finish
+            log.exception("room %d: could not hand its embeddings to the engine", room)
+            self.engine.abort(request_id)
+            return
+        await asyncio.wait({local.inputs})
+        if local.inputs.cancelled() or local.inputs.exception() is not None:
+            self.engine.abort(request_id)
+            return
+        self.timeline.mark(room, "embeddings_ready", overlap_s=round(time.monotonic() - started, 6),
+                           computed_tokens=computed[0])
 
     async def _fail(self, state: Room, local: _Local, exc: Exception) -> None:
         """Fail the room (an aborted one keeps its first reason) and answer both halves with what

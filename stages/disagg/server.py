@@ -33,6 +33,7 @@ from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.decode_side import DecodeCoordinator
 from stages.disagg.embeddings import EmbeddingShape, ImageInputs
+from stages.disagg.input_feed import InputFeed
 from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
 from stages.disagg.ready import check_size
@@ -94,9 +95,14 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
             raise _api_error(exc, "prefill", room) from exc
 
         async def prefilled() -> AsyncGenerator[RequestOutput, None]:
-            fill = (inputs.fill(prompt, image_refs(body))  # only a chat body has images (a completions prompt is text)
-                    if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest) else None)
-            result = await coordinator.prefill(room, prompt, params, fill)
+            fill, feed = None, None
+            # only a chat body has images (a completions prompt is text)
+            if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest):
+                refs = image_refs(body)
+                if coordinator.config.prefill_overlap:
+                    prompt.embeddings, feed = inputs.stand_ins(refs), InputFeed()
+                fill = inputs.fill(prompt, refs, None if feed is None else feed.arrived)
+            result = await coordinator.prefill(room, prompt, params, fill, feed)
             for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
                 yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
                                           completion_tokens=1)

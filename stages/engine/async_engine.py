@@ -139,16 +139,17 @@ class AsyncEngine:
         return self._engine.stats()
 
     def generate(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                 hand_off: bool = False) -> AsyncGenerator[RequestOutput, None]:
+                 hand_off: bool = False, awaiting: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Yield outputs until the request finishes (each of its ``params.n`` sequences). Raises ValueError
         for a request that can never run, EngineUnavailable if the engine thread is not running (then or
         when the request is queued). ``hand_off``: prefill only; each sequence's one output is final,
-        sequence 0's carries the blocks (see ``Engine.add_request``)."""
+        sequence 0's carries the blocks; ``awaiting``: its pending images come through ``provide``
+        (see ``Engine.add_request``)."""
         self._check_running()
         self._engine.check_request(prompt, params)
 
         def start(engine: Engine) -> None:
-            engine.add_request(request_id, prompt, params, hand_off)
+            engine.add_request(request_id, prompt, params, hand_off, awaiting)
 
         return self._stream(request_id, params.n, start)
 

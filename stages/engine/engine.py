@@ -55,10 +55,10 @@ from stages.engine.kv_pool import KVLayout, KVPool
 from stages.engine.logprobs import TokenLogprob
 from stages.engine.models import load_adapter
 from stages.engine.image_encoding import encode_missing
-from stages.engine.multimodal import Prompt
+from stages.engine.multimodal import ImageEmbedding, Prompt
 from stages.engine.outputs import EngineStats, RequestOutput
 from stages.engine.prefilled import FirstTokens, Prefilled
-from stages.engine.prefix_cache import block_hashes
+from stages.engine.prefix_cache import block_hashes, image_spans
 from stages.engine.request import FinishReason, Preemption, Request, RequestStatus, sequence_id
 from stages.engine.runner import ModelRunner
 from stages.engine.sampler import make_generator
@@ -118,19 +118,42 @@ class Engine:
             raise ValueError(f"logit_bias names token {outside[0]}, not in this model's vocabulary of {self.vocab_size}")
         self.scheduler.check_fits(Request("check", prompt, params))
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False) -> Request:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, hand_off: bool = False,
+                    awaiting: bool = False) -> Request:
         """Queue a request for prefill and decode. With ``hand_off`` (prefill servers) it stops after the
         first token and its final output carries its blocks, which the caller frees with ``free_blocks``.
-        Raises ValueError, changing nothing, if the request can never run or its id is in use.
-        Returns its sequence 0 (the others are forked from it when its prompt is done)."""
+        With ``awaiting`` (an EPD prefill), the prompt's stand-in embeddings (``ImageEmbedding.pending``)
+        are images still coming: its prefill computes up to the first of them it needs and waits for
+        ``provide``. Raises ValueError, changing nothing, if the request can never run or its id is in
+        use. Returns its sequence 0 (the others are forked from it when its prompt is done)."""
         self._check_new_id(request_id, params.n)
         self.check_request(prompt, params)
         prompt.check_images(self.adapter.media_token_ids, prefill=True)
         request = Request(request_id, prompt, params, hand_off=hand_off, block_hashes=self._block_hashes(prompt))
+        if awaiting and prompt.embeddings:
+            spans = image_spans(prompt.token_ids, self.adapter.media_token_ids, prompt.image_tokens)
+            request.pending = {i: spans[i] for i, e in enumerate(prompt.embeddings) if e.stand_in}
         tracked = self._new_tracked(request)
         self.scheduler.add(request)
         self._tracked[request_id] = tracked
         return request
+
+    def provide(self, request_id: str, index: int, embedding: ImageEmbedding) -> int | None:
+        """Give an ``awaiting`` request image ``index``'s embedding (its chunks up to the next image it
+        still needs may then run). Returns the prompt tokens it had computed until then (its prefix hit
+        included); None if the request is gone (finished or aborted) or has the embedding already.
+        ValueError if the embedding does not fill that image's placeholders."""
+        request = next((r for r in self.scheduler.sequences(request_id) if index in r.pending), None)
+        if request is None:
+            return None
+        embeddings = request.prompt.embeddings
+        assert embeddings is not None
+        if embedding.num_tokens != embeddings[index].num_tokens:
+            raise ValueError(f"image {index} fills {embeddings[index].num_tokens} placeholder tokens but its "
+                             f"embedding has {embedding.num_tokens}")
+        embeddings[index] = embedding
+        del request.pending[index]
+        return request.num_computed
 
     def reserve_blocks(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Blocks for a request whose prompt KV will be written from elsewhere (decode servers): the
@@ -258,11 +281,17 @@ class Engine:
                         prompt_logprobs=None if params.prompt_logprobs is None else [None] * request.prompt_len)
 
     def _block_hashes(self, prompt: Prompt) -> list[bytes] | None:
-        """The prompt's chain of block hashes when prefix caching is on, else None."""
+        """The prompt's chain of block hashes when prefix caching is on, else None. Each image's key
+        is hashed with its grid where the prompt has them (pixels or embeddings): an EPD reference
+        claims its size, so one key could come with another grid (other M-RoPE positions), and a block
+        computed under one must never be a hit for the other, even before its embedding is read."""
         if not self.config.prefix_caching:
             return None
+        keys, grids = prompt.image_keys, prompt.image_grids
+        if keys is not None and len(grids) == len(keys):
+            keys = [f"{key}|{grid}" for key, grid in zip(keys, grids)]
         return block_hashes(prompt.token_ids, self.config.block_size, self.adapter.media_token_ids,
-                            prompt.image_tokens, prompt.image_keys)
+                            prompt.image_tokens, keys)
 
     def _swap(self, batch: ScheduledBatch) -> None:
         """Copy the KV of the step's swapped-out requests to the host (their blocks are free from this

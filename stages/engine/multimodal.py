@@ -43,9 +43,15 @@ class ImageEmbedding:
         No step reads its rows: ``slice_embeddings`` only counts them."""
         return cls(torch.empty((image.num_tokens, 0), device="cpu"), image.grid_thw)
 
+    @classmethod
+    def pending(cls, num_tokens: int, grid_thw: tuple[int, int, int] | None) -> ImageEmbedding:
+        """The stand-in of an image whose embedding is still coming (an EPD prefill that computes the
+        prompt while its images are encoded: ``Engine.add_request(awaiting=True)``)."""
+        return cls(torch.empty((num_tokens, 0), device="cpu"), grid_thw)
+
     @property
     def stand_in(self) -> bool:
-        """A ``skipped`` stand-in (no features), not an embedding."""
+        """A ``skipped`` or ``pending`` stand-in (no features), not an embedding."""
         return self.embeds.shape[-1] == 0
 
 

@@ -89,6 +89,9 @@ class Request:
     first_token_at: float | None = None
     index: int = 0  # which of the request's ``params.n`` sequences this is
     group_id: str = ""  # the client's request id, shared by its n sequences ("": ``request_id``)
+    # an EPD prefill's images whose embeddings have not come yet (``Engine.provide``): image index ->
+    # its placeholders' (first, end) positions; no chunk computes at or past the first of them it needs
+    pending: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id
@@ -115,6 +118,18 @@ class Request:
     def prompt_done(self) -> bool:
         """Every prefill token's KV is in the pool: the request decodes from now on."""
         return self.num_computed >= self.prefill_len
+
+    @property
+    def ready_len(self) -> int:
+        """Prefill tokens whose inputs are here: up to the first placeholder of the first pending image
+        not wholly inside what is computed (a prefix hit may cover some), else the whole prefill."""
+        return min((first for first, end in self.pending.values() if end > self.num_computed),
+                   default=self.prefill_len)
+
+    @property
+    def waits_for_inputs(self) -> bool:
+        """In prefill, with nothing to compute until an image's embedding comes."""
+        return not self.prompt_done and self.ready_len <= self.num_computed
 
     @property
     def chunk_end(self) -> int:

@@ -42,6 +42,13 @@ are registered (``register``), so later requests hit them, even while this one s
 (finish, abort, preemption) is the same ``free`` for shared and own blocks: it drops this request's
 references, and what it registered stays cached.
 
+**Inputs still coming** (an EPD prefill's ``Request.pending``: images whose embeddings are being read
+or encoded): no chunk reaches the first placeholder of the first such image the request still needs
+(``ready_len``; one wholly inside its prefix hit is not needed), so the text before it, and each
+image's span once its embedding is given (``Engine.provide``), is computed while the rest is on its
+way. A request with nothing to compute is left out of the batch and does not count as work
+(``has_work``): the engine thread sleeps until a command (the embedding) wakes it.
+
 **n sequences** (``params.n``; see ``request.py``): a request is admitted as its sequence 0, which
 computes the prompt; when that is done, the engine forks the others (``fork``): each shares the
 prompt's full blocks (a reference more, ``BlockAllocator.retain``) and takes ``own_blocks`` of its
@@ -312,8 +319,11 @@ class Scheduler:
 
     @staticmethod
     def _add_chunk(batch: ScheduledBatch, request: Request, budget: int) -> int:
-        """Schedule the next chunk (at most ``budget`` tokens) of ``request``'s prefill; returns its size."""
-        request.num_scheduled = min(request.prefill_len - request.num_computed, budget)
+        """Schedule the next chunk (at most ``budget`` tokens, none past ``ready_len``) of ``request``'s
+        prefill; returns its size (0: it waits for an image's embedding, and is not in this batch)."""
+        request.num_scheduled = max(0, min(min(request.prefill_len, request.ready_len) - request.num_computed, budget))
+        if not request.num_scheduled:
+            return 0
         batch.prefills.append(request)
         batch.chunks.append(request.num_scheduled)
         return request.num_scheduled
@@ -372,4 +382,6 @@ class Scheduler:
         return len(self.running)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """A step would do something: a request waits for admission, or a running one can compute (not
+        every one waits for an image's embedding: those are woken by ``Engine.provide``)."""
+        return bool(self.waiting) or any(not r.waits_for_inputs for r in self.running)

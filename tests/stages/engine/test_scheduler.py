@@ -334,3 +334,34 @@ def test_add_running_skips_prefill():
     scheduler.add_running(request)
     batch = scheduler.schedule()
     assert batch.decodes == [request] and batch.prefills == []
+
+
+def test_a_prefill_whose_images_are_coming_computes_up_to_the_first_it_needs_then_waits():
+    """An EPD prefill's pending images (``Request.pending``: index -> placeholder span): the text before
+    the first is computed at once, each span once its embedding is given, and a request with nothing
+    to compute is out of the batch and not work (the engine thread sleeps)."""
+    scheduler = make_scheduler(num_blocks=64, max_batched_tokens=8)
+    request, other = make_request("epd", 24), make_request("other", 3)
+    request.pending = {0: (5, 9), 1: (12, 20)}
+    scheduler.add(request)
+    scheduler.add(other)
+    batch = run_step(scheduler)
+    assert list(zip([r.request_id for r in batch.prefills], batch.chunks)) == [("epd", 5), ("other", 3)]
+    assert request.num_computed == 5 and request.waits_for_inputs
+    second = run_step(scheduler, finished={"other"})  # "other" decodes its last token; "epd" waits
+    assert (second.prefills, second.decodes) == ([], [other])
+    assert not scheduler.has_work() and not run_step(scheduler)
+    del request.pending[1]  # the second image came first: still blocked by the first
+    assert not scheduler.has_work()
+    del request.pending[0]
+    assert scheduler.has_work()
+    assert [run_step(scheduler).chunks for _ in range(3)] == [[8], [8], [3]] and request.prompt_done
+
+
+def test_a_pending_image_inside_the_prefix_hit_is_not_waited_for():
+    request = make_request("hit", 20)
+    request.pending = {0: (2, 6), 1: (10, 14)}
+    request.num_computed = 8  # the prefix hit covers image 0 whole
+    assert request.ready_len == 10
+    request.num_computed = 12  # and image 1 in part: its span is still needed
+    assert request.ready_len == 10 and request.waits_for_inputs

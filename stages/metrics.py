@@ -89,6 +89,10 @@ class Metrics:
         self.prefix_hit_tokens = Counter("epd_prefix_cache_hit_tokens", "Prefix cache: prompt tokens whose KV was "
                                          "found cached (not computed).", registry=r)
         self._prefix_seen = (0, 0)  # the engine's counts at the last refresh
+        self.prefill_images_skipped = Counter("epd_prefill_images_skipped", "EPD prefill: image and video "
+                                              "embeddings not read from the cache because the prefix cache held "
+                                              "their KV (their placeholders lay wholly in the cached prefix).",
+                                              registry=r)
         self.preemptions = Counter("epd_preemptions", "Requests preempted when the KV pool ran dry, by what "
                                    "happened to their KV: recompute (prefilled again) or swap (to host memory).",
                                    ["kind"], registry=r)

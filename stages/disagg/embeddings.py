@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from contract.video import VideoPlan
 from stages.api.message_schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.engine.prefix_cache import image_spans
 from stages.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
@@ -117,11 +118,19 @@ class ImageInputs:
     """The prefill's reader of the cache: what a reference implies comes from ``prompts``'s size rule
     (``num_image_tokens``, ``image_grid``). One object per server, used from its event loop."""
 
-    def __init__(self, cache: EmbeddingCache, shape: EmbeddingShape, prompts: PromptBuilder, timeout_s: float) -> None:
+    def __init__(self, cache: EmbeddingCache, shape: EmbeddingShape, prompts: PromptBuilder, timeout_s: float,
+                 skipped: Callable[[int], None] | None = None) -> None:
         self.cache = cache
         self.shape = shape
         self.prompts = prompts
         self.timeout_s = timeout_s
+        self.skipped = skipped  # counts the images never read: the prefix cache held their KV
+
+    def covered(self, prompt: Prompt, cached_tokens: int) -> frozenset[int]:
+        """The indexes of the prompt's images whose placeholders lie wholly inside its first
+        ``cached_tokens`` (a prefix hit: their KV is there, their embeddings are not needed)."""
+        spans = image_spans(prompt.token_ids, self.prompts.adapter.media_token_ids, prompt.image_tokens)
+        return frozenset(i for i, (_, end) in enumerate(spans) if end <= cached_tokens)
 
     def stand_ins(self, refs: Refs) -> list[ImageEmbedding]:
         """Each reference's ``pending`` stand-in (the placeholders it fills and its grid), in order.
@@ -129,17 +138,20 @@ class ImageInputs:
         return [ImageEmbedding.pending(want.num_tokens, want.grid)
                 for want in (self._expected(ref, param) for ref, param in refs)]
 
-    async def fill(self, prompt: Prompt, refs: Refs, arrived: Arrived | None = None) -> None:
+    async def fill(self, prompt: Prompt, refs: Refs, arrived: Arrived | None = None,
+                   only: Collection[int] | None = None) -> None:
         """Read each reference's embedding (image or video; ``param``: its path in the request, for
         errors) from the cache, every distinct key at once: set ``prompt.embeddings`` once all are
         read, or with ``arrived``, hand each key's embedding on as soon as it is read and checked (keys
-        land in any order). Raises DisaggError (module docstring) within ``timeout_s`` of the call;
-        other keys' reads are cancelled when one fails."""
+        land in any order), and then only the references at ``only`` (indexes) if given. Raises
+        DisaggError (module docstring) within ``timeout_s`` of the call; other keys' reads are
+        cancelled when one fails."""
         deadline = time.monotonic() + self.timeout_s
         expected = [self._expected(ref, param) for ref, param in refs]  # a video ref without a plan: 400 first
         indexes: dict[str, list[int]] = {}
         for i, (ref, _) in enumerate(refs):
-            indexes.setdefault(ref.key, []).append(i)
+            if arrived is None or only is None or i in only:
+                indexes.setdefault(ref.key, []).append(i)
         embeddings: list[ImageEmbedding | None] = [None] * len(refs)
 
         async def one(key: str, first: int) -> None:

@@ -77,6 +77,7 @@ EXPIRE_EVERY_S = 0.5
 EVENTS = {RoomStatus.WaitingForInput: "paired", RoomStatus.Success: "ready_sent", RoomStatus.Failed: "failed"}
 IN_FLIGHT_SLACK_S = 5.0  # after a write timed out with bytes possibly in flight, wait this much longer
 CLOSED_ERRORS = 4096  # rooms closed with an error before their decode came: their errors kept for it
+ADMISSION_POLL_S = 0.002  # how often a room whose images the prefix cache covered asks if it is admitted
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class _Local:
     params: SamplingParams
     inputs: asyncio.Task | None = None  # EPD: fills prompt.embeddings; awaited before the forward pass
     feed: InputFeed | None = None  # EPD with overlap: ``inputs`` feeds this instead; not awaited before
+    late_error: DisaggError | None = None  # EPD with overlap: a covered image's late read failed
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def stop_inputs(self) -> None:
@@ -330,6 +332,8 @@ class PrefillCoordinator:
         finally:
             if feeder is not None:
                 feeder.cancel()
+            if local.feed is not None and ended:
+                local.feed.finish()
             outputs = [finished[i] for i in sorted(finished)]
             held = [block for o in outputs for block in o.blocks or []]
             complete = (ended and sorted(finished) == list(range(local.params.n)) and outputs[0].blocks is not None
@@ -339,6 +343,8 @@ class PrefillCoordinator:
         if complete:
             return outputs
         _check_live(state)
+        if local.late_error is not None:
+            raise local.late_error
         if local.inputs is not None and local.inputs.done() and not local.inputs.cancelled():
             local.inputs.result()  # the inputs failed (the feed aborted the request): their error
         error = next((o.error for o in outputs if o.error), None)
@@ -358,6 +364,12 @@ class PrefillCoordinator:
 
         try:
             await local.feed.attach(provide)
+            if local.feed.covered:
+                await local.feed.read_late(await self._admitted_needs(request_id))
+        except DisaggError as exc:  # a late read failed: the room fails with its error
+            local.late_error = exc
+            self.engine.abort(request_id)
+            return
         except Exception:  # the engine refused an embedding (or is gone): the request cannot finish
             log.exception("room %d: could not hand its embeddings to the engine", room)
             self.engine.abort(request_id)
@@ -368,6 +380,13 @@ class PrefillCoordinator:
             return
         self.timeline.mark(room, "embeddings_ready", overlap_s=round(time.monotonic() - started, 6),
                            computed_tokens=computed[0])
+
+    async def _admitted_needs(self, request_id: str) -> list[int]:
+        """Once the engine has admitted ``request_id`` (polled every ``ADMISSION_POLL_S``): the pending
+        images it needs (``Engine.admitted_needs``; [] if it is gone)."""
+        while (needs := await self.engine.call(lambda engine: engine.admitted_needs(request_id))) is None:
+            await asyncio.sleep(ADMISSION_POLL_S)
+        return needs
 
     async def _fail(self, state: Room, local: _Local, exc: Exception) -> None:
         """Fail the room (an aborted one keeps its first reason) and answer both halves with what

@@ -16,9 +16,9 @@ from the cache (``stages.disagg.embeddings``) while its room pairs, the decode n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -32,7 +32,7 @@ from stages.api.completion_schema import AnyRequest
 from stages.api.schemas import ChatCompletionRequest
 from stages.config import ServerConfig
 from stages.disagg.decode_side import DecodeCoordinator
-from stages.disagg.embeddings import EmbeddingShape, ImageInputs
+from stages.disagg.embeddings import EmbeddingShape, ImageInputs, Refs
 from stages.disagg.input_feed import InputFeed
 from stages.disagg.errors import DisaggError
 from stages.disagg.prefill_side import PrefillCoordinator
@@ -98,10 +98,7 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
             fill, feed = None, None
             # only a chat body has images (a completions prompt is text)
             if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest):
-                refs = image_refs(body)
-                if coordinator.config.prefill_overlap:
-                    prompt.embeddings, feed = inputs.stand_ins(refs), InputFeed()
-                fill = inputs.fill(prompt, refs, None if feed is None else feed.arrived)
+                fill, feed = _room_inputs(coordinator, inputs, prompt, image_refs(body))
             result = await coordinator.prefill(room, prompt, params, fill, feed)
             for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
                 yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
@@ -110,6 +107,19 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
         return _as_api_errors(prefilled(), "prefill", room)
 
     return generate
+
+
+def _room_inputs(coordinator: PrefillCoordinator, inputs: ImageInputs, prompt: Prompt,
+                 refs: Refs) -> tuple[Coroutine[Any, Any, None], InputFeed | None]:
+    """An EPD room's reader of its embeddings and, with ``--prefill-overlap``, the feed it fills: the
+    prompt's embeddings become pending stand-ins, and the images its cached prefix covers now are left
+    for the room's runner to read only if the admitted request needs them (``stages.disagg.input_feed``)."""
+    if not coordinator.config.prefill_overlap:
+        return inputs.fill(prompt, refs), None
+    prompt.embeddings = inputs.stand_ins(refs)
+    covered = inputs.covered(prompt, coordinator.engine.prefix_hint(prompt))
+    feed = InputFeed(covered, lambda only: inputs.fill(prompt, refs, feed.arrived, only), inputs.skipped)
+    return inputs.fill(prompt, refs, feed.arrived, [i for i in range(len(refs)) if i not in covered]), feed
 
 
 def decode_generate(coordinator: DecodeCoordinator):
@@ -152,7 +162,7 @@ def build(config: ServerConfig) -> FastAPI:
         adapter = runtime.prompts.adapter
         inputs = None if cache is None else ImageInputs(
             cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers), runtime.prompts,
-            disagg.embedding_timeout_s)
+            disagg.embedding_timeout_s, metrics.prefill_images_skipped.inc)
         generate = seams.generate(prefill_generate(coordinator, inputs))
     else:
         coordinator = DecodeCoordinator(runtime, disagg, supervisor=supervisor, hooks=seams.decode(),

@@ -66,6 +66,7 @@ from stages.timeline import RoomTimeline, add_room_route
 if TYPE_CHECKING:  # EPD mode only
     from cache.store import EmbeddingCache
     from stages.encoder.stack import EncoderStack
+    from stages.metrics import Metrics
 
 log = logging.getLogger(__name__)
 PD_ROLES = ("prefill", "decode")
@@ -214,7 +215,7 @@ def build(config: ServerConfig) -> FastAPI:
     runtime = start_runtime(config.engine, disagg.transfer, disagg.transfer_config, pixels=True, seams=seams,
                             on_step=metrics.observe_step)
     metrics.watch_transfer(disagg.transfer, lambda: runtime.backend.stats)
-    epd = _epd_parts(config, runtime, seams, metrics.registry) if config.encodes else None
+    epd = _epd_parts(config, runtime, seams, metrics) if config.encodes else None
     slot = RoleSlot(config, runtime, supervisor, seams, epd)
 
     @asynccontextmanager
@@ -249,9 +250,11 @@ def build(config: ServerConfig) -> FastAPI:
     return app
 
 
-def _epd_parts(config: ServerConfig, runtime: StageRuntime, seams: Seams, registry) -> EPDParts:
-    """EPD mode's cache (its ``epd_cache_*`` series on ``registry``), the encoder's parts over the
-    runtime's model (theirs on ``registry`` too) and the prefill's embedding reader."""
+def _epd_parts(config: ServerConfig, runtime: StageRuntime, seams: Seams, metrics: Metrics) -> EPDParts:
+    """EPD mode's cache (its ``epd_cache_*`` series on ``metrics``' registry), the encoder's parts over
+    the runtime's model (theirs there too) and the prefill's embedding reader (counting the images it
+    skips on ``metrics``)."""
+    registry, skipped = metrics.registry, metrics.prefill_images_skipped.inc
     from cache.metrics import register_cache_metrics
     from cache.store import EmbeddingCache
     from stages.disagg.embeddings import EmbeddingShape
@@ -264,7 +267,7 @@ def _epd_parts(config: ServerConfig, runtime: StageRuntime, seams: Seams, regist
     adapter = runtime.prompts.adapter
     encoder = build_stack(config, adapter, cache, seams, registry)
     inputs = ImageInputs(cache, EmbeddingShape(adapter.text_config.hidden_size, adapter.deepstack_layers),
-                         runtime.prompts, disagg.embedding_timeout_s)
+                         runtime.prompts, disagg.embedding_timeout_s, skipped)
     return EPDParts(cache, encoder, inputs)
 
 

@@ -129,6 +129,10 @@ class AsyncEngine:
         ValueError (a message for the client) if the request can never run here."""
         self._engine.check_request(prompt, params)
 
+    def prefix_hint(self, prompt: Prompt) -> int:
+        """``Engine.prefix_hint``, read from this (the caller's) thread: a hint."""
+        return self._engine.prefix_hint(prompt)
+
     def kv_ready(self) -> None:
         """Any thread: return once the KV written by every finished step is in memory, so that its
         blocks may be handed to a transfer engine (``Engine.kv_ready``)."""

@@ -155,6 +155,28 @@ class Engine:
         del request.pending[index]
         return request.num_computed
 
+    def prefix_hint(self, prompt: Prompt) -> int:
+        """Prompt tokens the prefix cache holds now for ``prompt`` (what its admission would start from).
+        Safe to call from another thread (it only reads the index), where it is a hint: blocks may be
+        evicted, or cached, before the request is admitted (``admitted_needs`` says what it then needs)."""
+        hashes = self._block_hashes(prompt)
+        if not hashes:
+            return 0
+        return len(self.scheduler.cached_blocks(Request("hint", prompt, SamplingParams(), block_hashes=hashes))) \
+            * self.config.block_size
+
+    def admitted_needs(self, request_id: str) -> list[int] | None:
+        """For an admitted ``awaiting`` request: the pending images it still needs (not wholly inside
+        what it has computed, its prefix hit included), in prompt order; None while it waits to be
+        admitted; [] if it is gone."""
+        sequences = self.scheduler.sequences(request_id)
+        if not sequences:
+            return []
+        request = sequences[0]
+        if request.status is RequestStatus.WAITING:
+            return None
+        return sorted(i for i, (_, end) in request.pending.items() if end > request.num_computed)
+
     def reserve_blocks(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Blocks for a request whose prompt KV will be written from elsewhere (decode servers): the
         prompt's (on demand; the whole request's when reserving); the caller owns them until it passes

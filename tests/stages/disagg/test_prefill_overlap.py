@@ -7,6 +7,8 @@ prefill whose chunk budget (16 tokens) splits every image across chunks, a decod
   embeddings are all in (the room timeline's ``embeddings_ready``: ``overlap_s``, ``computed_tokens``).
 - An encode that fails while the prefill is computing fails the room on both halves with the
   encoder's error, and every KV block is back.
+- A second turn whose image lies in the prefix the prefill caches is answered without reading that
+  image's embedding (it was deleted from the cache; counted in ``epd_prefill_images_skipped_total``).
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ import pytest
 import torch
 from PIL import Image as PILImage
 
-from cache.config import MIB
+from cache.config import MIB, CacheConfig
 from cache.embedded import EmbeddedRedis
+from cache.store import EmbeddingCache
 from stages.engine.models import load_adapter
 from stages.prompt import PromptBuilder
 from tests.support.devices import DEVICE
 from tests.support.epd_helpers import EPD, Image, start_epd
 from tests.support.generated_models import model_dir
 from tests.support.hf_reference import hf_greedy, load_reference
-from tests.support.router_helpers import arm
+from tests.support.router_helpers import arm, metric
 
 pytestmark = pytest.mark.timeout(180)
 VARIANT = "qwen2_vl"
@@ -56,27 +59,32 @@ def expected():
     adapter = load_adapter(path, torch.float32, "sdpa", device=DEVICE)
     prompts, model = PromptBuilder.load(path, adapter), load_reference(path)
 
-    def text_of(images: list[Image]) -> str:
-        prompt = prompts.build(messages([{"type": "image"}] * len(images)),
+    def text_of(images: list[Image], answer: str | None = None) -> str:
+        """The first turn's answer, or with ``answer`` (the first turn's) the second turn's."""
+        prompt = prompts.build(messages([{"type": "image"}] * len(images), answer),
                                [PILImage.open(io.BytesIO(im.data)) for im in images])
         return prompts.tokenizer.decode(hf_greedy(model, prompt, adapter.image_token_id, 8), skip_special_tokens=True)
 
     return text_of
 
 
-def messages(images: list[dict]) -> list[dict]:
-    """A system prompt, then the user's text, the first image, more text and the rest of the images."""
+def messages(images: list[dict], answer: str | None = None) -> list[dict]:
+    """A system prompt, then the user's text, the first image, more text and the rest of the images;
+    with ``answer``, that turn answered and a second question."""
     first, rest = images[:1], images[1:]
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": [{"type": "text", "text": "Here is a picture."}, *first,
-                                         {"type": "text", "text": "And another one:"}, *rest,
-                                         {"type": "text", "text": "What do they show?"}]}]
+    turns = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": [{"type": "text", "text": "Here is a picture."}, *first,
+                                          {"type": "text", "text": "And another one:"}, *rest,
+                                          {"type": "text", "text": "What do they show?"}]}]
+    if answer is not None:
+        turns += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And the colors?"}]
+    return turns
 
 
-def body(epd: EPD, images: list[Image]) -> dict:
+def body(epd: EPD, images: list[Image], answer: str | None = None) -> dict:
     refs = [{"type": "image_ref", "image_ref": {"key": epd.key(im), "width": im.width, "height": im.height}}
             for im in images]
-    return {"messages": messages(refs), "max_tokens": 8, "temperature": 0, "bootstrap_host": "127.0.0.1",
+    return {"messages": messages(refs, answer), "max_tokens": 8, "temperature": 0, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": epd.bootstrap_port, "bootstrap_room": random.getrandbits(63)}
 
 
@@ -135,4 +143,21 @@ async def test_an_encode_failing_while_the_prefill_computes_fails_the_room_and_f
     assert prefill.status_code == 502 and prefill.json()["error"]["code"] == "encode_failed", prefill.text
     assert prefill.json()["error"]["image_key"] == epd.key(images[0])
     assert decode.status_code == 502, decode.text
+    wait_blocks_free(epd)
+
+
+async def test_an_image_the_prefix_cache_holds_is_not_read(epd, expected):
+    images = [Image.random(72, 72, seed=46)]
+    skipped = metric(epd.prefill.url, "epd_prefill_images_skipped_total")
+    async with httpx.AsyncClient(timeout=60) as client:
+        _, prefill, decode = await run(epd, client, images)
+        answer = decode.json()["choices"][0]["message"]["content"]
+        assert answer == expected(images)
+        async with EmbeddingCache(CacheConfig(url=epd.redis_url, budget_bytes=MIB, ttl_s=60.0)) as cache:
+            await cache.delete(epd.key(images[0]))  # a read of it now would be 400 image_not_cached
+        prefill, decode = await epd.chat(client, body(epd, images, answer))
+    assert prefill.status_code == decode.status_code == 200, (prefill.text, decode.text)
+    assert prefill.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert decode.json()["choices"][0]["message"]["content"] == expected(images, answer)
+    assert metric(epd.prefill.url, "epd_prefill_images_skipped_total") == skipped + 1
     wait_blocks_free(epd)

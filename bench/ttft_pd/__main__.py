@@ -15,8 +15,8 @@ from bench.common.record import Recorder
 from bench.ttft_pd import __doc__ as DOC
 from bench.ttft_pd.analysis import merge_runs, ratios_vs_colocated
 from bench.ttft_pd.phase import run_phase
-from bench.ttft_pd.report import figures, plot, print_table
-from bench.ttft_pd.workload import LONG_TOKENS, WORKLOADS, chat_body, long_text
+from bench.ttft_pd.report import figures, plot, print_breakdown, print_table
+from bench.ttft_pd.workload import CACHE, LONG_TOKENS, WORKLOADS, Bodies, long_text, system
 from process.ports import free_port
 from transfer.registry import BACKENDS
 
@@ -51,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     client_cores = pin_this_process(args.client_cores)
     out = output_path(args)
     model = resolve_model(args)
-    long, long_tokens = long_text(model, args.long_tokens) if "text_2k" in workloads else ("", 0)
-    bodies = {w: chat_body(w, long, args.max_tokens) for w in workloads}
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"--workloads: unknown {unknown}; choose from {','.join(WORKLOADS)}")
+    wants_long = {"text_2k", "text_2k_hit"} & set(workloads)
+    long, long_tokens = long_text(model, args.long_tokens, system(0)) if wants_long else ("", 0)
+    bodies = Bodies(tuple(workloads), long, args.max_tokens)
     print(f"model {model}; text_2k = {long_tokens} prompt tokens; client pid {os.getpid()} on cores "
           f"{client_cores or 'any'}; load {loadavg()}", flush=True)
 
@@ -81,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"family": args.family, "size": args.size, "model_dir": str(model), "workloads": workloads,
                    "text_2k_prompt_tokens": long_tokens, "requests": args.requests, "rounds": args.rounds,
                    "gap_s": args.gap_s, "max_tokens": args.max_tokens, "stream": True, "temperature": 0,
-                   "ignore_eos": True, "backends": backends, "quick": args.quick, "server_args": args.server_arg,
-                   "ttft": "send -> first SSE chunk with non-empty delta content (the decode's stream for PD)"},
+                   "ignore_eos": True, "cache": {w: CACHE[w] for w in workloads}, "backends": backends,
+                   "quick": args.quick, "server_args": args.server_arg,
+                   "ttft": "send -> first SSE chunk with non-empty delta content (the decode's stream for PD)",
+                   "breakdown": "PD only: per request, phases between the prefill's and the decode's room-timeline "
+                                "events (GET /rooms/{room}, wall clock); analysis.CHAIN and SIDE"},
         "phases": phases,
         "ratios_pd_vs_colocated": ratios,
     }
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"P core {args.prefill_cores}, D core {args.decode_cores}, colocated core "
                                  f"{args.colocated_cores}")
     print_table(phases, workloads)
+    print_breakdown(phases, workloads)
     summary = record.finish(out, report, figures(phases, ratios, workloads))
     print(f"wrote {out}, {png} and {summary} ({record.elapsed_s():.0f} s)")
     return 0

@@ -14,10 +14,11 @@ from bench.common.machine import loadavg
 from bench.common.meter import CpuMeter
 from bench.ttft_pd.analysis import summarize
 from bench.ttft_pd.client import measure
+from bench.ttft_pd.workload import Bodies
 
 
 def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]], args: Namespace, model: Path,
-              bodies: dict[str, dict], out: Path, round_index: int = 1) -> dict:
+              bodies: Bodies, out: Path, round_index: int = 1) -> dict:
     """Start the phase's servers, measure, stop them. ``roles``: role -> extra flags."""
     started = time.perf_counter()
     servers = {role: Server(role, model, cores[role], args.threads, out.with_name(f"{out.stem}_{name}_r{round_index}_{role}.log"),
@@ -33,7 +34,7 @@ def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]
               + f"; healthy after {startup_s:.1f} s; load {loadavg()}", flush=True)
         cpu0 = {r: s.cpu() for r, s in servers.items()}
         meter = CpuMeter({os.getpid(), *(s.proc.pid for s in servers.values())}, cpu_key="client_cpu_s")
-        samples = asyncio.run(measure(servers, bodies, args.requests, bootstrap_port, args.request_timeout, args.gap_s))
+        samples = asyncio.run(measure(servers, bodies, args, round_index, bootstrap_port))
         usage = meter.done()
         busy = usage["core_busy_fraction"]
         server_cpu = {r: round(s.cpu() - cpu0[r], 2) for r, s in servers.items()}
@@ -56,8 +57,9 @@ def run_phase(name: str, roles: dict[str, list[str]], cores: dict[str, list[int]
     for w, summary in result["workloads"].items():
         kv = f", KV write {summary['kv_write_ms_median']:.2f} ms ({summary['kv_bytes'] / 2**20:.2f} MiB)" \
             if "kv_write_ms_median" in summary else ""
-        print(f"[{name}] {w:<11} {summary['prompt_tokens']:>5} prompt tokens: TTFT median {summary['ttft_ms_median']:.1f} ms"
-              f", p90 {summary['ttft_ms_p90']:.1f}, min {summary['ttft_ms_min']:.1f}{kv}", flush=True)
+        print(f"[{name}] {w:<11} {summary['prompt_tokens']:>5} prompt tokens ({summary['cached_tokens_median']} cached): "
+              f"TTFT median {summary['ttft_ms_median']:.1f} ms, p90 {summary['ttft_ms_p90']:.1f}, "
+              f"min {summary['ttft_ms_min']:.1f}{kv}", flush=True)
     print(f"[{name}] load {phase['loadavg_1m']}, core busy {phase['core_busy_fraction']}, server CPU s "
           f"{phase['server_cpu_s']}, other CPU s on the server cores {phase['other_cpu_s_on_server_cores']}", flush=True)
     return result

@@ -352,9 +352,10 @@ class PrefillCoordinator:
                        f"{error or f'it ended with {len(outputs)} of its {local.params.n} sequences'}")
 
     async def _feed(self, room: int, local: _Local) -> None:
-        """Hand the room's embeddings to its engine request as they land; when its inputs fail, abort
-        the request (its stream ends, ``_forward`` raises their error); ``embeddings_ready`` (with
-        ``overlap_s``) once all are read."""
+        """Hand the room's embeddings to its engine request as they land, and once it is admitted read
+        the covered images it needs after all (``InputFeed.read_late``); when a read fails, abort the
+        request (its stream ends, ``_forward`` raises the read's error); ``embeddings_ready`` (with
+        ``overlap_s`` and ``computed_tokens``) once all are read."""
         assert local.feed is not None and local.inputs is not None
         request_id, started, computed = _request_id(room), time.monotonic(), [0]
 

@@ -13,7 +13,7 @@ from bench.common.machine import loadavg
 from bench.common.pinning import parse_cores, pin_this_process
 from bench.common.record import Recorder
 from bench.ttft_pd import __doc__ as DOC
-from bench.ttft_pd.analysis import merge_runs, ratios_vs_colocated
+from bench.ttft_pd.analysis import cache_problems, merge_runs, ratios_vs_colocated
 from bench.ttft_pd.phase import run_phase
 from bench.ttft_pd.report import figures, plot, print_breakdown, print_table
 from bench.ttft_pd.workload import CACHE, LONG_TOKENS, WORKLOADS, Bodies, long_text, system
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "events (GET /rooms/{room}, wall clock); analysis.CHAIN and SIDE"},
         "phases": phases,
         "ratios_pd_vs_colocated": ratios,
+        "problems": cache_problems(phases, workloads, CACHE),
     }
     png = out.with_suffix(".png")
     plot(phases, workloads, png, f"TTFT, {args.family}-{args.size}, 1 request at a time, {args.threads} torch thread(s); "
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{args.colocated_cores}")
     print_table(phases, workloads)
     print_breakdown(phases, workloads)
-    summary = record.finish(out, report, figures(phases, ratios, workloads))
+    for problem in report["problems"]:
+        print(f"PROBLEM: {problem}")
+    summary = record.finish(out, report, None if report["problems"] else figures(phases, ratios, workloads))
     print(f"wrote {out}, {png} and {summary} ({record.elapsed_s():.0f} s)")
     return 0
 

@@ -116,6 +116,20 @@ def merge_runs(name: str, runs: list[dict], workloads: list[str]) -> dict:
             "runs": [{k: v for k, v in run.items() if k != "samples"} for run in runs]}
 
 
+def cache_problems(phases: list[dict], workloads: list[str], cache: dict[str, str]) -> list[str]:
+    """What contradicts a workload's label: a miss whose timed requests got prompt tokens from the
+    prefix cache, or a hit that got none; [] when each measured what it says."""
+    out = []
+    for phase in phases:
+        for w in workloads:
+            cached = phase["workloads"][w].get("cached_tokens_median")
+            if cache[w] == "miss" and cached:
+                out.append(f"{phase['phase']} {w}: a miss workload, but {cached:g} prompt tokens came from the cache")
+            if cache[w] == "hit" and cached == 0:
+                out.append(f"{phase['phase']} {w}: a hit workload, but no prompt token came from the cache")
+    return out
+
+
 def same_texts(phase: dict, base: dict, workload: str) -> bool:
     """Whether ``phase`` answered every request of ``workload`` it shares with ``base`` (by number)
     with the same text (greedy: expected), and they share at least one."""

@@ -38,11 +38,16 @@ def system(number: int) -> dict:
 
 def request_number(workload: str, round_index: int, index: int) -> int:
     """The number that starts request ``index`` (-1: the warm-up) of round ``round_index`` (from 1):
-    distinct per request of a phase for a miss workload, the same for every phase (so each system
-    gets the same prompts and the replies can be compared); ``HIT_NUMBER`` for a hit workload."""
+    for a miss workload distinct per request of a phase, across workloads too (the system turn fills
+    the first KV block, so two workloads' requests with one number would share it), and the same
+    in every phase (so each system gets the same prompts and the replies can be compared):
+    round, workload, index as digits ``R W IIII``; ``HIT_NUMBER`` for a hit workload."""
     if CACHE[workload] == "hit":
         return HIT_NUMBER
-    return 1000 * round_index + index + 1
+    if not (1 <= round_index <= 9 and -1 <= index < 9998):
+        raise ValueError(f"request numbers take rounds 1-9 and up to 9998 requests, got round {round_index}, "
+                         f"request {index}")
+    return 10**5 * round_index + 10**4 * WORKLOADS.index(workload) + index + 1
 
 
 def long_text(model_dir: Path, target_tokens: int, lead: dict | None = None) -> tuple[str, int]:

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from bench.ttft_pd.analysis import CHAIN, breakdown, median_breakdown, merge_runs, ratios_vs_colocated, same_texts, \
-    summarize
+from bench.ttft_pd.analysis import (CHAIN, breakdown, cache_problems, median_breakdown, merge_runs,
+                                     ratios_vs_colocated, same_texts, summarize)
 from bench.ttft_pd.report import figures, label
 from bench.ttft_pd.workload import CACHE, HIT_NUMBER, WORKLOADS, Bodies, request_number, tag
 
@@ -73,6 +73,21 @@ def test_rounds_are_pooled_and_pd_over_colocated_is_the_ratio_of_medians():
     assert [v for _, v, _ in names[3:]] == [1.0, 4.0, 10.0, 2.0, 0.5, 0.5, 7.0, 37.5]
 
 
+def test_cache_problems_hold_each_workload_to_its_label():
+    def phase(cached):
+        return {"phase": "pd-nixl", "workloads": {"text_short": {"cached_tokens_median": cached},
+                                                  "text_2k_hit": {"cached_tokens_median": 1984 if cached else 0}}}
+
+    cache = {"text_short": "miss", "text_2k_hit": "hit"}
+    assert cache_problems([phase(0)], ["text_short"], cache) == []
+    assert cache_problems([phase(16)], ["text_short", "text_2k_hit"], cache) == [
+        "pd-nixl text_short: a miss workload, but 16 prompt tokens came from the cache"]
+    assert cache_problems([phase(0)], ["text_2k_hit"], cache) == [
+        "pd-nixl text_2k_hit: a hit workload, but no prompt token came from the cache"]
+    assert cache_problems([{"phase": "x", "workloads": {"text_short": {"cached_tokens_median": None}}}],
+                          ["text_short"], cache) == []  # not reported: no claim either way
+
+
 def test_same_texts_compares_the_replies_to_the_same_prompts():
     base = {"texts": {"w": {"1": "a", "2": "b"}}}
     assert same_texts({"texts": {"w": {"1": "a", "2": "b", "3": "z"}}}, base, "w")
@@ -114,12 +129,12 @@ def test_every_workload_says_hit_or_miss_and_a_miss_never_repeats_a_prompt():
     assert set(CACHE) == set(WORKLOADS) and set(CACHE.values()) == {"hit", "miss"}
     assert label("text_2k_hit") == "text_2k_hit (hit)" and label("text_2k") == "text_2k (miss)"
     bodies = Bodies(tuple(WORKLOADS), "Summarize this: words", 8)
-    for w in WORKLOADS:
-        numbers = [request_number(w, r, i) for r in (1, 2) for i in range(-1, 20)]
-        if CACHE[w] == "miss":
-            assert len(set(numbers)) == len(numbers) and HIT_NUMBER not in numbers
-        else:
-            assert set(numbers) == {HIT_NUMBER}
+    misses = [request_number(w, r, i) for w in WORKLOADS if CACHE[w] == "miss" for r in (1, 2) for i in range(-1, 20)]
+    assert len(set(misses)) == len(misses) and HIT_NUMBER not in misses  # distinct across workloads too
+    assert {request_number("text_2k_hit", r, i) for r in (1, 2) for i in range(-1, 20)} == {HIT_NUMBER}
+    assert request_number("image_64", 2, 4) == 210005
+    with pytest.raises(ValueError):
+        request_number("text_short", 10, 0)
     # the number leads the system turn, fixed width: the prompt length is the same for every request
     for w in WORKLOADS:
         first = bodies.body(w, 7)["messages"][0]

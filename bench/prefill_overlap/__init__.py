@@ -2,7 +2,7 @@
 computed while its images are encoded) against the same stack with ``--no-prefill-overlap`` and a
 colocated server, on a ~1k-token system prompt then 1, 2 and 4 images: TTFT as a user sees it.
 
-    .venv/bin/python -m bench.prefill_overlap                  # full run (~5-7 minutes on 2 cores)
+    .venv/bin/python -m bench.prefill_overlap                  # full run (~7-8 minutes on 2 cores)
     .venv/bin/python -m bench.prefill_overlap --quick          # smoke run (~2-3 minutes)
     .venv/bin/python -m bench.prefill_overlap --images 1,4 --image-size 336 --requests 6
 
@@ -21,9 +21,10 @@ Systems, each behind a router (``stage serve router``) so TTFT includes the rout
 Workload: one request at a time (``--gap-s`` idle before each), streamed, ``max_tokens=8``,
 ``temperature=0``, ``ignore_eos=true``: a system message of ~``--system-tokens`` (1000) tokens that
 starts with a number no other request carries (so no prefix-cache block is shared: a miss), then a
-user turn with N images (``--images``: 1, 2, 4) of ``--image-size`` pixels (448: 256 image tokens each;
-the small model's vision tower took ~435 ms for one on this machine, a 1258-token prefill ~510 ms: about
-as long), each a distinct PNG (so the embedding cache misses), and a question. Per round and
+user turn with N images (``--images``: 1, 2, 4) of ``--image-size`` pixels (616: 484 image tokens each;
+on the quiet 2-core machine the small model's vision tower took ~490 ms for one, about what the
+prefill spends on the 1k tokens of text: ~620 ms for all 1486 prompt tokens; at 448 px it was ~205
+ms), each a distinct PNG (so the embedding cache misses), and a question. Per round and
 system: one untimed request per N, then ``--requests`` (5) per N, the Ns interleaved; every system
 gets the same bodies in the same order.
 

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transfer", default="mooncake", help="KV transfer of the EPD stacks")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated systems to run")
     p.add_argument("--images", default="1,2,4", help="images per request (comma-separated)")
-    p.add_argument("--image-size", type=int, default=448, help="width and height of every image (pixels)")
+    p.add_argument("--image-size", type=int, default=616, help="width and height of every image (pixels)")
     p.add_argument("--system-tokens", type=int, default=1000, help="prompt tokens of the system prompt and question")
     p.add_argument("--requests", type=int, default=5, help="timed requests per image count, system and round")
     p.add_argument("--rounds", type=int, default=2, help="run the sequence of systems this many times (pooled)")

@@ -4,10 +4,10 @@ PNGs and a question; a round's plan of requests, the same for every system."""
 from __future__ import annotations
 
 import base64
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common.sized_text import chat_tokens, sized_words
 from bench.epd_cache.workload import unique_png
 
 QUESTION = "Describe these pictures in one line."
@@ -46,25 +46,10 @@ def system_text(model_dir: Path, target_tokens: int) -> tuple[str, int]:
     text and that measured length."""
     from transformers import AutoTokenizer
 
-    from stages.modelgen.corpus import _COMMON
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rng = random.Random(1)
-
-    def prompt_tokens(text: str) -> int:
-        messages = [{"role": "system", "content": f"{0:0{TAG_DIGITS}d} {text}"}, {"role": "user", "content": QUESTION}]
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    words = [rng.choice(_COMMON) for _ in range(4 * target_tokens)]
-    n = target_tokens
-    for _ in range(6):
-        text = "You answer questions about images. Background: " + " ".join(words[:n])
-        got = prompt_tokens(text)
-        if abs(got - target_tokens) <= 8:
-            break
-        n = max(1, n + (target_tokens - got))
-    return text, got
+    return sized_words(lambda text: chat_tokens(tokenizer, [{"role": "system", "content": f"{0:0{TAG_DIGITS}d} {text}"},
+                                                            {"role": "user", "content": QUESTION}]),
+                       "You answer questions about images. Background: ", target_tokens, seed=1)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ system turn ahead of it is 15 tokens, so the first block would hold only its lea
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common.sized_text import chat_tokens, sized_words
 from bench.common.images import image_url, make_image
 
 WORKLOADS = ("text_short", "image_64", "text_2k", "text_2k_hit")
@@ -56,28 +56,10 @@ def long_text(model_dir: Path, target_tokens: int, lead: dict | None = None) -> 
     tokens with the chat template; returns the text and that measured prompt length."""
     from transformers import AutoTokenizer
 
-    from stages.modelgen.corpus import _COMMON
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rng = random.Random(0)
-
-    def prompt_tokens(text: str) -> int:
-        messages = [lead] if lead is not None else []
-        ids = tokenizer.apply_chat_template([*messages, {"role": "user", "content": text}], tokenize=True,
-                                            add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return len(ids)
-
-    words = [rng.choice(_COMMON) for _ in range(4 * target_tokens)]
-    n = target_tokens
-    for _ in range(6):  # words are ~1 token each; converge in a few steps
-        text = "Summarize this: " + " ".join(words[:n])
-        got = prompt_tokens(text)
-        if abs(got - target_tokens) <= 8:
-            break
-        n = max(1, n + (target_tokens - got))
-    return text, got
+    leading = [lead] if lead is not None else []
+    return sized_words(lambda text: chat_tokens(tokenizer, [*leading, {"role": "user", "content": text}]),
+                       "Summarize this: ", target_tokens, seed=0)
 
 
 @dataclass(frozen=True)

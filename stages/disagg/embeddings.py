@@ -81,7 +81,7 @@ class VideoReference(Protocol):
 
 
 Refs = Sequence[tuple["ImageRef | VideoReference", str]]  # each reference and its param path, in prompt order
-Arrived = Callable[[list[int], ImageEmbedding], Awaitable[None]]  # (the prompt's image indexes of one key, its embedding)
+Arrived = Callable[[int, ImageEmbedding], Awaitable[None]]  # (the prompt's image index, its embedding)
 
 
 class Mismatch(ValueError):
@@ -142,31 +142,30 @@ class ImageInputs:
                    only: Collection[int] | None = None) -> None:
         """Read each reference's embedding (image or video; ``param``: its path in the request, for
         errors) from the cache, every distinct key at once: set ``prompt.embeddings`` once all are
-        read, or with ``arrived``, hand each key's embedding on as soon as it is read and checked (keys
-        land in any order), and then only the references at ``only`` (indexes) if given. Raises
-        DisaggError (module docstring) within ``timeout_s`` of the call; other keys' reads are
-        cancelled when one fails."""
+        read, or with ``arrived``, hand each reference's embedding on as soon as its key is read and the
+        entry checked against that reference (keys land in any order). ``only``: read just the
+        references at these indexes (with ``arrived``). Raises DisaggError (module docstring) within
+        ``timeout_s`` of the call; other keys' reads are cancelled when one fails."""
         deadline = time.monotonic() + self.timeout_s
         expected = [self._expected(ref, param) for ref, param in refs]  # a video ref without a plan: 400 first
         indexes: dict[str, list[int]] = {}
         for i, (ref, _) in enumerate(refs):
-            if arrived is None or only is None or i in only:
+            if only is None or i in only:
                 indexes.setdefault(ref.key, []).append(i)
         embeddings: list[ImageEmbedding | None] = [None] * len(refs)
 
-        async def one(key: str, first: int) -> None:
-            ref, param = refs[first]
+        async def one(key: str, mine: list[int]) -> None:
+            ref, param = refs[mine[0]]
             hit = await self._read(key, _Named(param, _kind(ref)), deadline)
-            embedding = await self._checked(hit, ref, param, expected[first])
-            for i in indexes[key]:
-                embeddings[i] = embedding
-            if arrived is not None:
-                await arrived(indexes[key], embedding)
+            for i in mine:  # each reference of the key checked against what it implies
+                embeddings[i] = embedding = await self._checked(hit, *refs[i], expected[i])
+                if arrived is not None:
+                    await arrived(i, embedding)
 
         try:
             async with asyncio.TaskGroup() as group:
                 for key, mine in indexes.items():
-                    group.create_task(one(key, mine[0]))
+                    group.create_task(one(key, mine))
         except BaseExceptionGroup as failed:
             raise _first(failed) from None
         if arrived is None:

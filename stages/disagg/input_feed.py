@@ -34,13 +34,12 @@ class InputFeed:
         self._kept: dict[int, ImageEmbedding] = {}
         self._provide: Provide | None = None
 
-    async def arrived(self, indexes: list[int], embedding: ImageEmbedding) -> None:
-        """The embedding of the images at ``indexes`` (one key) was read (``ImageInputs.fill``'s ``arrived``)."""
-        for index in indexes:
-            if self._provide is None:
-                self._kept[index] = embedding
-            else:
-                await self._provide(index, embedding)
+    async def arrived(self, index: int, embedding: ImageEmbedding) -> None:
+        """Image ``index``'s embedding was read (``ImageInputs.fill``'s ``arrived``)."""
+        if self._provide is None:
+            self._kept[index] = embedding
+        else:
+            await self._provide(index, embedding)
 
     async def attach(self, provide: Provide) -> None:
         """From now on each embedding goes to ``provide``; the ones kept go first, in prompt order."""

@@ -321,7 +321,7 @@ class Scheduler:
     def _add_chunk(batch: ScheduledBatch, request: Request, budget: int) -> int:
         """Schedule the next chunk (at most ``budget`` tokens, none past ``ready_len``) of ``request``'s
         prefill; returns its size (0: it waits for an image's embedding, and is not in this batch)."""
-        request.num_scheduled = max(0, min(min(request.prefill_len, request.ready_len) - request.num_computed, budget))
+        request.num_scheduled = max(0, min(request.ready_len - request.num_computed, budget))
         if not request.num_scheduled:
             return 0
         batch.prefills.append(request)

@@ -3,9 +3,12 @@ has no circle of modules, and every import goes down the floors of docs/architec
 exemption:
 
     cli (the roof)  -> anything; nothing imports it
-    bench           -> stages, transfer, cache, contract, process
-    router          -> cache, contract, process          stages -> transfer, cache, contract, process
-    transfer, cache -> contract, process                 contract, process -> nothing of ours
+    bench           -> stages, router, transfer, cache, contract, process, telemetry
+    router          -> cache, contract, process, telemetry
+    stages          -> transfer, cache, contract, process, telemetry
+    transfer, cache -> contract, process, telemetry      contract, process, telemetry -> nothing of ours
+
+(``telemetry``, tracing, is a leaf like ``contract`` and ``process``: every package above may import it.)
 
 Circles are looked for among *all* imports: module level, ``if TYPE_CHECKING:`` and function-level
 (lazy) ones alike. A lazy import still ties the two modules together (it only defers the failure to
@@ -18,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.import_graph import Edge, circles, find_circle, graph, imports_of
+from tests.support.import_graph import PACKAGES, Edge, circles, find_circle, graph, imports_of
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = "cli"
-LEAVES = {"contract", "process"}  # torch-free: what the router and the stages agree on, and how a process starts
+LEAVES = {"contract", "process", "telemetry"}  # torch-free: what the router and the stages agree on, how a process
+# starts, and tracing (OpenTelemetry, imported only when on)
 MAY_IMPORT = {  # package -> the other packages its modules may import; the CLI may import anything
     "bench": {"stages", "router", "transfer", "cache", *LEAVES},  # router: bench.fleet_scale times its planner in process
     "router": {"cache", *LEAVES},
@@ -31,12 +35,14 @@ MAY_IMPORT = {  # package -> the other packages its modules may import; the CLI 
     "cache": LEAVES,
     "contract": set(),
     "process": set(),
+    "telemetry": set(),
 }
+CHECKED = (*PACKAGES, "telemetry")  # tests.support.import_graph's packages, and tracing's
 
 
 @pytest.fixture(scope="module")
 def edges() -> list[Edge]:
-    return graph(REPO)
+    return graph(REPO, CHECKED)
 
 
 def in_cli(module: str) -> bool:
@@ -124,3 +130,12 @@ def test_a_broken_rule_is_named():
     assert refusal(Edge("router.fleet.discovery", "process.instance", 1, False)) is None
     assert refusal(Edge("cli", "bench.cli", 1, False)) is None
     assert refusal(Edge("bench.compare.session", "stages.launch.stack", 1, False)) is None
+    assert refusal(Edge("telemetry.otel", "contract.errors", 1, False)) == "telemetry imports nothing of contract"
+    assert refusal(Edge("router.app", "telemetry.tracing", 1, False)) is None
+    assert refusal(Edge("stages.server", "telemetry", 1, True)) is None
+
+
+@pytest.mark.unit
+def test_the_leaf_packages_are_read(edges):
+    """``telemetry`` is not among ``tests.support.import_graph``'s default packages: its edges are read too."""
+    assert ("telemetry.tracing", "telemetry.otel", True) in {(e.source, e.target, e.lazy) for e in edges}

@@ -34,10 +34,11 @@ reply is compared with the colocated reply to the same prompt (greedy: identical
 
 Breakdown (PD): after each request the client reads the prefill's and the decode's timeline of its
 room (``GET /rooms/{room}``, wall-clock events) and splits the TTFT into the chain client send -> P
-``queued`` (arrival_p) -> ``paired`` (handshake: the decode's KV request came) -> ``prefilled``
-(p_compute) -> ``kv_written`` (kv_write) -> ``ready_sent`` -> D ``kv_ready`` (ready_to_d) ->
-``first_token`` (d_first_step) -> the client's first content (to_client), with send -> D ``queued``
-(arrival_d) and D ``queued`` -> ``blocks_reserved`` beside it (``analysis.CHAIN``, ``SIDE``); medians
+``queued`` (arrival_p) -> ``prefilled`` (p_compute: the prefill's forward pass starts on arrival) ->
+``paired`` where the decode's KV request came later (pair_wait, else 0) -> ``kv_written`` (kv_write) ->
+``ready_sent`` -> D ``kv_ready`` (ready_to_d) -> ``first_token`` (d_first_step) -> the client's first
+content (to_client), with the handshake (P ``queued`` -> ``paired``, overlapping the forward), send ->
+D ``queued`` (arrival_d) and D ``queued`` -> ``blocks_reserved`` beside it (``analysis.CHAIN``, ``SIDE``); medians
 per workload and backend in the table and the JSON, and text_short's in the summary. Colocated has no
 timeline: its TTFT only.
 

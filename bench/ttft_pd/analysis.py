@@ -10,22 +10,25 @@ import statistics
 from bench.common.stats import percentile
 
 # A PD request's TTFT, phase by phase (ms): the chain from the client's send to its first content, each
-# phase from one timeline event to the next (wall clocks of one machine); they add up to the TTFT.
+# phase from one timeline event to the next (wall clocks of one machine); they add up to the TTFT. The
+# prefill's forward pass starts when its own request arrives (``queued``), beside the handshake; the
+# handshake is on the chain only where the pairing came after the forward pass (``pair_wait``).
 CHAIN = (
     ("arrival_p", "client send -> P queued"),
-    ("handshake", "P queued -> paired (the decode's KV request came)"),
-    ("p_compute", "paired -> prefilled (P forward; embeddings wait taken out)"),
-    ("kv_write", "prefilled -> kv_written"),
+    ("p_compute", "P queued -> prefilled (P forward; embeddings wait taken out)"),
+    ("pair_wait", "prefilled -> paired, where the decode's KV request came after the forward (else 0)"),
+    ("kv_write", "prefilled and paired -> kv_written"),
     ("ready_send", "kv_written -> ready_sent"),
     ("ready_to_d", "ready_sent -> D kv_ready"),
     ("d_first_step", "D kv_ready -> first_token"),
     ("to_client", "D first_token -> client first content"),
 )
-# Beside the chain: the decode's side of the handshake, and an EPD prefill's wait for its embeddings.
+# Beside the chain: the handshake (both sides), and an EPD prefill's wait for its embeddings.
 SIDE = (
+    ("handshake", "P queued -> paired (the decode's KV request came; overlaps p_compute)"),
     ("arrival_d", "client send -> D queued"),
     ("d_reserve", "D queued -> blocks_reserved"),
-    ("embeddings_wait", "paired -> embeddings_ready (without overlap)"),
+    ("embeddings_wait", "P queued -> embeddings_ready (without overlap)"),
 )
 PHASES = tuple(name for name, _ in CHAIN + SIDE)
 
@@ -49,16 +52,17 @@ def breakdown(sample: dict) -> dict[str, float] | None:
         return None
     p, d = first_times(sample.get("prefill_events")), first_times(sample.get("decode_events"))
     first_content = sample["sent_t"] + sample["ttft_s"]
-    marks = [sample["sent_t"], p.get("queued"), p.get("paired"), p.get("prefilled"), p.get("kv_written"),
-             p.get("ready_sent"), d.get("kv_ready"), d.get("first_token"), first_content]
-    if any(t is None for t in marks):
+    if not {"queued", "paired", "prefilled", "kv_written", "ready_sent"} <= p.keys() \
+            or not {"kv_ready", "first_token"} <= d.keys():
         return None
-    times = [float(t) for t in marks if t is not None]
-    out = {name: 1e3 * (b - a) for (name, _), a, b in zip(CHAIN, times, times[1:])}
+    marks = [sample["sent_t"], p["queued"], p["prefilled"], max(p["prefilled"], p["paired"]), p["kv_written"],
+             p["ready_sent"], d["kv_ready"], d["first_token"], first_content]
+    out = {name: 1e3 * (b - a) for (name, _), a, b in zip(CHAIN, marks, marks[1:])}
     ready = next((e for e in sample.get("prefill_events") or [] if e["event"] == "embeddings_ready"), None)
-    wait = 1e3 * (ready["t"] - p["paired"]) if ready is not None and "overlap_s" not in ready else 0.0
+    wait = 1e3 * (ready["t"] - p["queued"]) if ready is not None and "overlap_s" not in ready else 0.0
     out["p_compute"] -= wait
     out["embeddings_wait"] = wait
+    out["handshake"] = 1e3 * (p["paired"] - p["queued"])
     out["arrival_d"] = 1e3 * (d["queued"] - sample["sent_t"]) if "queued" in d else float("nan")
     out["d_reserve"] = 1e3 * (d["blocks_reserved"] - d["queued"]) if {"queued", "blocks_reserved"} <= d.keys() \
         else float("nan")

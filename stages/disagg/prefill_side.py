@@ -2,34 +2,38 @@
 
 ``PrefillCoordinator`` runs in the prefill server's event loop beside its ``AsyncEngine``. For
 each room it pairs the server's own HTTP request (``prefill()``) with the decode's ``KVRequest``
-(arriving on the bootstrap endpoint), in either order, within ``pair_timeout_s``. A paired room
-is prefilled inside the engine's continuous batch as a hand-off request; its KV blocks are then
-written into the decode's blocks by the transfer backend (on a worker thread), freed, and the
-decode is sent ``KVReady`` (first tokens, their logprobs and the prompt's: ``stages.disagg.ready``;
+(arriving on the bootstrap endpoint), in either order, within ``pair_timeout_s``. A room is prefilled
+inside the engine's continuous batch as a hand-off request from the moment its HTTP half arrives,
+without waiting for the decode's half: the handshake's round trips (the decode reserving blocks and
+sending its ``KVRequest``) overlap the forward pass instead of preceding it. Once the room is paired
+and prefilled, its KV blocks are written into the decode's blocks by the transfer backend (on a
+worker thread), freed, and the decode is sent ``KVReady`` (first tokens, their logprobs and the prompt's: ``stages.disagg.ready``;
 rope delta). A request of ``n`` sequences is prefilled once and ends in n outputs, one first token each
 (the first holds the blocks); its KV is written once. Every room ends with exactly one answer to
 the decode (``KVReady`` or ``KVFailed``) and one result or error for the HTTP request.
 
 Inputs (EPD mode): ``prefill`` may take an ``inputs`` coroutine (the room's image embeddings, read
 from the cache: ``stages.disagg.embeddings``). It starts at once, beside the pairing. Without a
-``feed`` the paired room awaits it before its request enters the engine. With one (``--prefill-overlap``:
+``feed`` the room awaits it before its request enters the engine. With one (``--prefill-overlap``:
 the prompt's embeddings are ``pending`` stand-ins and ``inputs`` hands each to the feed as it lands) the
-paired room's request enters the engine at once, ``awaiting`` them: the engine computes the text before
+room's request enters the engine at once, ``awaiting`` them: the engine computes the text before
 the first image and each image's span once its embedding is given (``Engine.provide``), so the
 prefill overlaps the encode (the timeline's ``embeddings_ready`` carries ``overlap_s``, how long the
 room's request had been in the engine by then, and ``computed_tokens``, the most prompt tokens it had
 computed when an embedding came). Either way a room whose inputs are not ready never holds up the
-engine's other requests. If they fail, the room fails with their error on both halves: at once if the
-room is paired (its engine request aborted, its blocks freed; ``KVFailed`` with that reason), and if
-not yet, the room is closed with that reason, so the decode's ``KVRequest`` is refused with it when it
-comes.
+engine's other requests. If they fail (or the forward pass fails), the room fails with their error
+on both halves: at once if the room is paired (its engine request aborted, its blocks freed;
+``KVFailed`` with that reason), and if not yet, the room is closed with that reason, so the decode's
+``KVRequest`` is refused with it when it comes.
 
 A room's state (``transfer.rooms.Room``, in the room table's entry) is the one record of where it
-stands: ``Bootstrapping`` (one half here), ``WaitingForInput`` (paired), ``Transferring`` (prefilled,
+stands: ``Bootstrapping`` (one half here; its forward pass may be running or done, holding its blocks),
+``WaitingForInput`` (paired), ``Transferring`` (prefilled,
 its KV being written), ``Success`` (``KVReady`` sent) or ``Failed``. Every change goes through it, and
 the room timeline follows it (``paired``, ``ready_sent``, ``failed``; ``GET /rooms/{room}``'s
-``status``). An abort is a failure: an unpaired room is failed and closed at once; a paired one is
-failed, and its runner stops at its next safe point (before the forward pass ends, before the write,
+``status``). An abort is a failure: an unpaired room is failed and closed at once (its forward pass
+stopped, or the blocks it finished with freed); a paired one is failed, and its runner stops at its
+next safe point (before the forward pass ends, before the write,
 before ``KVReady``); a write already in flight is finished first, so ``KVFailed`` is only sent once
 nothing more can land in the decode's blocks (the decode may then reuse them).
 
@@ -99,6 +103,7 @@ class _Local:
     inputs: asyncio.Task | None = None  # EPD: fills prompt.embeddings; awaited before the forward pass
     feed: InputFeed | None = None  # EPD with overlap: ``inputs`` feeds this instead; not awaited before
     late_error: DisaggError | None = None  # EPD with overlap: a covered image's late read failed
+    forward: asyncio.Task | None = None  # the forward pass, from arrival (``_compute``): its outputs hold the blocks
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def stop_inputs(self) -> None:
@@ -122,7 +127,7 @@ class PrefillCoordinator:
         self.server = BootstrapServer(runtime.fingerprint, host=config.bootstrap_host, port=config.bootstrap_port,
                                       heartbeat_s=config.peer_heartbeat_s)
         self.table: RoomTable[_Local, KVRequest] = RoomTable(on_change=timeline.follow(EVENTS))
-        self._runs: set[asyncio.Task] = set()  # the runners of paired rooms (``close`` cancels them)
+        self._runs: set[asyncio.Task] = set()  # forward passes, runners of paired rooms, frees (``close`` cancels them)
         # rooms closed with an error before the decode's half came -> that error (``_keep_error``)
         self._closed_errors: OrderedDict[int, DisaggError] = OrderedDict()
 
@@ -168,10 +173,12 @@ class PrefillCoordinator:
         except (DuplicateRoom, RoomClosed) as exc:
             local.stop_inputs()
             raise conflict(f"bootstrap room {room}: {exc}") from exc
+        added = self.table.get(room)
+        assert added is not None  # added just now, and nothing ran in between
+        local.forward = self._track(self._compute(added.state, local))
+        local.forward.add_done_callback(lambda done: self._computed_unpaired(room, local, done))
         if entry is not None:
             self._start(entry)
-        elif local.inputs is not None:
-            local.inputs.add_done_callback(lambda done: self._inputs_done_unpaired(room, local, done))
         deadline = self.config.pair_timeout_s + self.config.prefill_timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(local.result), deadline)
@@ -205,15 +212,19 @@ class PrefillCoordinator:
             for entry in self.table.expire(time.monotonic(), self.config.pair_timeout_s):
                 await self._answer_unpaired(entry, timed_out(f"bootstrap room {entry.room}: {entry.state.reason}"))
 
-    def _inputs_done_unpaired(self, room: int, local: _Local, done: asyncio.Task) -> None:
-        """A room's inputs ended before it was paired: if they failed, close the room with their error
-        now (the decode's KV request is refused with it when it comes; the HTTP half gets it)."""
+    def _computed_unpaired(self, room: int, local: _Local, done: asyncio.Task) -> None:
+        """A room's forward pass (its inputs first) ended before the room was paired: if it failed, close
+        the room with its error now (the decode's KV request is refused with it when it comes; the HTTP
+        half gets it). One that succeeded holds its blocks for the runner, once paired."""
         entry = self.table.get(room)
         failure = None if done.cancelled() else done.exception()
         if failure is None or entry is None or entry.local is not local or entry.paired:
             return
         error = _room_error(room, failure)
-        log.warning("room %d failed before pairing: %s", room, error)
+        if isinstance(failure, DisaggError):
+            log.warning("room %d failed before pairing: %s", room, error)
+        else:  # unexpected: keep its traceback
+            log.error("room %d failed before pairing", room, exc_info=failure)
         self.table.fail(room, str(error), time.monotonic())
         self._keep_error(room, error)
         _answer(local, error)  # the decode's half is not here: it is refused with the reason when it comes
@@ -224,9 +235,9 @@ class PrefillCoordinator:
         entry = self.table.get(room)
         if entry is None:
             return
-        if entry.local is not None:
-            entry.local.stop_inputs()
         if entry.paired:
+            if entry.local is not None:
+                entry.local.stop_inputs()
             if entry.state.fail(reason, time.monotonic()):
                 self.engine.abort(_request_id(room))
             return
@@ -235,9 +246,10 @@ class PrefillCoordinator:
 
     async def _answer_unpaired(self, entry: Entry[_Local, KVRequest], error: DisaggError) -> None:
         """Answer the halves that arrived of a room failed before pairing (already out of the table):
-        the HTTP half ``error``, the decode ``KVFailed`` with the room's reason."""
+        the HTTP half ``error`` (its forward pass stopped, or what it holds freed), the decode
+        ``KVFailed`` with the room's reason."""
         if entry.local is not None:
-            entry.local.stop_inputs()
+            self._release(entry.room, entry.local)
             _answer(entry.local, error)
         if entry.remote is not None:
             await self._send_failed(entry.room, entry.state.reason or str(error), error)
@@ -258,30 +270,59 @@ class PrefillCoordinator:
         await self.server.send_failed(room, reason, code=error.code if error is not None else None,
                                       image_key=error.image_key if error is not None else None)
 
-    # --- one paired room -------------------------------------------------------------------------
-    def _start(self, entry: Entry[_Local, KVRequest]) -> None:
-        task = asyncio.create_task(self._run(entry))
+    def _release(self, room: int, local: _Local) -> None:
+        """A room ended before it was paired: stop its inputs and its forward pass (which frees what it
+        holds as it stops), or free the blocks it finished with."""
+        local.stop_inputs()
+        forward = local.forward
+        if forward is None:
+            return
+        if not forward.done():
+            forward.cancel()
+        elif not forward.cancelled() and forward.exception() is None:
+            blocks = forward.result()[0].blocks or []
+            if blocks:
+                self._track(self._free(room, blocks))
+
+    def _track(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run ``work`` as a task that ``close`` cancels."""
+        task = asyncio.create_task(work)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
+        return task
+
+    # --- one room's forward pass, from its HTTP half's arrival -----------------------------------
+    async def _compute(self, state: Room, local: _Local) -> list[RequestOutput]:
+        """The room's forward pass, started when its HTTP half arrives (paired or not): its inputs
+        first where they are awaited (EPD without the overlap), then its engine request. Returns each
+        sequence's output, the first holding the prompt's blocks, which whoever takes the result frees:
+        the runner of the paired room (``_run``), or ``_release`` for a room that ended unpaired."""
+        room, mark = state.room, self.timeline.mark
+        if local.inputs is not None and local.feed is None:
+            await self._inputs(state, local.inputs)
+            mark(room, "embeddings_ready")
+        self.hooks.before_forward(room)
+        outputs = await self._forward(state, local)
+        first = outputs[0]
+        mark(room, "prefilled", prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
+        return outputs
+
+    # --- one paired room -------------------------------------------------------------------------
+    def _start(self, entry: Entry[_Local, KVRequest]) -> None:
+        self._track(self._run(entry))
 
     async def _run(self, entry: Entry[_Local, KVRequest]) -> None:
-        """Prefill a paired room, write its KV into the decode's blocks and answer both halves. Any
-        failure (an abort: the state ``Failed``, seen at each safe point) ends in ``_fail``; this
-        prefill's blocks are freed however the room ends."""
+        """Take a paired room's forward pass (``_compute``), write its KV into the decode's blocks and
+        answer both halves. Any failure (an abort: the state ``Failed``, seen at each safe point) ends
+        in ``_fail``; this prefill's blocks are freed however the room ends."""
         room, local, remote, state = entry.room, entry.local, entry.remote, entry.state
-        assert local is not None and remote is not None  # paired: both halves are here
+        assert local is not None and remote is not None and local.forward is not None  # paired: both halves
         blocks: list[int] = []
         mark = self.timeline.mark
         try:
+            outputs = await local.forward  # its failure, or the abort that stopped it, is raised here
+            blocks = outputs[0].blocks or []  # _forward returns only a first output that holds them
             self._check_pair(room, local, remote)
-            if local.inputs is not None and local.feed is None:
-                await self._inputs(state, local.inputs)
-                mark(room, "embeddings_ready")
-            self.hooks.before_forward(room)
-            outputs = await self._forward(state, local)
-            first = outputs[0]
-            blocks = first.blocks or []  # _forward returns only a first output that holds them
-            mark(room, "prefilled", prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
             self.hooks.after_forward(room)
             _advance(state, RoomStatus.Transferring)  # nothing written yet: an aborted room stops here
             started = time.perf_counter()
@@ -300,6 +341,8 @@ class PrefillCoordinator:
             await self._fail(state, local, exc)
         finally:
             local.stop_inputs()
+            if not local.forward.done():  # this runner was cancelled (close): so is the forward pass
+                local.forward.cancel()
             if blocks:
                 await self._free(room, blocks)
             if self.table.get(room) is not None:

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.unit
 T0 = 1_700_000_000.0  # a wall-clock send time
 
 
-def timelines(sent=T0, wait=None, overlap=False):
-    """A PD request's two timelines: P queued 1 ms after the send, paired at 5, (embeddings at 7),
-    prefilled at 15, kv_written 17, ready_sent 17.5; D queued at 2, reserved 3, kv_ready 18, first_token 25."""
-    p = [("queued", 1), ("paired", 5), ("prefilled", 15), ("kv_written", 17), ("ready_sent", 17.5)]
-    prefill = [{"event": e, "t": sent + ms / 1e3} for e, ms in p]
+def timelines(sent=T0, wait=None, overlap=False, paired=5.0):
+    """A PD request's two timelines: P queued 1 ms after the send, paired at 5 (or ``paired``),
+    (embeddings at 1 + ``wait``), prefilled at 15, kv_written 17 (2 ms after both), ready_sent 17.5;
+    D queued at 2, reserved 3, kv_ready 18, first_token 25."""
+    late = max(0.0, paired - 15)
+    p = [("queued", 1), ("paired", paired), ("prefilled", 15), ("kv_written", 17 + late), ("ready_sent", 17.5 + late)]
+    prefill = sorted(({"event": e, "t": sent + ms / 1e3} for e, ms in p), key=lambda e: e["t"])
     if wait is not None:
-        ready = {"event": "embeddings_ready", "t": sent + (5 + wait) / 1e3}
+        ready = {"event": "embeddings_ready", "t": sent + (1 + wait) / 1e3}
         prefill.insert(2, {**ready, "overlap_s": 0.001, "computed_tokens": 30} if overlap else ready)
     d = [("queued", 2), ("blocks_reserved", 3), ("kv_requested", 6), ("kv_ready", 18), ("first_token", 25),
          ("finished", 40)]
@@ -70,7 +72,7 @@ def test_rounds_are_pooled_and_pd_over_colocated_is_the_ratio_of_medians():
         ("text_short (miss): TTFT pd-nixl / colocated", 1.25, "x")]
     # the short text's breakdown goes into the summary, the chain in order, for the PD phase only
     assert [n for n, _, _ in names[3:]] == [f"text_short (miss): pd-nixl {name} ({what}) p50" for name, what in CHAIN]
-    assert [v for _, v, _ in names[3:]] == [1.0, 4.0, 10.0, 2.0, 0.5, 0.5, 7.0, 37.5]
+    assert [v for _, v, _ in names[3:]] == [1.0, 14.0, 0.0, 2.0, 0.5, 0.5, 7.0, 37.5]
 
 
 def test_cache_problems_hold_each_workload_to_its_label():
@@ -98,19 +100,25 @@ def test_same_texts_compares_the_replies_to_the_same_prompts():
 def test_breakdown_follows_the_chain_and_adds_up_to_the_ttft():
     prefill, decode = timelines()
     b = breakdown({"sent_t": T0, "ttft_s": 0.027, "prefill_events": prefill, "decode_events": decode})
-    assert b == {"arrival_p": 1.0, "handshake": 4.0, "p_compute": 10.0, "kv_write": 2.0, "ready_send": 0.5,
-                 "ready_to_d": 0.5, "d_first_step": 7.0, "to_client": 2.0, "embeddings_wait": 0.0, "arrival_d": 2.0,
-                 "d_reserve": 1.0, "unaccounted": 0.0}
+    assert b == {"arrival_p": 1.0, "p_compute": 14.0, "pair_wait": 0.0, "kv_write": 2.0, "ready_send": 0.5,
+                 "ready_to_d": 0.5, "d_first_step": 7.0, "to_client": 2.0, "handshake": 4.0, "embeddings_wait": 0.0,
+                 "arrival_d": 2.0, "d_reserve": 1.0, "unaccounted": 0.0}
     assert math.isclose(sum(b[name] for name, _ in CHAIN), 27.0)
+
+
+def test_breakdown_puts_a_pairing_later_than_the_forward_on_the_chain():
+    prefill, decode = timelines(paired=20.0)  # the decode's KV request came 5 ms after the forward ended
+    b = breakdown({"sent_t": T0, "ttft_s": 0.027, "prefill_events": prefill, "decode_events": decode})
+    assert b is not None and (b["p_compute"], b["pair_wait"], b["kv_write"], b["handshake"]) == (14.0, 5.0, 2.0, 19.0)
 
 
 def test_breakdown_takes_the_embeddings_wait_out_of_the_compute_only_without_overlap():
     prefill, decode = timelines(wait=2.0)
     b = breakdown({"sent_t": T0, "ttft_s": 0.027, "prefill_events": prefill, "decode_events": decode})
-    assert b is not None and (b["p_compute"], b["embeddings_wait"], b["unaccounted"]) == (8.0, 2.0, 0.0)
+    assert b is not None and (b["p_compute"], b["embeddings_wait"], b["unaccounted"]) == (12.0, 2.0, 0.0)
     prefill, decode = timelines(wait=2.0, overlap=True)  # overlapped: the compute holds the wait
     b = breakdown({"sent_t": T0, "ttft_s": 0.027, "prefill_events": prefill, "decode_events": decode})
-    assert b is not None and (b["p_compute"], b["embeddings_wait"]) == (10.0, 0.0)
+    assert b is not None and (b["p_compute"], b["embeddings_wait"]) == (14.0, 0.0)
 
 
 def test_breakdown_is_none_without_timelines_or_with_an_event_missing():

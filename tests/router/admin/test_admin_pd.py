@@ -331,8 +331,10 @@ def test_a_room_timeline_has_every_stage_in_order(router):
     view = admin(router, "GET", f"/rooms/{record['room']}").json()
     assert view["outcome"] == "success" and set(view["stages"]) == {"prefill", "decode"}
     events = {stage: [e["event"] for e in info["events"]] for stage, info in view["stages"].items()}
-    assert events == {"prefill": ["queued", "paired", "prefilled", "kv_written", "ready_sent"],
-                      "decode": ["queued", "blocks_reserved", "kv_requested", "kv_ready", "first_token", "finished"]}
+    # the prefill's forward pass starts when its own half arrives: it may end before or after pairing
+    assert events["prefill"] in (["queued", "paired", "prefilled", "kv_written", "ready_sent"],
+                                 ["queued", "prefilled", "paired", "kv_written", "ready_sent"])
+    assert events["decode"] == ["queued", "blocks_reserved", "kv_requested", "kv_ready", "first_token", "finished"]
     at = {(e["stage"], e["event"]): e for e in view["timeline"]}
     times = [e["t"] for e in view["timeline"]]
     assert times == sorted(times) and view["timeline"][0]["event"] == "received"

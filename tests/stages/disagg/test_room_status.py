@@ -44,6 +44,12 @@ def names(events: list[dict]) -> list[str]:
     return [e["event"] for e in events]
 
 
+def paired_and_prefilled(*rest: str) -> tuple[list[str], list[str]]:
+    """A prefill's events for a room that was paired and prefilled, then ``rest``: its forward pass
+    starts when its own half arrives, so ``prefilled`` may come before or after ``paired``."""
+    return ["queued", "paired", "prefilled", *rest], ["queued", "prefilled", "paired", *rest]
+
+
 def failure(events: list[dict]) -> str:
     """The reason of the room's one ``failed`` event, which is its last."""
     assert [e["event"] for e in events].count("failed") == 1 and events[-1]["event"] == "failed", events
@@ -59,7 +65,7 @@ async def test_a_finished_room_is_success_on_both_stages(pair):
     assert p.status_code == d.status_code == 200, (p.text, d.text)
     status, events = room_view(pair.prefill, room)
     assert status == "success"
-    assert names(events) == ["queued", "paired", "prefilled", "kv_written", "ready_sent"]
+    assert names(events) in paired_and_prefilled("kv_written", "ready_sent")
     status, events = room_view(pair.decode, room)
     assert status == "success"
     assert names(events) == ["queued", "blocks_reserved", "kv_requested", "kv_ready", "first_token", "finished"]
@@ -75,7 +81,8 @@ async def test_a_prefill_half_whose_partner_never_comes_is_failed_with_the_reaso
     assert p.status_code == 504, p.text
     assert (error(p)["code"], error(p)["message"]) == ("room_timeout", f"bootstrap room {room}: {reason}")
     status, events = room_view(pair.prefill, room)
-    assert (status, names(events), failure(events)) == ("failed", ["queued", "failed"], reason)
+    # its forward pass ran without the partner; the blocks it finished with are freed with the room
+    assert (status, names(events), failure(events)) == ("failed", ["queued", "prefilled", "failed"], reason)
     wait_blocks_free(pair.prefill, pair.decode)
 
 
@@ -119,7 +126,7 @@ async def test_a_paired_room_aborted_while_transferring_stops_before_kv_ready(pa
     assert (p.status_code, error(p)["code"]) == (502, "peer_failed"), p.text
     status, events = room_view(pair.prefill, room)
     assert status == "failed"
-    assert names(events) == ["queued", "paired", "prefilled", "kv_written", "failed"]
+    assert names(events) in paired_and_prefilled("kv_written", "failed")
     assert failure(events).startswith(f"decode aborted: no KV from prefill 127.0.0.1:{pair.bootstrap_port} "
                                       f"for room {room} within {KV_TIMEOUT_S} s")
     assert error(p)["message"] == failure(events)

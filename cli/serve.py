@@ -10,6 +10,7 @@ transformers, so ``--help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import MISSING, fields
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 from cache.config import MIB, CacheConfig
+from process.instance import instance_id
 from process.secrets import REDIS_URL_ENV, read_secret
 from stages.config import (CACHE_BUDGET_MIB, CACHE_TTL_S, DISAGG_ROLES, ROLES, TOKEN_ENV, TRANSFERS, DisaggConfig,
                            EncoderConfig, ImageLimits, ServerConfig, VideoLimits)
@@ -26,6 +28,7 @@ from stages.engine.config import (AUTO, BATCHED_TOKENS, CPU_KV_CACHE_MIB, DEVICE
                                   TEXT, VISION, EngineConfig)
 from stages.generation_defaults import GENERATION_CONFIGS
 from stages.model_dir import check_model_dir
+from telemetry.config import TracingConfig, add_tracing_args
 from transfer.base import TransferConfig
 
 DEFAULT_PORTS = {"colocated": 8000, "prefill": 8100, "decode": 8200, "encoder": 8300, "pd": 8150}
@@ -257,6 +260,7 @@ def add_role_args(parser: argparse.ArgumentParser, role: str) -> None:
     """Every flag of ``stage serve ROLE``."""
     add_engine_args(parser, kv=role != "encoder")
     add_http_args(parser, default_port=DEFAULT_PORTS[role])
+    add_tracing_args(parser)
     if role in DISAGG_ROLES:
         add_disagg_args(parser, role)
     if role in ("prefill", "decode", "pd"):
@@ -310,7 +314,7 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
         encoder = EncoderConfig(cache=cache_config(args, str(url)), max_batch_images=args.max_batch_images,
                                 claim_lease_s=args.claim_lease_s, encode_timeout_s=args.encode_timeout_s,
                                 video_encode_frames=args.video_encode_frames)
-    return ServerConfig(
+    config = ServerConfig(
         role=role, engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
         limits=ImageLimits(args.max_images_per_request, args.max_image_pixels, args.max_image_bytes),
         video=VideoLimits(args.max_videos_per_request, int(args.max_video_mb * 2**20), args.max_video_pixels,
@@ -319,6 +323,14 @@ def server_config(args: argparse.Namespace, role: str) -> ServerConfig:
         max_body_mb=args.max_body_mb, max_waiting=args.max_waiting, debug_faults=args.debug_faults,
         stream_keepalive_s=args.stream_keepalive_s, log_level=args.log_level, shutdown_grace_s=args.shutdown_grace_s,
         disagg=disagg, encoder=encoder)
+    return dataclasses.replace(config, tracing=tracing_config(args, role, config.model_name))
+
+
+def tracing_config(args: argparse.Namespace, role: str, model: str) -> TracingConfig:
+    """``--otlp-traces-endpoint`` / ``--otlp-traces-sample-ratio`` (``telemetry.config``): the service
+    ``epd-{role}``, this process's start id (``process.instance``, as its ``/server_info`` shows) and the
+    served model's name."""
+    return TracingConfig.from_args(args, role, instance_id(), model)
 
 
 def run(args: argparse.Namespace) -> int:

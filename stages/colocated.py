@@ -41,9 +41,13 @@ def build(config: ServerConfig) -> FastAPI:
             await supervisor.stop()
             async_engine.shutdown()
 
+    generate = run_whole(async_engine)
+    if config.tracing.enabled:  # the request's span gets its token counts and finish reason (stages.tracing)
+        from stages.tracing import traced_outputs
+        generate = traced_outputs(generate)
     parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS, config.video,
                                           metrics.observe_video_decode),
-                     generate=seams.generate(run_whole(async_engine)), metrics=metrics, supervisor=supervisor,
+                     generate=seams.generate(generate), metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=prompts.tokenizer)
     app = create_app(parts, app_config(config, prompts, "colocated"))
     seams.install(app)

@@ -7,6 +7,7 @@ naming the flag that fixes it. Cheap to import (no torch, no fastapi), so ``stag
       .video   VideoLimits   per-video and per-request video limits, the server's video sampling
       .disagg  DisaggConfig  prefill and decode only: transfer backend, bootstrap, deadlines, EPD cache
       .encoder EncoderConfig encoder only: the embedding cache, batching, claims, deadlines
+      .tracing TracingConfig OpenTelemetry traces (telemetry/; off by default: stages/tracing.py)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cache.config import CacheConfig
 from contract.video import OVERRIDABLE
 from process.secrets import TOKEN_ENV  # the admin token's environment variable (the router reads the same one)
 from stages.engine.config import EngineConfig
+from telemetry.config import TracingConfig
 from transfer.base import TransferConfig
 from transfer.peer_policy import AllowList
 from transfer.ucx_listen import ucx_params
@@ -187,6 +189,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     disagg: DisaggConfig | None = None
     encoder: EncoderConfig | None = None
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # no endpoint: off
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -56,6 +56,9 @@ def serve(config: ServerConfig, sock: socket.socket) -> None:
     app = importlib.import_module(BUILDERS[config.role]).build(config)
     drain = Drain(config.shutdown_grace_s)
     app.add_middleware(DrainGate, drain=drain, stage=config.role if config.role != "pd" else None)
+    if config.tracing.enabled:  # off: nothing installed (stages.tracing)
+        from stages.tracing import install
+        install(app, config.tracing)
     host, port = sock.getsockname()[:2]
     server = _DrainingServer(uvicorn.Config(app, log_level=config.log_level, access_log=False,
                                             loop="asyncio",  # not uvloop (the router's)

@@ -32,6 +32,7 @@ from stages.api.errors import APIError
 from transfer.rooms import Room, RoomStatus
 
 ROOM_HISTORY = 1024
+FAILED = "failed"  # the event that ends a failed room (``follow``'s for RoomStatus.Failed, an encoder's)
 
 
 @dataclass

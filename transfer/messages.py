@@ -81,6 +81,11 @@ class KVRequest(_Message, frozen=True, kw_only=True):
     then start at the prompt's block ``cached_blocks`` and P writes only its blocks from there. An
     older P (no such field) finds ``block_ids`` too few for the prompt and refuses the room, so it
     never writes into D's cached blocks.
+
+    ``traceparent``: D's W3C ``traceparent`` for the room (its request's span, ``stages.tracing``), None
+    when D traces nothing. A P whose own HTTP half came without one records the room's spans under it,
+    so the room's prefill and decode spans share one trace. Optional within version 1 and 2: an older
+    P ignores it, an older D sends none.
     """
 
     room: int
@@ -90,6 +95,7 @@ class KVRequest(_Message, frozen=True, kw_only=True):
     descriptor: bytes
     decode_id: str
     cached_blocks: int = 0
+    traceparent: str | None = None
 
 
 class Abort(_Message, frozen=True, kw_only=True):

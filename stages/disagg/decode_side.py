@@ -99,22 +99,23 @@ class DecodeCoordinator:
         if room in self._rooms:
             raise conflict(f"bootstrap room {room}: room {room} is already in flight on this decode")
 
-    async def generate(self, room: int, host: str, port: int, prompt: Prompt,
-                       params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(self, room: int, host: str, port: int, prompt: Prompt, params: SamplingParams,
+                       traceparent: str | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of ``room`` from its first token on. Raises DisaggError if the KV never arrives, and
         (``check``) 403 or 409 before reserving anything. The room is this decode's from the first
-        step to the last output."""
+        step to the last output. ``traceparent`` travels in the ``KVRequest`` (the prefill may record
+        its spans under it: ``stages.tracing``)."""
         self.check(room, host, port)
         self._rooms.add(room)
         try:
-            async with aclosing(self._generate(room, host, port, prompt, params)) as outputs:
+            async with aclosing(self._generate(room, host, port, prompt, params, traceparent)) as outputs:
                 async for output in outputs:
                     yield output
         finally:
             self._rooms.discard(room)
 
-    async def _generate(self, room: int, host: str, port: int, prompt: Prompt,
-                        params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
+    async def _generate(self, room: int, host: str, port: int, prompt: Prompt, params: SamplingParams,
+                        traceparent: str | None) -> AsyncGenerator[RequestOutput, None]:
         mark = self.timeline.mark
         mark(room, "queued")
         blocks, cached = await self._reserve(prompt, params)
@@ -123,7 +124,7 @@ class DecodeCoordinator:
         try:
             request = KVRequest(room=room, fingerprint=self.fingerprint, block_ids=blocks[cached:],
                                 prompt_tokens=len(prompt.token_ids), descriptor=self.descriptor,
-                                decode_id=self.decode_id, cached_blocks=cached)
+                                decode_id=self.decode_id, cached_blocks=cached, traceparent=traceparent)
             await self.client.request_kv(host, port, request, accept_timeout_s=self.config.accept_timeout_s)
             ready = await self.client.wait_ready(room, timeout_s=self.config.kv_timeout_s,
                                                  idle_timeout_s=self.config.peer_idle_timeout_s)

@@ -130,6 +130,8 @@ class PrefillCoordinator:
         self._runs: set[asyncio.Task] = set()  # forward passes, runners of paired rooms, frees (``close`` cancels them)
         # rooms closed with an error before the decode's half came -> that error (``_keep_error``)
         self._closed_errors: OrderedDict[int, DisaggError] = OrderedDict()
+        # rooms whose decode sent a traceparent in its KVRequest -> it (``traceparent_of``; the last CLOSED_ERRORS)
+        self._traceparents: OrderedDict[int, str] = OrderedDict()
 
     @property
     def bootstrap_port(self) -> int:
@@ -151,6 +153,12 @@ class PrefillCoordinator:
             task.cancel()
         await asyncio.gather(*self._runs, return_exceptions=True)
         await self.server.close()
+
+    def traceparent_of(self, room: int) -> str | None:
+        """The ``traceparent`` the decode's ``KVRequest`` for ``room`` carried (None: it came without one,
+        or never came), forgotten once read: the parent of the room's spans when the HTTP half came
+        untraced (``stages.tracing``)."""
+        return self._traceparents.pop(room, None)
 
     def check(self, room: int) -> None:
         """Raise the DisaggError (409) that ``prefill(room, ...)`` would raise at once now; changes nothing."""
@@ -197,6 +205,10 @@ class PrefillCoordinator:
             if isinstance(message, Abort):
                 await self._abort(message.room, f"decode aborted: {message.reason}")
                 continue
+            if message.traceparent is not None:
+                self._traceparents[message.room] = message.traceparent
+                while len(self._traceparents) > CLOSED_ERRORS:
+                    self._traceparents.popitem(last=False)
             try:
                 entry = self.table.add_remote(message.room, message, time.monotonic())
             except (DuplicateRoom, RoomClosed) as exc:

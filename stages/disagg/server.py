@@ -15,9 +15,11 @@ from the cache (``stages.disagg.embeddings``) while its room pairs, the decode n
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -43,9 +45,10 @@ from stages.generation_defaults import generation_info
 from stages.engine.multimodal import Prompt
 from stages.engine.request import FinishReason
 from stages.engine.sampling_params import SamplingParams
+from stages import tracing
 from stages.faults.seams import seams_for
 from stages.supervisor import Supervisor
-from stages.timeline import RoomTimeline, add_room_route
+from stages.timeline import FAILED, RoomTimeline, add_room_route
 
 if TYPE_CHECKING:  # imported where used (cache: an EPD prefill only)
     from cache.store import EmbeddingCache
@@ -94,12 +97,20 @@ def prefill_generate(coordinator: PrefillCoordinator, inputs: ImageInputs | None
         except DisaggError as exc:
             raise _api_error(exc, "prefill", room) from exc
 
+        trace = tracing.current()  # None: tracing off
+
         async def prefilled() -> AsyncGenerator[RequestOutput, None]:
             fill, feed = None, None
             # only a chat body has images (a completions prompt is text)
             if inputs is not None and prompt.num_images and isinstance(body, ChatCompletionRequest):
                 fill, feed = _room_inputs(coordinator, inputs, prompt, image_refs(body))
-            result = await coordinator.prefill(room, prompt, params, fill, feed)
+            try:
+                result = await coordinator.prefill(room, prompt, params, fill, feed)
+            finally:
+                if trace is not None:  # the room's spans, under the decode's trace if the client sent none here
+                    decodes = coordinator.traceparent_of(room)
+                    trace.record("prefill", coordinator.timeline.events(room), room,
+                                 None if trace.incoming else decodes)
             for output in result.outputs:  # one per sequence: its first token (and logprobs), as a length stop
                 yield dataclasses.replace(output, request_id=request_id, finish_reason=FinishReason.LENGTH,
                                           completion_tokens=1)
@@ -134,9 +145,36 @@ def decode_generate(coordinator: DecodeCoordinator):
             check_size(len(prompt.token_ids), params)
         except DisaggError as exc:
             raise _api_error(exc, "decode", room) from exc
-        return _as_api_errors(coordinator.generate(room, host, port, prompt, params), "decode", room)
+        trace = tracing.current()  # None: tracing off
+        outputs = _as_api_errors(coordinator.generate(room, host, port, prompt, params,
+                                                      None if trace is None else trace.traceparent), "decode", room)
+        return outputs if trace is None else _recorded(outputs, coordinator, trace, room)
 
     return generate
+
+
+async def _recorded(outputs: AsyncGenerator[RequestOutput, None], coordinator: DecodeCoordinator,
+                    trace: tracing.StageTrace, room: int) -> AsyncGenerator[RequestOutput, None]:
+    """``outputs``, the decode's room recorded as spans (``stages.tracing``) once they end or fail. A
+    room that failed before the prefill answered is failed by its cleanup task (the abort it sends),
+    scheduled already: the record waits one turn of the loop for its ``failed`` event, and stands one
+    in with the error's reason if it still is not there."""
+    try:
+        async with aclosing(outputs):
+            async for output in outputs:
+                yield output
+    except BaseException as exc:
+        asyncio.get_running_loop().call_soon(_record_failed, coordinator, trace, room, str(exc) or type(exc).__name__)
+        raise
+    else:
+        trace.record("decode", coordinator.timeline.events(room), room)
+
+
+def _record_failed(coordinator: DecodeCoordinator, trace: tracing.StageTrace, room: int, reason: str) -> None:
+    events = coordinator.timeline.events(room) or []
+    if not any(e["event"] in ("finished", FAILED) for e in events):
+        events = [*events, {"event": FAILED, "t": time.time(), "reason": reason}]
+    trace.record("decode", events, room)
 
 
 def build(config: ServerConfig) -> FastAPI:

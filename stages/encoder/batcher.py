@@ -29,6 +29,18 @@ class Job:
     state: JobState = JobState.QUEUED
     frames: int = 0  # a video's sampled frames (0: an image)
     chunk: int = 0  # a video's temporal patches per vision-tower call (0: all at once)
+    # the vision-tower call that encoded it (set by the encoder thread): its wall-clock start and end
+    # (``time.time()``) and the keys it encoded together (``batch`` in a room's timeline)
+    tower: Tower | None = None
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One vision-tower call: when it began and ended (wall clock) and the keys of its batch."""
+
+    start: float
+    end: float
+    keys: tuple[str, ...]
 
 
 class Batcher:

@@ -40,9 +40,11 @@ from stages.api.images import decode_base64, decode_data_url
 from stages.api.json_depth import check_json_depth
 from stages.api.schema_types import AsInteger
 from stages.config import ImageLimits, ServerConfig
+from stages import tracing
+from stages.encoder.batcher import Tower
 from stages.encoder.openapi import ABORT_ROUTE, ENCODE_ROUTE
 from stages.encoder.service import EncodeService, ImageResult, Upload, VideoSetup
-from stages.timeline import RoomTimeline
+from stages.timeline import FAILED, RoomTimeline
 
 M = TypeVar("M", bound=BaseModel)
 Refusal = Callable[[], APIError | None]
@@ -92,6 +94,7 @@ def add_encode_routes(app: FastAPI, service: EncodeService, config: ServerConfig
             raise refused
         if not gate.enter():
             raise overloaded(gate.limit)
+        trace = tracing.current()  # None: tracing off
         try:
             body = _parse(EncodeRequest, await read_body(request, config.max_body_bytes))
             _check_counts(body.images, config)
@@ -100,11 +103,15 @@ def add_encode_routes(app: FastAPI, service: EncodeService, config: ServerConfig
                 uploads = await run_in_threadpool(_uploads, body.images, config.limits, service.video, fingerprint)
                 results = await service.encode(body.room, uploads)
             except APIError as exc:
-                timeline.mark(body.room, "failed", reason=exc.message)
+                timeline.mark(body.room, FAILED, reason=exc.message)
+                if trace is not None:
+                    trace.record("encoder", timeline.events(body.room), body.room)
                 raise
         finally:
             gate.leave()
         _mark_results(timeline, body.room, results)
+        if trace is not None:
+            trace.record("encoder", timeline.events(body.room), body.room)
         return msgspec.to_builtins(EncodeAnswer(body.room, [
             EncodedImage(r.key, r.status, r.num_tokens, r.seconds) for r in results]))
 
@@ -116,12 +123,16 @@ def add_encode_routes(app: FastAPI, service: EncodeService, config: ServerConfig
 
 def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult]) -> None:
     """Each image's outcome in the room's timeline, in time order: a video this request read
-    (``video_decoded`` {key, frames, seconds}) when its frames were decoded, encoded at the time its
-    embedding was ready and its entry's write began, before any prefill could read it (a video's with
-    its ``frames``), the others now."""
+    (``video_decoded`` {key, frames, seconds}) when its frames were decoded, each vision-tower call that
+    encoded images of the room (``batch`` {since, keys, batch_images}: the call's start and end, the
+    room's keys in it, the images it took in all), encoded at the time its embedding was ready and its
+    entry's write began, before any prefill could read it (a video's with its ``frames``), the others now."""
     now = time.time()
     marks: list[tuple[float, str, dict]] = []
+    towers: dict[int, tuple[Tower, list[str]]] = {}  # id -> a vision-tower call that encoded images of this room
     for r in results:
+        if r.tower is not None:
+            towers.setdefault(id(r.tower), (r.tower, []))[1].append(r.key)
         if r.read is not None:
             marks.append((r.read.at, "video_decoded", {"key": r.key, "frames": r.read.frames,
                                                        "seconds": r.read.seconds}))
@@ -130,6 +141,8 @@ def _mark_results(timeline: RoomTimeline, room: int, results: list[ImageResult])
             marks.append((r.cached_at, "encoded", fields if r.frames is None else {**fields, "frames": r.frames}))
         else:
             marks.append((now, "cache_hit" if r.status == CACHED else r.status, {"key": r.key}))
+    for tower, keys in towers.values():  # batch: since = the call's start, t = its end
+        marks.append((tower.end, "batch", {"since": tower.start, "keys": keys, "batch_images": len(tower.keys)}))
     for at, event, fields in sorted(marks, key=lambda mark: mark[0]):
         timeline.mark(room, event, at=min(at, now), **fields)
 

@@ -42,7 +42,7 @@ from stages.api import videos
 from stages.api.errors import APIError, ErrorFields, bad_request
 from stages.api.images import open_image
 from stages.config import EncoderConfig, ImageLimits, VideoLimits
-from stages.encoder.batcher import Job, RecentRooms
+from stages.encoder.batcher import Job, RecentRooms, Tower
 from stages.encoder.flights import Failure, Flight, Flights, redis_failure
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageInput
@@ -101,6 +101,7 @@ class ImageResult:
     frames: int | None = None  # a video's sampled frames, for "encoded"
     read: VideoRead | None = None  # a video this request decoded itself
     cached_at: float = 0.0  # wall clock (``time.time()``) when its entry began to be written, for "encoded"
+    tower: Tower | None = None  # the vision-tower call that encoded it here, for "encoded"
 
 
 @dataclass
@@ -185,7 +186,8 @@ class EncodeService:
             seconds = round(flight.ended_at - start, 6) if encoded else 0.0
             cached_at = time.time() - (time.monotonic() - flight.encoded_at) if encoded else 0.0
             results[key] = ImageResult(key, outcome, flight.job.image.num_tokens if encoded else None, seconds,
-                                       flight.job.frames or None if encoded else None, reads.get(key), cached_at)
+                                       flight.job.frames or None if encoded else None, reads.get(key), cached_at,
+                                       flight.job.tower if encoded else None)
         return [results[u.key] for u in uploads]
 
     async def _join(self, serial: int, room: int, upload: Upload, inputs: dict[str, _Prepared],

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from stages.encoder.batcher import Batcher, Job
+from stages.encoder.batcher import Batcher, Job, Tower
 from stages.encoder.metrics import EncoderMetrics
 from stages.engine.models.base import ModelAdapter
 from stages.engine.multimodal import ImageEmbedding, ImageInput
@@ -89,7 +89,7 @@ class EncoderWorker:
 
     def _encode_video(self, job: Job) -> ImageEmbedding | str:
         """One video, ``job.chunk`` temporal patches per vision-tower call; the chunks' rows concatenated."""
-        start = time.monotonic()
+        start, wall = time.monotonic(), time.time()
         try:
             self._hooks.before_encode([job])
             embedding = encode_chunked(self.adapter, job.image, job.chunk)
@@ -97,11 +97,12 @@ class EncoderWorker:
             log.exception("the vision tower failed on video %s", job.key)
             return f"the vision tower failed: {type(exc).__name__}: {exc}"
         self._metrics.observe_video(job.frames, time.monotonic() - start)
+        job.tower = Tower(wall, time.time(), (job.key,))
         return _checked(job, embedding)
 
     def _encode(self, batch: list[Job]) -> list[ImageEmbedding | str]:
         """One vision-tower call over ``batch``; if it raises, one call per image."""
-        start = time.monotonic()
+        start, wall = time.monotonic(), time.time()
         try:
             self._hooks.before_encode(batch)
             embeddings = self.adapter.encode([job.image for job in batch])
@@ -113,6 +114,9 @@ class EncoderWorker:
             log.exception("the vision tower failed on image %s", batch[0].key)
             return [f"the vision tower failed: {type(exc).__name__}: {exc}"]
         self._metrics.observe_call(len(batch), time.monotonic() - start)
+        tower = Tower(wall, time.time(), tuple(job.key for job in batch))
+        for job in batch:
+            job.tower = tower
         return [_checked(job, embedding) for job, embedding in zip(batch, embeddings, strict=True)]
 
 

@@ -20,6 +20,7 @@ from process.ports import bind
 from process.secrets import REDIS_URL_ENV, TOKEN_ENV, read_secret
 from router.config import ROLE_POLICIES, RouterConfig
 from router.plan.prefix_tree import CHUNK_CHARS, IMAGE_CHARS
+from telemetry import TracingConfig, add_tracing_args
 
 _D = {f.name: f.default for f in fields(RouterConfig) if f.default is not MISSING}
 
@@ -135,6 +136,7 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                         "prefill,decode to keep the encoders fixed")
     a.add_argument("--drain-timeout-s", type=float, default=_D["drain_timeout_s"],
                    help="a role switch gives up on a worker still busy after this long")
+    add_tracing_args(parser)
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
@@ -147,6 +149,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         values[name] = tuple(values[name])
     values["admin_token"] = read_secret(args.admin_token, args.admin_token_file, flag="--admin-token", env=TOKEN_ENV,
                                         environ=os.environ)
+    values["tracing"] = TracingConfig.from_args(args, "router", instance_id="", model="")
     values["redis_url"] = read_secret(args.redis_url, args.redis_url_file, flag="--redis-url", env=REDIS_URL_ENV,
                                       environ=os.environ)
     return RouterConfig(**values)

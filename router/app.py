@@ -19,6 +19,7 @@ a route is its answer; 404, 405, and a 500 for any other exception, are the serv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from functools import partial
@@ -41,12 +42,15 @@ from router.openapi import document
 from router.runtime import Router
 from router.server_info import server_info
 from router.upstream.client import StageError
+from router.dispatch.trace import wall
+from telemetry import NO_SPAN, Span
 
 _decode = msgspec.json.Decoder()
 # the router's 5xx refusals for capacity (its limits, no worker now): outcome "rejected"; any 4xx
 # the router answers is the client's ("client_error")
 REJECTIONS = (Code.SERVER_OVERLOADED, "no_healthy_worker", "no_allowed_pair")
 INLINE_IMAGE_CHARS = 256 << 10  # images of a request up to this size (as data: URLs) are read on the event loop
+OK, CLIENT_CLOSED = 200, 499  # a request's span's status: answered; the client left first (nginx's 499)
 
 
 def create_routes(router: Router) -> Routes:
@@ -67,36 +71,69 @@ async def _serve(router: Router, path: str, request: Request) -> Response | Stre
         raise overloaded(router.config.max_in_flight)
     router.in_flight += 1
     started = time.perf_counter()
+    span = _request_span(router, request, path) if router.tracing.enabled else NO_SPAN
     outcome = "aborted"
+    answer: tuple[int, str | None] = (CLIENT_CLOSED, None)  # the status and error code answered (spans only)
     try:
-        call = await _read_call(request, router, started, path)
+        call = await _read_call(request, router, started, path, span)
         answered = await router.dispatcher.handle(request, call)
-        outcome = "success" if answered.failure is None else "upstream_error"
+        outcome, answer = ("success" if answered.failure is None else "upstream_error"), (OK, None)
         router.metrics.e2e.observe(time.perf_counter() - started)
         return answered.response
     except RouterError as exc:
         outcome = "client_error" if exc.status < 500 else "rejected" if exc.code in REJECTIONS else "upstream_error"
+        answer = (exc.status, exc.code)
         raise
     except StageError as exc:
         failure = exc.failure
         if failure.client_fault:
-            outcome = "client_error"
+            outcome, answer = "client_error", (failure.status, failure.code)
             return Response(failure.raw or b"", failure.status, "application/json")
         outcome = "rejected" if failure.busy else "upstream_error"
-        raise stage_failed(failure) from None
+        error = stage_failed(failure)
+        answer = (error.status, error.code)
+        raise error from None
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client left: "aborted"
     except Exception:
-        outcome = "internal_error"
+        outcome, answer = "internal_error", (500, None)
         raise
     finally:
         router.in_flight -= 1
         router.metrics.outcome(outcome).inc()
+        if span is not NO_SPAN:
+            _end_request_span(span, outcome, *answer)
 
 
-async def _read_call(request: Request, router: Router, started: float, path: str = CHAT_PATH) -> Call:
+def _request_span(router: Router, request: Request, path: str) -> Span:
+    """The request's span (``chat``, the trace's root or the child of the client's ``traceparent``),
+    begun now; ``router.dispatch.trace`` has the spans under it."""
+    return router.tracing.start_span("chat", request.headers.get("traceparent"), time.time(),
+                                     {"http.request.method": "POST", "url.path": path, "epd.mode": router.config.mode})
+
+
+def _end_request_span(span: Span, outcome: str, status: int, code: str | None) -> None:
+    """End the request's span: a 5xx answer is its error (a 4xx is the client's, as OpenTelemetry's
+    HTTP conventions have it: only ``error.type`` says it)."""
+    attributes: dict[str, object] = {"epd.outcome": outcome, "http.response.status_code": status}
+    if code is not None:
+        attributes["error.type"] = code
+    span.end(time.time(), f"{status} {code or outcome}" if status >= 500 else None, attributes)
+
+
+async def _read_call(request: Request, router: Router, started: float, path: str = CHAT_PATH,
+                     span: Span = NO_SPAN) -> Call:
     """The request's body and what the router reads of it; a completions body (``path``) has no
-    messages: no image is resolved and no chat-text bound applies (its stage checks its prompt)."""
+    messages: no image is resolved and no chat-text bound applies (its stage checks its prompt).
+    ``span``: the request's (its ``router.admission`` child covers this)."""
+    call = await _read_call_body(request, router, started, path)
+    if span is NO_SPAN:
+        return call
+    span.child("router.admission", wall(started)).end(time.time())
+    return dataclasses.replace(call, span=span)
+
+
+async def _read_call_body(request: Request, router: Router, started: float, path: str) -> Call:
     limits = router.stage_limits()  # the tightest over the workers, once per request
     read = await _read_body(request, *router.body_cap(limits))
     body, raw = _without_router_fields(_parse(read), read)

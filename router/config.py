@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from cache.config import DEFAULT_TTL_S
 from router.fleet.dns_source import DnsSource, parse_discover, parse_nameserver
 from router.plan.policy import PrefixSettings
+from telemetry.config import TracingConfig
 
 MODES = ("colocated", "pd", "epd")
 POLICIES = ("round_robin", "least_load")
@@ -97,6 +98,8 @@ class RouterConfig:
     # this process's start id in /server_info; `stage serve router` gives its own (EPD_INSTANCE_ID when its
     # starter set one, process.instance), so a starter can tell its router from another on the port
     instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    # OpenTelemetry traces (--otlp-traces-endpoint, --otlp-traces-sample-ratio; off without an endpoint)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         for role in ROLES:

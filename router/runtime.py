@@ -20,6 +20,7 @@ cache's connections).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -51,8 +52,10 @@ from router.fleet.scrape import sample_all, sample_loop
 from router.dispatch.timeline import RoomLog
 from router.upstream.client import Upstream
 from router.fleet.workers import Pool, Worker, pairing_report
+from telemetry import OFF, Tracing, start_tracing
 
 log = logging.getLogger(__name__)
+TRACING_SHUTDOWN_S = 5.0  # on close: spans still queued get this long to reach the collector
 
 
 class StartupError(Exception):
@@ -81,6 +84,7 @@ class Router:
         if config.mode == "epd":
             planner = self.epd = _epd_planner(config, registry.pools["encoder"], planner, self.upstream)
         self.dispatcher = Dispatcher(config, planner, self.upstream, self.metrics, self.rooms)
+        self.tracing: Tracing = OFF  # started once the workers are known (``_start``), shut down in ``close``
         self.in_flight = 0  # chat requests held now; the app's admission gate counts them
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self._loops: dict[str, asyncio.Task] = {}  # supervised: /health answers 503 if one dies
@@ -128,6 +132,8 @@ class Router:
             self._spawn("auto ratio loop", auto_ratio_loop(self.membership, self.history, self.sample,
                                                            config.auto_ratio_interval_s, config.ratio_window_s,
                                                            config.auto_ratio_roles))
+        model = next((card["id"] for card in self.models()), "")
+        self.tracing = start_tracing(dataclasses.replace(config.tracing, instance_id=config.instance_id, model=model))
         log.info("%s router ready: %s", self.config.mode,
                  ", ".join(f"{len(p.workers)} {role} ({self.config.policy(role)})" for role, p in pools.items()))
 
@@ -146,6 +152,7 @@ class Router:
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
         await self.images.close()
         await self.upstream.close()
+        await asyncio.to_thread(self.tracing.shutdown, TRACING_SHUTDOWN_S)
         if self.epd is not None:
             await self.epd.aclose()
 

@@ -80,14 +80,14 @@ def open_answer(upstream: Upstream, target: Target, stream: bool, tally: Tally,
         _check(target, status, headers, raw)
         return Head(target, sent_at, raw)
 
-    return upstream.fetch(target.stage, target.worker, target.body, head, target.path, wakeup.poke)
+    return upstream.fetch(target, head, wakeup.poke)
 
 
 async def _open(upstream: Upstream, target: Target, sent_at: float, tally: Tally, wakeup: Wakeup) -> Head:
     """The stream's task. It pokes ``wakeup`` as it ends, in its last step: the task is done (its result or
     exception set) before the woken dispatcher runs, one turn of the loop sooner than a done callback."""
     try:
-        response = await upstream.post(target.stage, target.worker, target.body, target.path)
+        response = await upstream.post(target)
         try:
             if response.status != 200:
                 raw = await upstream.read(target.stage, target.worker, response)
@@ -130,7 +130,7 @@ def side_call(upstream: Upstream, target: Target, wakeup: Wakeup) -> asyncio.Fut
         _check(target, status, headers, raw)
         return time.perf_counter() - sent_at
 
-    return upstream.fetch(target.stage, target.worker, target.body, seconds, target.path, wakeup.poke)
+    return upstream.fetch(target, seconds, wakeup.poke)
 
 
 def _check(target: Target, status: int, headers: AnswerHeaders, raw: bytes) -> None:

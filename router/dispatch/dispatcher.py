@@ -59,6 +59,7 @@ from router.plan.modes import Call, Plan, Planner
 from router.dispatch.relay import finish_stream, relay_stream, send_json
 from router.dispatch.tally import Tally
 from router.dispatch.timeline import RoomLog, RoomRecord
+from router.dispatch.trace import AttemptSpans, attempt_spans
 from router.upstream.client import StageError, Upstream
 from router.dispatch.verdict import DECODE_SIDE_CODES, IMAGE_CODES, PEER_CODES, ROUTER_CODES, SHARED_CODES, Failure, blame, blame_encoder
 from router.fleet.workers import Lease, lease_all
@@ -97,6 +98,7 @@ class Dispatcher:
         attempts, cached = 0, None
         try:
             while attempts <= self.config.retries:
+                planning = time.perf_counter()
                 try:
                     plan = await self.planner.plan(call, exclude)
                 except RouterError:
@@ -113,7 +115,8 @@ class Dispatcher:
                 if last is not None:
                     self.metrics.retry(last.failure.stage).inc()
                 try:
-                    return await self._attempt(request, call, plan, leases)
+                    spans = attempt_spans(call.span, plan, attempts, (planning, time.perf_counter()))
+                    return await self._attempt(request, call, plan, leases, spans)
                 except StageError as exc:
                     if exc.failure.client_fault or exc.failure.code in SHARED_CODES:
                         raise
@@ -127,21 +130,22 @@ class Dispatcher:
         assert last is not None
         raise last
 
-    async def _attempt(self, request: Request, call: Call, plan: Plan, leases: list[Lease]) -> Answered:
-        """One attempt on ``plan``'s leased workers. Settled (``_settle``: every verdict and stage
-        time recorded) before the client's last byte: a JSON answer after every side call has
-        ended, before its body is sent; a stream once the stage's stream has ended, before the
-        final chunk."""
+    async def _attempt(self, request: Request, call: Call, plan: Plan, leases: list[Lease],
+                       spans: AttemptSpans) -> Answered:
+        """One attempt on ``plan``'s leased workers, traced in ``spans`` (``router.dispatch.trace``).
+        Settled (``_settle``: every verdict and stage time recorded) before the client's last byte: a
+        JSON answer after every side call has ended, before its body is sent; a stream once the
+        stage's stream has ended, before the final chunk."""
         record = self._record(call, plan)
         if plan.local_encode:
             self.metrics.local_encodes.inc(sum(1 for url in plan.images.values() if url))
         tally = Tally(call.started)
         wakeup = Wakeup(request.connection.loop)
-        answer = open_answer(self.upstream, plan.answer, call.stream, tally, wakeup)
-        sides = [side_call(self.upstream, side, wakeup) for side in plan.sides]
+        answer = open_answer(self.upstream, spans.target(plan, plan.answer), call.stream, tally, wakeup)
+        sides = [side_call(self.upstream, spans.target(plan, side), wakeup) for side in plan.sides]
         head: Head | None = None
         cache = cache_counts(call.media, plan.cached) if self.config.mode == "epd" else None
-        outcome, untouched = "aborted", frozenset[str]()
+        outcome, untouched, failed = "aborted", frozenset[str](), None
         try:
             head = await self._head(plan, answer, sides, wakeup)
             answer_s = time.perf_counter() - head.sent_at
@@ -149,18 +153,21 @@ class Dispatcher:
             if call.stream:
                 record.first_byte = time.time()
                 response, failure = await relay_stream(request, self.upstream, head, _headers(plan, sides, None, cache))
-                await self._settle(plan, sides, wakeup, leases, time.perf_counter() - head.sent_at, failure)
+                failed, answer_s = failure, time.perf_counter() - head.sent_at
+                await self._settle(plan, sides, wakeup, leases, answer_s, failure)
+                spans.settled(sides, answer_s)
                 self._observe_stream(tally)
                 await finish_stream(response)
             else:
                 failure = None
                 await self._settle(plan, sides, wakeup, leases, answer_s, failure)
+                spans.settled(sides, answer_s)
                 record.first_byte = time.time()
                 response = await send_json(request, head, _headers(plan, sides, answer_s, cache))
             outcome = "success" if failure is None else f"failed after the answer started: {failure.message}"
             return Answered(response, failure)
         except StageError as exc:
-            failure = as_client_sees(blame_encoder(exc.failure, plan.images), call.media, plan.sides)
+            failure = failed = as_client_sees(blame_encoder(exc.failure, plan.images), call.media, plan.sides)
             self._charge(failure, plan, leases)
             outcome = f"failed: the {failure.stage} stage: {failure.message}"
             untouched = frozenset({failure.url} if failure.unreachable or failure.refused else ())
@@ -169,6 +176,7 @@ class Dispatcher:
             if outcome != "success" and plan.on_abort is not None:
                 self._spawn(plan.on_abort(untouched))
             record.done, record.outcome = time.time(), outcome
+            spans.close(record, failed)
             if head is not None and head.response is not None:
                 head.response.close()  # a stream the client left: the stage aborts the room (no-op once read)
             tasks: tuple[asyncio.Future, ...] = (answer, *sides)

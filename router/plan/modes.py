@@ -38,6 +38,7 @@ from router.errors import no_allowed_pair, no_worker
 from router.fleet.pairing import Pairing
 from router.plan.prefix_tree import Prefix, chat_units, prompt_units, url_key
 from router.fleet.workers import Pool, Worker, compatible, has_pair, pick_pair
+from telemetry import NO_SPAN, Span
 
 if TYPE_CHECKING:
     from router.plan.image_refs import RefImage
@@ -61,6 +62,7 @@ class Call:
     raw: bytes | None = None  # the client's bytes, when ``body`` is exactly what they decode to (else None)
     # the body's video parts, checked and planned (epd: with their keys); none when the stages publish no video
     videos: tuple[RefVideo, ...] = ()
+    span: Span = NO_SPAN  # the request's span when the router traces (``router.dispatch.trace``)
 
     @property
     def media(self) -> tuple[RefImage | RefVideo, ...]:
@@ -84,6 +86,7 @@ class Target:
     worker: Worker
     body: bytes
     path: str = CHAT_PATH
+    headers: bytes = b""  # extra header lines, each ending in CRLF: the call's ``traceparent`` when traced
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,18 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from contract.paths import CHAT_PATH
 from router.config import RouterConfig
 from router.upstream.connection import CUT, SLICE_BYTES, TIMER, AnswerHeaders, Response, StageConnection, fire, probing_sockets
 from router.dispatch.verdict import Failure, idle, timed_out, unreachable
 from router.fleet.workers import Worker
+
+if TYPE_CHECKING:
+    from router.plan.modes import Target
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # idle connections are dropped before the stages' own keep-alive ends (uvicorn: 5 s), so a request is
@@ -92,13 +94,14 @@ class Upstream:
             raise RuntimeError("Upstream.start() was not called")
         return self._session
 
-    async def post(self, stage: str, worker: Worker, body: bytes, path: str = CHAT_PATH) -> Response:
-        """Send ``body``; the response with its status and headers read (the caller reads the body and
-        closes or releases it). Raises StageError if the stage cannot be reached in time."""
-        return await self.request(stage, worker, b"POST", path, body)
+    async def post(self, target: Target) -> Response:
+        """Send ``target`` its body (and its extra ``headers``); the response with its status and headers
+        read (the caller reads the body and closes or releases it). Raises StageError if the stage
+        cannot be reached in time."""
+        return await self.request(target.stage, target.worker, b"POST", target.path, target.body, target.headers)
 
-    def fetch(self, stage: str, worker: Worker, body: bytes, then: Callable[[int, AnswerHeaders, bytes], T],
-              path: str = CHAT_PATH, ended: Callable[[], None] | None = None) -> asyncio.Future[T]:
+    def fetch(self, target: Target, then: Callable[[int, AnswerHeaders, bytes], T],
+              ended: Callable[[], None] | None = None) -> asyncio.Future[T]:
         """``post`` and ``read`` as one future, resolved with ``then(status, headers, body)`` (or what it
         raises): on a kept-alive connection it is driven by the connection's callbacks alone, with no
         task (the hot path of every JSON answer and side call); otherwise (no idle connection, or a
@@ -108,21 +111,21 @@ class Upstream:
         cancelled): on a kept-alive connection at once, in the callback that resolved it, so whoever waits
         on it can be woken without the turn of the event loop a done callback takes."""
         loop = self._loop or asyncio.get_running_loop()
-        key, head_bytes = self._target(worker.url, path, b"POST")
+        body = target.body
+        key, head_bytes = self._target(target.worker.url, target.path, b"POST")
         connection = self._reused(key, loop.time()) if len(body) <= SLICE_BYTES else None
         if connection is None:
-            task = loop.create_task(self._fetch_connecting(stage, worker, body, then, path))
+            task = loop.create_task(self._fetch_connecting(target, then))
             if ended is not None:
                 task.add_done_callback(lambda done: done.cancelled() or ended())
             return task
-        call = _WholeCall(self, stage, worker, connection, then, ended)
-        call.send(head_bytes + b"%d\r\n\r\n" % len(body), body, self._idle[key])
+        call = _WholeCall(self, target.stage, target.worker, connection, then, ended)
+        call.send(head_bytes + b"%d\r\n%s\r\n" % (len(body), target.headers), body, self._idle[key])
         return call.future
 
-    async def _fetch_connecting(self, stage: str, worker: Worker, body: bytes,
-                                then: Callable[[int, AnswerHeaders, bytes], T], path: str) -> T:
-        response = await self.post(stage, worker, body, path)
-        raw = await self.read(stage, worker, response)
+    async def _fetch_connecting(self, target: Target, then: Callable[[int, AnswerHeaders, bytes], T]) -> T:
+        response = await self.post(target)
+        raw = await self.read(target.stage, target.worker, response)
         return then(response.status, response.headers, raw)
 
     def _target(self, url: str, path: str, method: bytes) -> tuple[tuple[str, int], bytes]:
@@ -131,14 +134,16 @@ class Upstream:
             target = self._targets[(url, path, method)] = _target(url, path, method)
         return target
 
-    async def request(self, stage: str, worker: Worker, method: bytes, path: str, body: bytes = b"") -> Response:
+    async def request(self, stage: str, worker: Worker, method: bytes, path: str, body: bytes = b"",
+                      headers: bytes = b"") -> Response:
+        """``headers``: extra header lines, each ending in CRLF."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.upstream_timeout_s
         key, head_bytes = self._target(worker.url, path, method)
         connection = self._reused(key, loop.time())
         if connection is None:
             connection = await self._connect(stage, worker, key, deadline)
-        head = connection.send(head_bytes + b"%d\r\n\r\n" % len(body), body)
+        head = connection.send(head_bytes + b"%d\r\n%s\r\n" % (len(body), headers), body)
         handle = loop.call_at(deadline, fire, head)
         try:
             if len(body) > SLICE_BYTES:

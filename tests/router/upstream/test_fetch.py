@@ -14,6 +14,7 @@ from router.fleet.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.upstream.client import StageError, Upstream
 from router.fleet.workers import Worker
+from router.plan.modes import Target
 
 pytestmark = pytest.mark.timeout(60)
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
@@ -71,7 +72,7 @@ async def test_the_first_call_connects_and_the_next_reuse_its_connection():
 
     async def test(upstream: Upstream, worker: Worker) -> None:
         for _ in range(3):
-            assert await upstream.fetch("colocated", worker, b"{}", answer) == (200, "5", b"hello")
+            assert await upstream.fetch(Target("colocated", worker, b"{}"), answer) == (200, "5", b"hello")
         assert script.connections == 1
 
     await fetching(script, test)
@@ -81,10 +82,10 @@ async def test_a_refusal_is_the_callers_verdict_and_the_connection_is_kept():
     script = Scripted([OK, BUSY, OK])
 
     async def test(upstream: Upstream, worker: Worker) -> None:
-        await upstream.fetch("colocated", worker, b"{}", answer)
+        await upstream.fetch(Target("colocated", worker, b"{}"), answer)
         with pytest.raises(ValueError, match="refused: 503"):
-            await upstream.fetch("colocated", worker, b"{}", answer)
-        assert await upstream.fetch("colocated", worker, b"{}", answer) == (200, "5", b"hello")
+            await upstream.fetch(Target("colocated", worker, b"{}"), answer)
+        assert await upstream.fetch(Target("colocated", worker, b"{}"), answer) == (200, "5", b"hello")
         assert script.connections == 1
 
     await fetching(script, test)
@@ -94,11 +95,11 @@ async def test_a_reused_connection_that_never_answers_times_out_and_is_closed():
     script = Scripted([OK, None])
 
     async def test(upstream: Upstream, worker: Worker) -> None:
-        await upstream.fetch("colocated", worker, b"{}", answer)
+        await upstream.fetch(Target("colocated", worker, b"{}"), answer)
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(StageError) as caught:
-            await upstream.fetch("colocated", worker, b"{}", answer)
+            await upstream.fetch(Target("colocated", worker, b"{}"), answer)
         assert 0.4 < loop.time() - started < 3.0
         assert caught.value.failure.code == "upstream_timeout" and "--upstream-timeout-s" in caught.value.failure.message
         await asyncio.wait_for(script.closed.wait(), 5)
@@ -110,9 +111,9 @@ async def test_a_reused_connection_cut_mid_body_is_unreachable():
     script = Scripted([OK, HALF], cut_after={1})
 
     async def test(upstream: Upstream, worker: Worker) -> None:
-        await upstream.fetch("colocated", worker, b"{}", answer)
+        await upstream.fetch(Target("colocated", worker, b"{}"), answer)
         with pytest.raises(StageError) as caught:
-            await upstream.fetch("colocated", worker, b"{}", answer)
+            await upstream.fetch(Target("colocated", worker, b"{}"), answer)
         assert "the connection closed before the answer was complete" in caught.value.failure.message
 
     await fetching(script, test)
@@ -122,8 +123,8 @@ async def test_cancelling_a_call_on_a_reused_connection_closes_it():
     script = Scripted([OK, None])
 
     async def test(upstream: Upstream, worker: Worker) -> None:
-        await upstream.fetch("colocated", worker, b"{}", answer)
-        call = upstream.fetch("colocated", worker, b"{}", answer)
+        await upstream.fetch(Target("colocated", worker, b"{}"), answer)
+        call = upstream.fetch(Target("colocated", worker, b"{}"), answer)
         await asyncio.sleep(0.2)
         call.cancel()
         await asyncio.wait_for(script.closed.wait(), 5)  # the stage sees the close: it aborts the request

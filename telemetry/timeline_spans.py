@@ -6,9 +6,13 @@ a malformed one is skipped, and nothing here raises.
 Spans (spec 0 is the stage's root when its ends exist; the others are its children, or the
 incoming parent's when it does not):
     role     root                              children
-    prefill  prefill: queued -> ready_sent     prefill.queue: queued -> paired
-                  | failed                     prefill.embeddings_wait: paired -> embeddings_ready (EPD)
-                                               prefill.compute: embeddings_ready (else paired) -> prefilled
+    prefill  prefill: queued -> ready_sent     prefill.queue: queued -> paired (waiting for the decode's half)
+                  | failed                     prefill.embeddings_wait: queued -> embeddings_ready (EPD: the
+                                               embeddings are read from the room's arrival, beside the pairing)
+                                               prefill.compute: queued -> prefilled (the forward pass starts when
+                                               the HTTP half arrives, paired or not; EPD without --prefill-overlap:
+                                               from embeddings_ready; an embeddings_ready with overlap_s came
+                                               during the compute and starts nothing)
                                                prefill.kv_write: kv_written's t - seconds -> t (epd.bytes)
     decode   decode: queued -> finished        decode.queue: queued -> blocks_reserved
                   | failed                     decode.kv_wait: kv_requested -> kv_ready (epd.blocks)
@@ -44,14 +48,17 @@ _ROOTS = {  # role -> (root span, the events that end it, the last present; () =
 }
 _BETWEEN = {  # role -> (span, start events: the first present not after the end, end event, events it carries)
     "prefill": (("prefill.queue", ("queued",), "paired", ()),
-                ("prefill.embeddings_wait", ("paired",), "embeddings_ready", ("embeddings_ready",)),
-                ("prefill.compute", ("embeddings_ready", "paired"), "prefilled", ("prefilled",))),
+                ("prefill.embeddings_wait", ("queued",), "embeddings_ready", ("embeddings_ready",)),
+                ("prefill.compute", ("embeddings_ready", "queued"), "prefilled", ("prefilled",))),
     "decode": (("decode.queue", ("queued",), "blocks_reserved", ()),
                ("decode.kv_wait", ("kv_requested",), "kv_ready", ("blocks_reserved",)),
                ("decode.first_token", ("kv_ready",), "first_token", ()),
                ("decode.stream", ("first_token",), "finished", ("finished",))),
 }
 _TIMED = {"kv_written": "kv_write", "video_decoded": "video_decode"}  # events whose ``seconds`` end at t
+# an event carrying this field starts no span between two events: the overlapped prefill's embeddings_ready
+# (with overlap_s) came while its compute ran, which began when the room was queued
+_NOT_A_START = {"embeddings_ready": "overlap_s"}
 _RENAMED = {"batch": "vision_tower", **_TIMED}  # event -> its span's name after ``<role>.``
 _ENCODER_KEYS = {"encoded": "epd.encoded", "cache_hit": "epd.cache_hits", "pending_elsewhere": "epd.pending_elsewhere"}
 _NOT_ATTRIBUTES = {"event", "t", "since", "seconds", "reason"}
@@ -73,7 +80,8 @@ def spans_of(role: str, events: Sequence[Mapping], room: int | None = None) -> l
     for name, starts, end_event, carried in _BETWEEN.get(role, ()):
         end = first.get(end_event)
         start = None if end is None else next(
-            (first[s] for s in starts if s in first and first[s]["t"] <= end["t"]), None)
+            (first[s] for s in starts if s in first and first[s]["t"] <= end["t"]
+             and _NOT_A_START.get(s, "") not in first[s]), None)
         if start is not None and end is not None:
             attributes = {k: v for c in carried if c in first for k, v in _attributes(first[c]).items()}
             specs.append(SpanSpec(name, start["t"], end["t"], attributes, parent=parent))

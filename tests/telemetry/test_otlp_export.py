@@ -73,7 +73,7 @@ def test_one_trace_from_the_router_through_a_prefills_timeline(receiver):
     assert receiver.span("prefill.kv_write").attributes == {"epd.bytes": 1 << 20}
     by_event = {e["event"]: e["t"] for e in events}
     for name, start, end in (("prefill", "queued", "ready_sent"), ("prefill.queue", "queued", "paired"),
-                             ("prefill.embeddings_wait", "paired", "embeddings_ready"),
+                             ("prefill.embeddings_wait", "queued", "embeddings_ready"),
                              ("prefill.compute", "embeddings_ready", "prefilled")):
         span = receiver.span(name)
         assert abs(span.start_ns - by_event[start] * NS) < 1000 and abs(span.end_ns - by_event[end] * NS) < 1000

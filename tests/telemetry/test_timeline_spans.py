@@ -48,28 +48,45 @@ def test_a_prefill_room_in_epd():
     assert root.attributes["epd.room"] == 42 and root.attributes["epd.cached_tokens"] == 64
     assert all(s.parent == 0 for s in specs[1:])
     assert approx(spans["prefill.queue"], 0.0, 0.010)
-    assert approx(spans["prefill.embeddings_wait"], 0.010, 0.050)
-    assert approx(spans["prefill.compute"], 0.050, 0.100)
+    assert approx(spans["prefill.embeddings_wait"], 0.0, 0.050)  # read from the room's arrival
+    assert approx(spans["prefill.compute"], 0.050, 0.100)  # without the overlap: after the embeddings
     assert spans["prefill.compute"].attributes == {"epd.prompt_tokens": 612, "epd.cached_tokens": 64}
     chunks = [s for s in specs if s.name == "prefill.chunk"]
     assert approx(chunks[0], 0.050, 0.080) and chunks[0].attributes == {"epd.tokens": 512}
     assert approx(spans["prefill.kv_write"], 0.105, 0.130) and spans["prefill.kv_write"].attributes == {"epd.bytes": 4096}
 
 
-def test_a_prefill_room_in_pd_computes_from_paired():
+def test_a_prefill_room_in_pd_computes_from_its_arrival():
+    """The forward pass starts when the HTTP half arrives, beside the pairing (issue 35)."""
     events = [e for e in PREFILL_EPD if e["event"] not in ("embeddings_ready", "chunk")]
     spans = by_name(spans_of("prefill", events))
     assert "prefill.embeddings_wait" not in spans and "epd.room" not in spans["prefill"].attributes
-    assert approx(spans["prefill.compute"], 0.010, 0.100)
+    assert approx(spans["prefill.compute"], 0.0, 0.100) and approx(spans["prefill.queue"], 0.0, 0.010)
 
 
-def test_embeddings_ready_after_prefilled_the_compute_span_starts_at_paired():
+def test_a_room_prefilled_before_it_paired_still_has_its_compute_span():
+    events = [ev("queued", 0.0), ev("prefilled", 0.03), ev("paired", 0.05), ev("ready_sent", 0.07)]
+    spans = by_name(spans_of("prefill", events))
+    assert approx(spans["prefill.compute"], 0.0, 0.03) and approx(spans["prefill.queue"], 0.0, 0.05)
+
+
+def test_embeddings_ready_after_prefilled_the_compute_span_starts_at_queued():
     """The overlapped prefill: embeddings may be marked ready after compute began; no span runs backwards."""
     events = [ev("queued", 0.0), ev("paired", 0.01), ev("prefilled", 0.05), ev("embeddings_ready", 0.06),
               ev("ready_sent", 0.07)]
     spans = by_name(spans_of("prefill", events))
-    assert approx(spans["prefill.compute"], 0.01, 0.05)
+    assert approx(spans["prefill.compute"], 0.0, 0.05)
     assert all(s.end >= s.start for s in spans.values())
+
+
+def test_an_overlapped_embeddings_ready_does_not_start_the_compute_span():
+    """With --prefill-overlap the compute runs from the room's arrival while the embeddings come
+    (``embeddings_ready`` carries ``overlap_s``): the compute span is not cut at the last embedding."""
+    events = [ev("queued", 0.0), ev("paired", 0.01), ev("embeddings_ready", 0.04, overlap_s=0.04, computed_tokens=9),
+              ev("prefilled", 0.05), ev("ready_sent", 0.07)]
+    spans = by_name(spans_of("prefill", events))
+    assert approx(spans["prefill.compute"], 0.0, 0.05) and approx(spans["prefill.embeddings_wait"], 0.0, 0.04)
+    assert spans["prefill.embeddings_wait"].attributes == {"epd.overlap_s": 0.04, "epd.computed_tokens": 9}
 
 
 def test_a_failed_prefill_room_is_an_error_root_with_the_reason_and_its_code():

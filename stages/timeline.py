@@ -10,9 +10,14 @@ it. Events (docs/admin.md; * = a status change):
               kv_written {bytes, seconds}, ready_sent* (success); failed* {reason}
     decode    queued, blocks_reserved {blocks}, kv_requested* (the prefill accepted), kv_ready*
               (success), first_token, finished {completion_tokens, finish_reason}; failed* {reason}
-    encoder   queued {images}; per video decoded here video_decoded {key, frames, seconds}; per image
-              (or video) encoded {key, num_tokens[, frames]} (at the time its embedding was cached),
-              cache_hit {key} or pending_elsewhere {key}; failed {reason} (no status)
+    encoder   queued {images}; per video decoded here video_decoded {key, frames, seconds}; per
+              vision-tower call that encoded images of the room batch {since, keys, batch_images} (since:
+              the call's start, t: its end; keys: the room's images in it, batch_images: all it took);
+              per image (or video) encoded {key, num_tokens[, frames]} (at the time its embedding was
+              cached), cache_hit {key} or pending_elsewhere {key}; failed {reason} (no status)
+
+A room's events become its OpenTelemetry spans when it ends (``stages.tracing``,
+``telemetry.timeline_spans``): an event with ``since`` is a span of its own.
 
 ``mark`` and the listener may be called from any thread; they never raise.
 """

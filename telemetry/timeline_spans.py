@@ -3,6 +3,13 @@ seconds) -> the spans to record for it (pure; called by whoever records a room w
 thread). A span is made only where both its ends are in the timeline: a missing event makes no span,
 a malformed one is skipped, and nothing here raises.
 
+A stage's spans of one request (``stages.tracing``): ``"{role} {path}"`` (SERVER, e.g.
+``prefill /v1/chat/completions``, ``encoder /v1/encode``; from the request's arrival until its response
+is sent whole; ``http.response.status_code``, ``epd.room``; ERROR on a 5xx or an in-band stream error;
+a colocated server's adds ``epd.prompt_tokens``, ``epd.completion_tokens``, ``epd.finish_reason``), the
+child of the caller's ``traceparent``; under it the room's spans below, recorded when the room ends
+(a prefill whose request came untraced records them under the decode's ``KVRequest.traceparent``).
+
 Spans (spec 0 is the stage's root when its ends exist; the others are its children, or the
 incoming parent's when it does not):
     role     root                              children
@@ -20,6 +27,9 @@ incoming parent's when it does not):
                                                decode.stream: first_token -> finished (epd.completion_tokens,
                                                epd.finish_reason)
     encoder  encode: queued -> its last event  encoder.video_decode: video_decoded's t - seconds -> t
+                                               encoder.vision_tower: batch's since -> t, one per vision-tower
+                                               call that encoded the room's images (epd.image_keys: the
+                                               room's in it, epd.images, epd.batch_images: all it took)
     any      -                                 <role>.<event> for every event carrying ``since``: since -> t
                                                (``batch`` is named ``vision_tower``, e.g. encoder.vision_tower;
                                                prefill's ``chunk`` is prefill.chunk)

@@ -19,7 +19,6 @@ a route is its answer; 404, 405, and a 500 for any other exception, are the serv
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from functools import partial
@@ -126,14 +125,14 @@ async def _read_call(request: Request, router: Router, started: float, path: str
     """The request's body and what the router reads of it; a completions body (``path``) has no
     messages: no image is resolved and no chat-text bound applies (its stage checks its prompt).
     ``span``: the request's (its ``router.admission`` child covers this)."""
-    call = await _read_call_body(request, router, started, path)
-    if span is NO_SPAN:
-        return call
-    span.child("router.admission", wall(started)).end(time.time())
-    return dataclasses.replace(call, span=span)
+    call = await _read_call_body(request, router, started, path, span)
+    if span.sampled:
+        span.child("router.admission", wall(started)).end(time.time())
+    return call
 
 
-async def _read_call_body(request: Request, router: Router, started: float, path: str) -> Call:
+async def _read_call_body(request: Request, router: Router, started: float, path: str, span: Span) -> Call:
+    """``_read_call``'s work: the request's ``Call`` (its ``span`` in it)."""
     limits = router.stage_limits()  # the tightest over the workers, once per request
     read = await _read_body(request, *router.body_cap(limits))
     body, raw = _without_router_fields(_parse(read), read)
@@ -143,7 +142,7 @@ async def _read_call_body(request: Request, router: Router, started: float, path
     if model is not None and not router.serves(model):
         raise model_not_found(model, [card["id"] for card in router.models()])
     if path != CHAT_PATH:  # no images: the client's bytes are sent on (``router.plan.modes``)
-        return Call(body, body.get("stream") is True, model, started, path=path, raw=raw)
+        return Call(body, body.get("stream") is True, model, started, path=path, raw=raw, span=span)
     if (too_long := prompt_too_long(body, limits)) is not None:
         raise too_long
     takes_video, video = router.video_support()
@@ -161,7 +160,7 @@ async def _read_call_body(request: Request, router: Router, started: float, path
         if video is not None and resolved.videos else ()
     # the client's bytes are sent on (``router.plan.modes``) unless an image or a video was fetched into the body
     return Call(body, body.get("stream") is True, model, started, images, raw=None if resolved.fetched else raw,
-                videos=videos)
+                videos=videos, span=span)
 
 
 def _model_name(router: Router) -> str:

@@ -19,7 +19,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from telemetry.traceparent import parse_traceparent
+from telemetry.traceparent import SAMPLED, parse_traceparent
 
 Attributes = Mapping[str, object]  # values: str, bool, int, float or a sequence of them (others as str)
 
@@ -53,6 +53,13 @@ class Span:
 
     def __init__(self, traceparent: str | None = None) -> None:
         self.traceparent = traceparent
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the trace is kept: its ``traceparent``'s sampled flag (False without one). The
+        header's flags are its characters 53-54 in every version (``traceparent``)."""
+        header = self.traceparent
+        return header is not None and bool(int(header[53:55], 16) & SAMPLED)
 
     def child(self, name: str, start: float, attributes: Attributes | None = None,
               kind: SpanKind = SpanKind.INTERNAL) -> Span:

@@ -5,11 +5,20 @@ loads while tracing is off.
 One ``TracerProvider`` per ``OtelTracing`` (never the global one: several servers may share a test
 process), sampling ``ParentBased(TraceIdRatioBased(ratio))``, a ``BatchSpanProcessor`` exporting to the
 endpoint with ``OTLPSpanExporter`` (HTTP/protobuf) on the SDK's own thread. Propagation is W3C
-``traceparent`` through ``TraceContextTextMapPropagator``. Methods may be called from any thread.
+``traceparent`` (read with ``TraceContextTextMapPropagator``, written as its version-00 form). Methods
+may be called from any thread.
+
+A request the sampler leaves out costs next to nothing (what ``--otlp-traces-sample-ratio`` below 1 is
+for): a new trace's id is drawn here first (``_DrawnIds``) and ``TraceIdRatioBased``'s own rule applied
+to it; one left out never reaches the SDK, and gets a plain ``Span`` whose ``traceparent`` carries the
+id unsampled, so every process downstream leaves it out too; one kept is made by the SDK with that very
+id (the SDK's sampler then keeps it by the same rule). A span under an unsampled incoming
+``traceparent`` is that ``traceparent`` passed on, likewise without the SDK.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -19,6 +28,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -60,9 +70,34 @@ def _attributes(attributes: Attributes | None) -> dict[str, AttributeValue]:
 
 
 def _header_of(span: trace.Span) -> str | None:
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get(HEADER)
+    """The version-00 ``traceparent`` naming ``span`` (what the propagator would write, without its
+    context and carrier)."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return "00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags)
+
+
+class _DrawnIds(IdGenerator):
+    """The SDK's ids, but a new trace's id is the one ``draw`` took for it (on this thread, for the
+    next root span the SDK starts here), so the SDK's sampler judges the id ``OtelTracing`` judged."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self._next = threading.local()
+
+    def draw(self) -> int:
+        trace_id = random.getrandbits(128) or 1
+        self._next.trace_id = trace_id
+        return trace_id
+
+    def generate_span_id(self) -> int:
+        return self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        trace_id = getattr(self._next, "trace_id", None)
+        self._next.trace_id = None
+        return trace_id if trace_id is not None else self._random.generate_trace_id()
 
 
 def _finish(span: trace.Span, end: float, error: str | None, attributes: Attributes | None) -> None:
@@ -101,8 +136,10 @@ class OtelTracing(Tracing):
         named = {"service.name": f"epd-{config.role}", "service.instance.id": config.instance_id,
                  "epd.role": config.role, "epd.model": config.model}
         resource = Resource.create({k: v for k, v in named.items() if v})  # an unnamed instance or model: absent
+        self._ids = _DrawnIds()
+        self._bound = TraceIdRatioBased.get_bound_for_rate(config.sample_ratio)
         self.provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
-                                       resource=resource, shutdown_on_exit=False)
+                                       resource=resource, shutdown_on_exit=False, id_generator=self._ids)
         exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_s)
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer(SCOPE)
@@ -110,6 +147,14 @@ class OtelTracing(Tracing):
 
     def start_span(self, name: str, parent_traceparent: str | None, start: float,
                    attributes: Attributes | None = None, kind: SpanKind = SpanKind.SERVER) -> Span:
+        parent = parse_traceparent(parent_traceparent)
+        if parent is not None and not parent.sampled:
+            return Span(parent.header)  # left out upstream: passed on as it is, nothing made
+        if parent is None:  # a new trace: judged here first, by TraceIdRatioBased's rule
+            trace_id = self._ids.draw()
+            if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= self._bound:
+                self._ids.generate_trace_id()  # not taken by the SDK: dropped
+                return Span("00-%032x-%016x-00" % (trace_id, self._ids.generate_span_id()))
         span = self.tracer.start_span(name, context=_parent_context(parent_traceparent), kind=_KINDS[kind],
                                       attributes=_attributes(attributes), start_time=ns(start))
         return OtelSpan(self.tracer, span)

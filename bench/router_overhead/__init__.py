@@ -18,6 +18,13 @@ as a PD router does):
 Phases run one target at a time; the sequence of targets runs ``--rounds`` times (order reversed
 every other round) and samples are pooled, so drifting outside load hits every target.
 
+Tracing's cost (``--tracing``, on by default): our router again, as ``ours-traced`` and ``ours-traced-1pct``,
+with ``--otlp-traces-endpoint`` at a sink in the benchmark's process (``bench/common/otlp_sink.py``:
+decodes each export to count its spans, keeps nothing) and ``--otlp-traces-sample-ratio`` 1 and 0.01; the
+requests carry no ``traceparent``, so the router's sampler decides. ``tracing_cost`` in the JSON and the
+summary: each traced target / ``ours`` on router CPU per request (median over rounds); the spans the sink
+received are under ``traces_exported``.
+
 Peers are installed from PyPI into their own venv (``--peers-venv``), never the project's:
 ``sglang-router==0.3.2`` (``python -m sglang_router.launch_router --pd-disaggregation``, bootstrap
 fields like ours, prefill and decode at once) and ``vllm-router==0.1.17`` (``--vllm-pd-disaggregation``:

@@ -20,7 +20,8 @@ from bench.router_overhead import __doc__ as DOC
 from bench.router_overhead.analysis import check_stage_reach, compare, failed_targets, summarize
 from bench.router_overhead.client import TOKENS, unique_images
 from bench.router_overhead.measure import measure_target, profile
-from bench.router_overhead.peers import PEERS, ensure_peers, router_argv
+from bench.common.otlp_sink import OTLPSink
+from bench.router_overhead.peers import PEERS, TRACED, ensure_peers, router_argv
 from bench.router_overhead.report import figures, plot, print_table
 from process.ports import free_port
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also our router(s) in epd mode (target ours-epd, and ours-base-epd with --baseline): a "
                    "fake encoder and a private Redis; each request carries an image of its own (a cache miss the "
                    "router claims and sends to the encoder)")
+    p.add_argument("--tracing", action=argparse.BooleanOptionalAction, default=True,
+                   help="also our router with OpenTelemetry traces kept at 100 %% and at 1 %% (targets ours-traced, "
+                   "ours-traced-1pct), exporting to a sink in this process that decodes and drops them")
     p.add_argument("--py-spy", action="store_true", help="record our router with py-spy during an extra c=32 run")
     add_output_args(p, "router_overhead", quick_help="smoke run: 1 round, a quarter of the requests")
     return p
@@ -65,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         targets.insert(targets.index("ours") + 1 if "ours" in targets else len(targets), "ours-base")
     if args.epd:  # the EPD path: our router(s) in epd mode, each request with an image of its own
         targets += [f"{t}-epd" for t in ("ours", "ours-base") if t in targets and f"{t}-epd" not in targets]
+    if args.tracing and "ours" in targets:  # tracing's cost: ours again, traced at 100 % and at 1 %
+        targets += [t for t in TRACED if t not in targets]
+    sink = OTLPSink().__enter__() if set(TRACED) & set(targets) else None
     versions, skipped = ensure_peers(venv) if set(targets) & set(PEERS) else ({}, {})
     client_cores = pin_this_process(args.client_cores)
     router_cores = parse_cores(args.router_cores)
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "direct" or name in skipped:
                 continue
             port = free_port()
-            child = Child(name, router_argv(name, venv, port, prefill, decode, ports["bootstrap"], epd),
+            child = Child(name, router_argv(name, venv, port, prefill, decode, ports["bootstrap"], epd,
+                                            sink.endpoint if sink is not None else None),
                           router_cores, out.with_name(out.stem + f"_{name}.log"), url=f"http://127.0.0.1:{port}",
                           env={**os.environ, "PYTHONUNBUFFERED": "1",
                                **({"PYTHONPATH": str(Path(args.baseline).resolve())} if "-base" in name else {})})
@@ -120,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             child.stop()
         if redis is not None:
             redis.stop()
+        if sink is not None:
+            sink.__exit__(None, None, None)
 
     failed = failed_targets(runs)
     for target, errors in failed.items():
@@ -137,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                    "backend": "bench/fake_backend.py (no model)", "policies": "round_robin for prefill and decode",
                    "router_argv": {n: r.argv for n, r in routers.items()}},
         "peer_versions": versions, "skipped": skipped, "failed": failed, "results": results, **comparison,
+        "traces_exported": sink.counts() if sink is not None else None,
         "phases": meters, "router_threads": threads, "py_spy": spy,
     }
     png = out.with_suffix(".png")

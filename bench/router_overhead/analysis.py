@@ -5,7 +5,7 @@ check (``check_stage_reach``), the added latency over direct and ours / the best
 from __future__ import annotations
 
 from bench.common.stats import percentile
-from bench.router_overhead.peers import PEERS
+from bench.router_overhead.peers import PEERS, TRACED
 
 PHASES = ("c1", "stream", "c32")
 STAGE_CALLS = ("prefill_requests", "decode_requests")  # the fake pair's /bench/stats counters
@@ -130,6 +130,8 @@ def compare(results: dict[str, dict]) -> dict:
     for peer in peers:
         if "ours" in results:
             out.setdefault("ours_vs_peer_rounds", {})[peer] = versus(results, "ours", peer)
+    out["tracing_cost"] = {traced: versus(results, traced, "ours") for traced in TRACED
+                           if traced in results and "ours" in results}
     return out
 
 

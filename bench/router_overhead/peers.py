@@ -34,17 +34,21 @@ def ensure_peers(venv: Path) -> tuple[dict[str, str], dict[str, str]]:
     return versions, errors
 
 
-OURS = ("ours", "ours-base", "ours-epd", "ours-base-epd")  # -base: the --baseline checkout; -epd: epd mode
+OURS = ("ours", "ours-base", "ours-epd", "ours-base-epd", *("ours-traced", "ours-traced-1pct"))
+# -base: the --baseline checkout; -epd: epd mode; -traced: OpenTelemetry traces kept at 100 % / 1 % (TRACED)
+TRACED = {"ours-traced": "1", "ours-traced-1pct": "0.01"}  # target -> --otlp-traces-sample-ratio
 
 
 def router_argv(name: str, venv: Path, port: int, prefill: str, decode: str, bootstrap: int,
-                epd: tuple[str, str] | None = None) -> list[str]:
+                epd: tuple[str, str] | None = None, traces: str | None = None) -> list[str]:
     """The command line of router ``name`` (one of ``OURS``, or a peer) on ``port`` in front of the pair,
     with round-robin for both roles and the peers' metrics on loopback; ``epd``: (the fake encoder's
-    URL, the Redis URL) for the ``-epd`` targets."""
+    URL, the Redis URL) for the ``-epd`` targets; ``traces``: the OTLP endpoint of the ``-traced`` ones."""
     bin_ = venv / "bin"
     if name in OURS:  # -base: -P, so the baseline checkout on PYTHONPATH is imported, not this one
         mode = ["--encoder", epd[0], "--redis-url", epd[1]] if name.endswith("-epd") and epd else []
+        if name in TRACED and traces:
+            mode += ["--otlp-traces-endpoint", traces, "--otlp-traces-sample-ratio", TRACED[name]]
         return [sys.executable, *(["-P"] if "-base" in name else []), "-m", "cli", "serve", "router",
                 "--host", "127.0.0.1", "--port", str(port), "--prefill", prefill, "--decode", decode, *mode,
                 "--policy-prefill", "round_robin", "--policy-decode", "round_robin", "--log-level", "warning"]

@@ -23,13 +23,26 @@ def figures(results: dict[str, dict], comparison: dict) -> list[Figure]:
         added = comparison["added_vs_direct"].get("ours", {})
         return [Figure("ours: added latency p50 at c=1", added.get("c1_p50_ms"), "ms"),
                 Figure("ours: throughput at c=32", results.get("ours", {}).get("c32", {}).get("requests_per_s"),
-                       "req/s")]
+                       "req/s"), *_tracing_figures(comparison)]
     out = []
     for measure, what, unit in HEADLINE:
         row = ratios[measure]
         out += [Figure(f"{what}, ours", row["ours"], unit),
                 Figure(f"{what}, {row['best_peer']} (best peer)", row["best_peer_value"], unit),
                 Figure(f"{what}, ours / {row['best_peer']}", row["ours_over_best"], "x")]
+    return out + _tracing_figures(comparison)
+
+
+def _tracing_figures(comparison: dict) -> list[Figure]:
+    """Tracing's cost: ours traced (at 100 % and 1 %) / ours untraced, router CPU per request at c=32
+    and at c=1 (medians over rounds), where the run had the traced targets."""
+    out = []
+    for target, share in (("ours-traced", "100 %"), ("ours-traced-1pct", "1 %")):
+        rows = comparison.get("tracing_cost", {}).get(target, {})
+        for measure, what in (("c32.router_cpu_us_per_request", "c=32"), ("c1.router_cpu_us_per_request", "c=1")):
+            if measure in rows:
+                out.append(Figure(f"router CPU per request at {what}, traces kept at {share} / tracing off",
+                                  rows[measure]["ratio"], "x"))
     return out
 
 
@@ -53,6 +66,10 @@ def print_table(results: dict[str, dict], comparison: dict) -> None:
             for measure, row in comparison[key].items():
                 extra = f"  added {row['added_mine']} vs {row['added_other']}" if "added_mine" in row else ""
                 print(f"  {measure}: {row['mine']} vs {row['other']} = {row['ratio']}x{extra}")
+    for target, rows in comparison.get("tracing_cost", {}).items():
+        print(f"{target} vs ours, tracing's cost (median over rounds [min, max]):")
+        for measure, row in rows.items():
+            print(f"  {measure}: {row['mine']} vs {row['other']} = {row['ratio']}x")
     for peer, rows in comparison.get("ours_vs_peer_rounds", {}).items():
         print(f"ours vs {peer} (median over rounds [min, max]):")
         for measure, row in rows.items():

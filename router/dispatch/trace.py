@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from router.dispatch.timeline import RoomRecord
 from router.dispatch.verdict import Failure
 from router.plan.modes import Plan, Target
-from telemetry import NO_SPAN, Span, SpanKind, parse_traceparent
+from telemetry import NO_SPAN, Span, SpanKind
 
 
 def wall(perf: float) -> float:
@@ -98,8 +98,7 @@ def attempt_spans(root: Span, plan: Plan, number: int, planned: tuple[float, flo
     nothing either) for a request the sampler left out, else the attempt's spans."""
     if root is NO_SPAN:
         return UNTRACED
-    parent = parse_traceparent(root.traceparent)
-    if parent is None or not parent.sampled:
+    if not root.sampled:
         return _Unsampled(root.traceparent)
     return AttemptSpans(root, plan, number, planned)
 

@@ -107,3 +107,15 @@ def test_figures_give_ours_the_best_peer_and_the_ratio_per_headline_measure():
         ("added latency p50 at c=1, ours", 0.6, "ms"), ("added latency p50 at c=1, sglang-router (best peer)", 0.2, "ms"),
         ("added latency p50 at c=1, ours / sglang-router", 3.0, "x")]
     assert len(figs) == 12
+
+
+def test_tracings_cost_is_each_traced_target_over_ours_untraced():
+    res = results(direct=rounds(0.4, 1000, 0.0, 0.5), ours=rounds(1.0, 400, 200.0, 1.5),
+                  **{"ours-traced": rounds(1.1, 380, 300.0, 1.6), "ours-traced-1pct": rounds(1.0, 400, 210.0, 1.5)})
+    cost = compare(res)["tracing_cost"]
+    assert cost["ours-traced"]["c32.router_cpu_us_per_request"]["ratio"] == 1.5
+    assert cost["ours-traced-1pct"]["c32.router_cpu_us_per_request"]["ratio"] == 1.05
+    names = {f.name: f.value for f in figures(res, compare(res))}
+    assert names["router CPU per request at c=32, traces kept at 1 % / tracing off"] == 1.05
+    assert names["router CPU per request at c=1, traces kept at 100 % / tracing off"] == 1.5
+    assert compare(results(ours=rounds(1.0, 400, 200.0, 1.5)))["tracing_cost"] == {}

@@ -37,6 +37,8 @@ IMAGE = "epd-stage"  # deploy/Containerfile's image, as the base names it (kusto
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.namespace": "epd"}
 SAMPLE_SECRET = "sample-secret-value-0123456789"  # long enough for an admin token (16 characters)
 SAMPLE_SECRETS = {"redis-url": "redis://:sample-password@redis.example.com:6379/0"}  # keys with a format
+# what an operator's ConfigMaps hold (the manifests ship none: their keys are optional)
+SAMPLE_CONFIG = {("epd-tracing", "otlp-traces-endpoint"): "http://otel-collector.observability:4318/v1/traces"}
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -103,7 +105,8 @@ def references(text: str) -> list[str]:
 def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str],
                   fields: dict[str, str] | None = None) -> dict[str, str]:
     """The container's environment as Kubernetes builds it: in order, each value expanded against
-    the variables before it; downward-API fields from ``fields`` (default ``SAMPLE_FIELDS``).
+    the variables before it; downward-API fields from ``fields`` (default ``SAMPLE_FIELDS``), a
+    ConfigMap's key from ``SAMPLE_CONFIG``.
     ``secrets`` maps (secret name, key) to a value; a key not in it (the GPU overlays ship no
     Secret) gets its ``SAMPLE_SECRETS`` value or ``SAMPLE_SECRET``."""
     env: dict[str, str] = {}
@@ -114,6 +117,9 @@ def container_env(container: dict[str, Any], secrets: dict[tuple[str, str], str]
         source = var["valueFrom"]
         if "fieldRef" in source:
             env[var["name"]] = (fields or SAMPLE_FIELDS)[source["fieldRef"]["fieldPath"]]
+        elif "configMapKeyRef" in source:  # an operator's ConfigMap: its sample value
+            ref = source["configMapKeyRef"]
+            env[var["name"]] = SAMPLE_CONFIG[(ref["name"], ref["key"])]
         else:
             ref = source["secretKeyRef"]
             sample = SAMPLE_SECRETS.get(ref["key"], SAMPLE_SECRET)

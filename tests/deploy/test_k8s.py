@@ -163,6 +163,20 @@ def check_probe_paths(objects: list[dict[str, Any]], overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_server_takes_its_traces_endpoint_from_the_optional_tracing_configmap(rendered, overlay):
+    """Tracing is off until an operator creates the ConfigMap ``epd-tracing`` (docs/observability.md):
+    every server reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` from its optional key, and with the key
+    set, each one's config traces to it."""
+    expected = {"name": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "valueFrom": {"configMapKeyRef": {
+        "name": "epd-tracing", "key": "otlp-traces-endpoint", "optional": True}}}
+    for workload, container, args, env in serving(rendered[overlay]):
+        assert expected in container["env"], workload
+        with mock.patch.dict(os.environ, env, clear=True):
+            config = router_config(args) if args.role == "router" else server_config(args, args.role)
+        assert config.tracing.endpoint == env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_servers_bind_the_pod_address_from_the_downward_api(rendered, overlay):
     check_pod_address(rendered[overlay], overlay)
 

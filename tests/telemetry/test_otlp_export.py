@@ -139,6 +139,10 @@ def test_the_ratio_keeps_what_trace_id_ratio_based_keeps(receiver):
             kept.add(f"{sent.trace_id:032x}")
         span.end(time.time())
     assert 5 <= len(kept) <= 70  # binomial(3000, 0.01): mean 30
+    assert all(span.sampled == (f"{parse_traceparent(span.traceparent).trace_id:032x}" in kept) for span in started)
+    left_out = next(span for span in started if not span.sampled)  # made without the SDK: its child is itself
+    assert left_out.child("router.attempt", time.time()).traceparent == left_out.traceparent
+    assert router.start_span("stage", left_out.traceparent, time.time()).traceparent == left_out.traceparent
     assert router.shutdown(10)
     receiver.wait_for(len(kept))
     assert {s.trace_id for s in receiver.spans()} == kept

@@ -14,7 +14,7 @@ class PrefillHooks:
         """A message came to the bootstrap receive loop, before it is handled (raising ends the loop)."""
 
     def before_forward(self, room: int) -> None:
-        """A paired room with its inputs ready, before its forward pass."""
+        """A room with its inputs ready, before its forward pass (from its HTTP half's arrival, paired or not)."""
 
     def after_forward(self, room: int) -> None:
         """A room prefilled (it holds its blocks), before its KV write."""

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 log = logging.getLogger(__name__)
 POINTS: dict[str, str] = {
-    "prefill.exit_before_forward": "the prefill process exits (code 17) once a room is paired, before its forward pass",
+    "prefill.exit_before_forward": "the prefill process exits (code 17) once a room's inputs are ready, before its forward pass (which starts on the HTTP half's arrival, paired or not)",
     "prefill.exit_after_forward": "the prefill process exits (code 17) after the forward pass, before the KV write",
     "prefill.fail_kv_write": "the KV write fails as a transfer error (the transfer backend's write raises "
                              "TransferError); nothing is written into the decode's blocks",

@@ -79,7 +79,7 @@ def test_a_prefill_encodes_its_own_images_exactly(start_server, stages, redis_ur
     assert {url: after[url] - before[url] for url in after} == {encoder.url: 0, x1.url: 0, x2.url: 4}
     view = httpx.get(f"{router.url}/admin/rooms/{raw.headers['x-epd-room']}", headers=AUTH, timeout=30).json()
     assert view["workers"]["local_encode"]["url"] == x2.url == view["workers"]["prefill"]["url"]
-    assert [e["event"] for e in view["stages"]["local_encode"]["events"]] == ["queued", "encoded"]
+    assert [e["event"] for e in view["stages"]["local_encode"]["events"]] == ["queued", "batch", "encoded"]
     assert view["stages"]["prefill"]["events"][0]["event"] == "queued"
     router.stop()
 

@@ -79,7 +79,7 @@ def test_as_an_encoder_its_keys_and_entries_are_the_encoders(worker, encoder):
     assert chat.status_code == 503 and chat.json()["error"]["code"] == "no_role"
     assert "an encoder" in chat.json()["error"]["message"]
     events = [e["event"] for e in httpx.get(f"{worker.url}/rooms/2?stage=encoder", timeout=10).json()["events"]]
-    assert events == ["queued", "encoded"]
+    assert events == ["queued", "batch", "encoded"]  # batch: the vision-tower call that encoded it
     assert "epd_encoder_images_encoded_total 1.0" in httpx.get(f"{worker.url}/metrics", timeout=10).text
 
 

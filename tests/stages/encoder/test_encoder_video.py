@@ -197,7 +197,7 @@ async def test_a_video_is_encoded_into_one_entry_then_cached(container, mime, pa
     encoded = [e for e in events if e["event"] == "encoded"]
     assert [(e["key"], e["frames"]) for e in decoded] == [(key, frames)] and decoded[0]["seconds"] > 0
     assert [(e["key"], e["num_tokens"], e["frames"]) for e in encoded] == [(key, video_plan.num_tokens, frames)]
-    assert [e["event"] for e in events] == ["queued", "video_decoded", "encoded"]
+    assert [e["event"] for e in events] == ["queued", "video_decoded", "batch", "encoded"]  # batch: its vision-tower call
     assert claims(redis_url) == []
 
 

@@ -13,7 +13,7 @@ child of the caller's ``traceparent``; under it the room's spans below, recorded
 Spans (spec 0 is the stage's root when its ends exist; the others are its children, or the
 incoming parent's when it does not):
     role     root                              children
-    prefill  prefill: queued -> ready_sent     prefill.queue: queued -> paired (waiting for the decode's half)
+    prefill  prefill: queued -> ready_sent     prefill.handshake: queued -> paired (the decode's half coming)
                   | failed                     prefill.embeddings_wait: queued -> embeddings_ready (EPD: the
                                                embeddings are read from the room's arrival, beside the pairing)
                                                prefill.compute: queued -> prefilled (the forward pass starts when
@@ -57,7 +57,7 @@ _ROOTS = {  # role -> (root span, the events that end it, the last present; () =
     "encoder": ("encode", ()),
 }
 _BETWEEN = {  # role -> (span, start events: the first present not after the end, end event, events it carries)
-    "prefill": (("prefill.queue", ("queued",), "paired", ()),
+    "prefill": (("prefill.handshake", ("queued",), "paired", ()),
                 ("prefill.embeddings_wait", ("queued",), "embeddings_ready", ("embeddings_ready",)),
                 ("prefill.compute", ("embeddings_ready", "queued"), "prefilled", ("prefilled",))),
     "decode": (("decode.queue", ("queued",), "blocks_reserved", ()),

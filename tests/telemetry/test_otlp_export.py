@@ -58,13 +58,13 @@ def test_one_trace_from_the_router_through_a_prefills_timeline(receiver):
     spans = receiver.wait_for(7)
     assert len({s.trace_id for s in spans}) == 1 and not receiver.orphans() and not receiver.bad_requests
     [root] = receiver.trees()[spans[0].trace_id]
-    assert root.render() == "\n".join(["chat.completions", "  router.prefill", "    prefill", "      prefill.queue",
+    assert root.render() == "\n".join(["chat.completions", "  router.prefill", "    prefill", "      prefill.handshake",
                                        "      prefill.embeddings_wait", "      prefill.compute",
                                        "      prefill.kv_write"])
     top, client, stage = receiver.span("chat.completions"), receiver.span("router.prefill"), receiver.span("prefill")
     assert top.parent_span_id is None and top.kind == "SERVER" and client.kind == "CLIENT"
     assert client.parent_span_id == top.span_id and stage.parent_span_id == client.span_id
-    assert stage.kind == "SERVER" and receiver.span("prefill.queue").kind == "INTERNAL"
+    assert stage.kind == "SERVER" and receiver.span("prefill.handshake").kind == "INTERNAL"
     assert top.resource["service.name"] == "epd-router" and stage.resource["service.name"] == "epd-prefill"
     assert stage.resource["service.instance.id"] == "prefill-1" and stage.resource["epd.model"] == "tiny"
     assert stage.resource["epd.role"] == "prefill"
@@ -72,7 +72,7 @@ def test_one_trace_from_the_router_through_a_prefills_timeline(receiver):
     assert stage.attributes == {"epd.room": 7, "epd.cached_tokens": 16}
     assert receiver.span("prefill.kv_write").attributes == {"epd.bytes": 1 << 20}
     by_event = {e["event"]: e["t"] for e in events}
-    for name, start, end in (("prefill", "queued", "ready_sent"), ("prefill.queue", "queued", "paired"),
+    for name, start, end in (("prefill", "queued", "ready_sent"), ("prefill.handshake", "queued", "paired"),
                              ("prefill.embeddings_wait", "queued", "embeddings_ready"),
                              ("prefill.compute", "embeddings_ready", "prefilled")):
         span = receiver.span(name)
@@ -94,7 +94,7 @@ def test_a_failed_room_and_a_failed_request_are_errors(receiver):
     assert stage.is_error and stage.status_message == "decode went away"
     assert stage.attributes["error.type"] == "peer_gone" and stage.attributes["epd.error_code"] == "peer_gone"
     assert top.is_error and top.status_message == "prefill failed" and top.attributes["error.type"] == "bad_gateway_x"
-    assert not receiver.span("prefill.queue").is_error
+    assert not receiver.span("prefill.handshake").is_error
     router.shutdown(5)
 
 

@@ -40,14 +40,14 @@ def approx(spec: SpanSpec, start: float, end: float) -> bool:
 def test_a_prefill_room_in_epd():
     specs = spans_of("prefill", PREFILL_EPD, room=42)
     names = [s.name for s in specs]
-    assert names == ["prefill", "prefill.queue", "prefill.embeddings_wait", "prefill.compute", "prefill.chunk",
+    assert names == ["prefill", "prefill.handshake", "prefill.embeddings_wait", "prefill.compute", "prefill.chunk",
                      "prefill.chunk", "prefill.kv_write"]
     spans = by_name(specs)
     root = specs[0]
     assert root.parent is None and root.error is None and approx(root, 0.0, 0.131)
     assert root.attributes["epd.room"] == 42 and root.attributes["epd.cached_tokens"] == 64
     assert all(s.parent == 0 for s in specs[1:])
-    assert approx(spans["prefill.queue"], 0.0, 0.010)
+    assert approx(spans["prefill.handshake"], 0.0, 0.010)
     assert approx(spans["prefill.embeddings_wait"], 0.0, 0.050)  # read from the room's arrival
     assert approx(spans["prefill.compute"], 0.050, 0.100)  # without the overlap: after the embeddings
     assert spans["prefill.compute"].attributes == {"epd.prompt_tokens": 612, "epd.cached_tokens": 64}
@@ -61,13 +61,13 @@ def test_a_prefill_room_in_pd_computes_from_its_arrival():
     events = [e for e in PREFILL_EPD if e["event"] not in ("embeddings_ready", "chunk")]
     spans = by_name(spans_of("prefill", events))
     assert "prefill.embeddings_wait" not in spans and "epd.room" not in spans["prefill"].attributes
-    assert approx(spans["prefill.compute"], 0.0, 0.100) and approx(spans["prefill.queue"], 0.0, 0.010)
+    assert approx(spans["prefill.compute"], 0.0, 0.100) and approx(spans["prefill.handshake"], 0.0, 0.010)
 
 
 def test_a_room_prefilled_before_it_paired_still_has_its_compute_span():
     events = [ev("queued", 0.0), ev("prefilled", 0.03), ev("paired", 0.05), ev("ready_sent", 0.07)]
     spans = by_name(spans_of("prefill", events))
-    assert approx(spans["prefill.compute"], 0.0, 0.03) and approx(spans["prefill.queue"], 0.0, 0.05)
+    assert approx(spans["prefill.compute"], 0.0, 0.03) and approx(spans["prefill.handshake"], 0.0, 0.05)
 
 
 def test_embeddings_ready_after_prefilled_the_compute_span_starts_at_queued():
@@ -95,7 +95,7 @@ def test_a_failed_prefill_room_is_an_error_root_with_the_reason_and_its_code():
     root = specs[0]
     assert root.name == "prefill" and root.error == "decode went away" and approx(root, 0.0, 0.02)
     assert root.attributes["epd.error_code"] == "peer_x" and root.attributes["error.type"] == "peer_x"
-    assert [s.name for s in specs] == ["prefill", "prefill.queue"]
+    assert [s.name for s in specs] == ["prefill", "prefill.handshake"]
 
 
 def test_a_decode_room():

@@ -87,7 +87,7 @@ async def test_one_room_on_both_stages_is_one_trace_under_the_clients_span(pair,
         p, d = await asyncio.gather(client.post(f"{pair.prefill.url}{CHAT}", json=body),
                                     client.post(f"{pair.decode.url}{CHAT}", json=body))
     assert p.status_code == d.status_code == 200, (p.text, d.text)
-    spans = names_under(receiver, trace_id, f"prefill {CHAT}", f"decode {CHAT}", "prefill", "prefill.queue",
+    spans = names_under(receiver, trace_id, f"prefill {CHAT}", f"decode {CHAT}", "prefill", "prefill.handshake",
                         "prefill.compute", "prefill.kv_write", "decode", "decode.queue", "decode.kv_wait",
                         "decode.first_token", "decode.stream")
     assert not orphans(receiver, trace_id, parent_id) and not receiver.bad_requests
@@ -102,7 +102,7 @@ async def test_one_room_on_both_stages_is_one_trace_under_the_clients_span(pair,
         assert children and all(s.parent_span_id == root.span_id for s in children)
     prefill, decode = events_of(pair.prefill, room), events_of(pair.decode, room)
     assert_spans(one(spans, "prefill"), prefill["queued"], prefill["ready_sent"])
-    assert_spans(one(spans, "prefill.queue"), prefill["queued"], prefill["paired"])
+    assert_spans(one(spans, "prefill.handshake"), prefill["queued"], prefill["paired"])
     kv_write = one(spans, "prefill.kv_write")
     assert_spans(kv_write, prefill["kv_written"] - kv_write.seconds, prefill["kv_written"])
     assert kv_write.attributes["epd.bytes"] > 0

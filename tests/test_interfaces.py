@@ -21,7 +21,7 @@ from tests.support.import_graph import module_names
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("cli", "contract", "process", "stages", "transfer", "cache", "router")
+PRODUCT = ("cli", "contract", "process", "stages", "transfer", "cache", "router", "telemetry")
 MAX_PARAMETERS = 6
 EXCEPTIONS = {  # "module:qualified name" -> why it takes more
     "stages.engine.paged_decode:_decode_kernel": "a Triton kernel: its pointers, strides and tile sizes are its "

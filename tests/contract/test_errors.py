@@ -12,7 +12,7 @@ from contract.errors import RULES, TYPED_FIELDS, Blame, Code, blaming, rule_of
 from router.dispatch import verdict
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT = ("router", "stages", "cache", "transfer", "process", "bench", "cli")
+PRODUCT = ("router", "stages", "cache", "transfer", "process", "bench", "cli", "telemetry")
 # a code's value written where it is not a code: a metric label, a health body's status, a column, a field name
 NOT_A_CODE = {
     ("router/metrics.py", "internal_error"),  # an outcome label of epd_router_requests_total

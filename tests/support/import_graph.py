@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("cli", "contract", "process", "stages", "transfer", "cache", "router", "bench")
+PACKAGES = ("cli", "contract", "process", "stages", "transfer", "cache", "router", "bench", "telemetry")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def build(config: ServerConfig) -> FastAPI:
         from stages.tracing import traced_outputs
         generate = traced_outputs(generate)
     parts = AppParts(async_engine, Preparer(prompts, async_engine, config.limits, ImageMode.PIXELS, config.video,
-                                          metrics.observe_video_decode),
+                                          metrics.observe_video_decode, metrics.images_preprocess_skipped.inc),
                      generate=seams.generate(generate), metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=prompts.tokenizer)
     app = create_app(parts, app_config(config, prompts, "colocated"))

@@ -93,6 +93,10 @@ class Metrics:
                                               "embeddings not read from the cache because the prefix cache held "
                                               "their KV (their placeholders lay wholly in the cached prefix).",
                                               registry=r)
+        self.images_preprocess_skipped = Counter("epd_images_preprocess_skipped", "Colocated and PD prefill: "
+                                                 "images not decoded nor preprocessed when their request came "
+                                                 "because the prefix cache held their KV (their placeholders "
+                                                 "lay wholly in the cached prefix).", registry=r)
         self.preemptions = Counter("epd_preemptions", "Requests preempted when the KV pool ran dry, by what "
                                    "happened to their KV: recompute (prefilled again) or swap (to host memory).",
                                    ["kind"], registry=r)

@@ -164,7 +164,7 @@ class PromptBuilder:
         """Token ids and preprocessed pixels (to encode here); ``tools`` as ``render`` takes them."""
         if tools and not self.supports_tools:  # before any image is preprocessed
             raise ToolsNotSupported("this model's chat template has no tool format, so it cannot be given tools")
-        inputs = [self._preprocess_item(item) for item in items]
+        inputs = [self.preprocess_item(item) for item in items]
         plans = [item.plan if isinstance(item, VideoFrames) else None for item in items]
         counts = [im.num_tokens for im in inputs]
         slots = [plan if plan is not None else count for plan, count in zip(plans, counts)]
@@ -182,7 +182,9 @@ class PromptBuilder:
                       image_tokens=[slot.num_tokens if isinstance(slot, VideoPlan) else slot for slot in slots],
                       videos=plans if any(plan is not None for plan in plans) else [])
 
-    def _preprocess_item(self, item: Image.Image | VideoFrames) -> ImageInput:
+    def preprocess_item(self, item: Image.Image | VideoFrames) -> ImageInput:
+        """One visual item as ``build`` preprocesses it: an image through ``preprocess``, a video's
+        decoded frames through the video processor. ValueError (PromptError) for what the processor refuses."""
         if not isinstance(item, VideoFrames):
             return self.preprocess(item)
         if self.video is None:

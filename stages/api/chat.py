@@ -3,7 +3,8 @@
 
 A server takes images one way (``ImageMode``), set by its role:
 
-    PIXELS  image_url parts, decoded and preprocessed here (colocated; prefill in PD mode)
+    PIXELS  image_url parts, decoded and preprocessed here (colocated; prefill in PD mode), except an
+            image the engine's prefix cache covers (below)
     SIZES   image_url parts, read for their size from the file header only (decode in PD mode)
     REFS    image_ref parts ``{key, width, height}`` (prefill and decode in EPD mode, --redis-url)
 
@@ -15,6 +16,15 @@ conversation order (``stages.engine.multimodal.Prompt``).
 The other kind of image (or video) part gets 400 naming the part. In SIZES and REFS modes the prompt is built
 from sizes (``PromptBuilder.build_from_sizes``) and no pixel is touched; an EPD prefill then fills
 the embeddings from the cache (``stages.disagg.embeddings``).
+
+In PIXELS mode the prompt is built from sizes too (each image read as far as its header: the same
+token ids as its pixels would give), then each image is decoded and preprocessed, except one whose
+placeholders lie wholly in the prefix the engine's cache holds now (``EngineLimits.prefix_hint``): its
+KV is there, so it stays an ``ImageInput.deferred`` holding its bytes, and the engine makes its pixels
+only if the hint went stale (``stages.engine.image_encoding``). Counted in
+``epd_images_preprocess_skipped_total``. Such an image cannot be one a full decode would refuse: its
+content key is its bytes' hash, and the cached blocks that cover it were computed from those very
+bytes, decoded and encoded by this stage (or by the prefill that sent a decode its KV).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from cache.keys import image_key, video_key
 from contract.errors import Code
 from contract.video import VideoPlan, VideoSampling, check_resolved
 from stages.api import videos
-from stages.api.errors import bad_request
+from stages.api.errors import APIError, bad_request
 from stages.api.images import ImageLimits, check_size, decode_data_url, header_size, open_image
 from stages.api.sampling import NO_DEFAULTS, with_defaults
 from stages.api.sampling import sampling_params as shared_sampling_params
@@ -41,7 +51,8 @@ from stages.api.message_schemas import ImageRef, VideoRef
 from stages.api.schemas import ChatCompletionRequest
 from stages.api.tools import forced_tool_schema, template_tool_calls, template_tools, tool_content
 from stages.engine.guide import Guide
-from stages.engine.multimodal import Prompt
+from stages.engine.multimodal import ImageInput, Prompt
+from stages.engine.prefix_cache import covered_items
 from stages.engine.sampling_params import SamplingParams
 from stages.generation_defaults import GenerationDefaults
 from stages.config import VideoLimits
@@ -74,6 +85,8 @@ class EngineLimits(Protocol):
     def vocab_size(self) -> int: ...
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None: ...
+
+    def prefix_hint(self, prompt: Prompt) -> int: ...
 
 
 def image_parts(request: ChatCompletionRequest) -> list[tuple[Any, str]]:
@@ -167,6 +180,34 @@ def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[tup
     return images
 
 
+@dataclass(frozen=True)
+class ReadImage:
+    """One image_url image read as far as its header: its bytes, its (width, height), its content key
+    (as ``load_images``'s) and the ``param`` naming its part."""
+
+    data: bytes
+    size: tuple[int, int]
+    key: str
+    param: str
+
+
+def read_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[ReadImage]:
+    """Every image_url image read as far as its header, after checking how many there are: no pixel
+    decoded. The same checks and errors as ``load_images`` but for pixel data broken past a header."""
+    check_images(request, limits, ImageMode.PIXELS)
+    read = []
+    for url, param in image_sources(request):
+        data = decode_data_url(url, limits, param)
+        read.append(ReadImage(data, header_size(data, limits, param), image_key(data, LOCAL_FINGERPRINT), param))
+    return read
+
+
+def make_image(prompts: Any, limits: ImageLimits, image: ReadImage) -> ImageInput:
+    """A read image decoded (APIError 400 ``invalid_image`` for a file broken past its header) and
+    preprocessed by ``prompts`` (a ``PromptBuilder``; ValueError for what its processor refuses)."""
+    return prompts.preprocess_item(open_image(image.data, limits, image.param))
+
+
 def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
                 mode: ImageMode) -> list[tuple[tuple[int, int], str]]:
     """(width, height) of every image without decoding pixels, and its content key: from the file
@@ -241,10 +282,10 @@ def _in_order(is_video: list[bool], images: list, videos_: list) -> list:
 @dataclass(frozen=True)
 class Preparer:
     """A server's way from a request body to (prompt, sampling parameters): its prompt builder
-    (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then ``build``
-    for PIXELS, ``build_from_sizes`` otherwise, its ``guides`` to compile a request's grammar and its
-    ``defaults``, the checkpoint's sampling defaults), its engine's limits, its image limits and how it
-    takes images."""
+    (``stages.prompt.PromptBuilder``: ``num_image_tokens`` to check each image's size, then
+    ``build_from_sizes``, and for PIXELS ``image_grid`` and ``preprocess_item`` for each item's pixels,
+    its ``guides`` to compile a request's grammar and its ``defaults``, the checkpoint's sampling
+    defaults), its engine's limits (and prefix hint), its image limits and how it takes images."""
 
     prompts: Any
     engine: EngineLimits
@@ -253,6 +294,8 @@ class Preparer:
     video: VideoLimits = VideoLimits()
     # Metrics.observe_video_decode: each video read here (frames decoded, seconds, bytes); any thread
     observe_decode: Callable[[int, float, int], None] | None = None
+    # Metrics.images_preprocess_skipped.inc: a request's images left deferred (PIXELS); any thread
+    observe_skipped: Callable[[int], None] | None = None
 
     def __call__(self, request: ChatCompletionRequest) -> tuple[Prompt, SamplingParams]:
         """Everything CPU-bound before a request can be queued (image and video decoding, preprocessing,
@@ -260,19 +303,17 @@ class Preparer:
         the client got wrong."""
         engine, messages = self.engine, hf_messages(request)
         planned = self._videos(request)  # counted, probed and planned: no frame decoded yet
-        loaded = load_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
-        keyed = [(image.size, key) for image, key in loaded] if loaded is not None else \
+        read = read_images(request, self.limits) if self.mode is ImageMode.PIXELS else None
+        keyed = [(image.size, image.key) for image in read] if read is not None else \
             image_sizes(request, self.limits, self.mode)
         self._check_sizes(request, [size for size, _ in keyed])
         order = [part.is_video for part, _ in image_parts(request)]
-        items = None
-        if loaded is not None:
-            decoded = [self._decode(video) for video in planned]
-            items = _in_order(order, [image for image, _ in loaded], decoded)
         sizes = _in_order(order, [size for size, _ in keyed], [video.plan for video in planned])
-        prompt = self._build(request, messages, items, sizes)
+        prompt = self._build(request, messages, sizes)
         # for prefix caching: each image's and video's content key
         prompt.image_keys = _in_order(order, [key for _, key in keyed], [video.key for video in planned])
+        if read is not None:
+            self._fill_pixels(prompt, _in_order(order, read, planned))
         params = sampling_params(request, len(prompt.token_ids), engine.max_model_len, engine.vocab_size,
                                  guide(request, self.prompts.guides), self.prompts.defaults)
         try:
@@ -353,15 +394,57 @@ class Preparer:
                               Code.INVALID_VIDEO) from None
         return PlannedVideo(plan, ref.key, b"", param)
 
-    def _build(self, request: ChatCompletionRequest, messages: list[dict], items: list | None,
-               sizes: list) -> Prompt:
-        """The prompt, with the offered tools (``ChatCompletionRequest.offered_tools``) rendered by the
-        chat template. 400 ``tools_not_supported`` if the template has no tool format."""
+    def _fill_pixels(self, prompt: Prompt, sources: list[ReadImage | PlannedVideo]) -> None:
+        """Give a prompt built from sizes its pixels (``Prompt.images``), item by item: each video's
+        planned frames decoded and preprocessed; each image decoded and preprocessed unless its
+        placeholders lie wholly in the prefix the engine's cache holds now (``prefix_hint``, a hint):
+        that one stays ``ImageInput.deferred`` (counted in ``observe_skipped``). 400 as ``load_images``
+        and the prompt builder refuse an image or video (a file broken past its header: ``invalid_image``)."""
+        prompt.images = [self._processed(functools.partial(self._video_input, source))
+                         if isinstance(source, PlannedVideo) else self._deferred(source, count)
+                         for source, count in zip(sources, prompt.image_tokens)]
+        covered = self._covered(prompt)
+        prompt.images = [image if i in covered else self._processed(image.loaded)
+                         for i, image in enumerate(prompt.images)]
+        skipped = sum(image.is_deferred for image in prompt.images)
+        if skipped and self.observe_skipped is not None:
+            self.observe_skipped(skipped)
+
+    def _covered(self, prompt: Prompt) -> frozenset[int]:
+        """The prompt's items whose placeholders the engine's cached prefix holds now (a hint)."""
+        hint = self.engine.prefix_hint(prompt)
+        return covered_items(prompt.token_ids, self.prompts.adapter.media_token_ids, prompt.image_tokens,
+                             hint) if hint else frozenset()
+
+    def _deferred(self, image: ReadImage, num_tokens: int) -> ImageInput:
+        """A read image as ``ImageInput.deferred``: its count and grid from its size, made by ``make_image``."""
+        return ImageInput.deferred(num_tokens, self.prompts.image_grid(*image.size),
+                                   functools.partial(make_image, self.prompts, self.limits, image))
+
+    def _video_input(self, video: PlannedVideo) -> ImageInput:
+        """A video's planned frames decoded (``_decode``) and preprocessed."""
+        return self.prompts.preprocess_item(self._decode(video))
+
+    @staticmethod
+    def _processed(make: Callable[[], ImageInput]) -> ImageInput:
+        """``make()``: an item's pixels; what the processor refuses (ValueError) as 400 ``invalid_prompt``,
+        as ``_build`` answers it; an APIError (a file that does not decode) passes."""
+        try:
+            return make()
+        except APIError:
+            raise
+        except ValueError as exc:
+            raise bad_request(f"The messages could not be turned into a prompt: {exc}", "messages",
+                              "invalid_prompt") from None
+
+    def _build(self, request: ChatCompletionRequest, messages: list[dict], sizes: list) -> Prompt:
+        """The prompt from its items' sizes and plans, with the offered tools
+        (``ChatCompletionRequest.offered_tools``) rendered by the chat template. 400
+        ``tools_not_supported`` if the template has no tool format."""
         offered = request.offered_tools
         extra = {} if offered is None else {"tools": template_tools(offered)}
         try:
-            return self.prompts.build(messages, items, **extra) if items is not None else \
-                self.prompts.build_from_sizes(messages, sizes, **extra)
+            return self.prompts.build_from_sizes(messages, sizes, **extra)
         except ToolsNotSupported:
             raise bad_request("This model's chat template has no tool format, so it cannot be given tools "
                               "(tool_choice none gives it none).", "tools", "tools_not_supported") from None

@@ -221,7 +221,7 @@ def build(config: ServerConfig) -> FastAPI:
             runtime.close()
 
     prepare = Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video,
-                       metrics.observe_video_decode)
+                       metrics.observe_video_decode, metrics.images_preprocess_skipped.inc)
     parts = AppParts(runtime.engine, prepare, generate=generate, metrics=metrics, supervisor=supervisor,
                      lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, config.role))

@@ -235,7 +235,8 @@ def build(config: ServerConfig) -> FastAPI:
 
     modes = image_modes(epd is not None)
     prepare = RolePreparer(slot, *(Preparer(runtime.prompts, runtime.engine, config.limits, mode, config.video,
-                                            metrics.observe_video_decode) for mode in modes))
+                                            metrics.observe_video_decode, metrics.images_preprocess_skipped.inc)
+                                   for mode in modes))
     parts = AppParts(runtime.engine, prepare, generate=seams.generate(slot.generate), metrics=metrics,
                      supervisor=supervisor, lifespan=lifespan, tokenizer=runtime.prompts.tokenizer)
     app = create_app(parts, app_config(config, runtime.prompts, lambda: slot.role))

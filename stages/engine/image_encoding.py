@@ -3,7 +3,10 @@
 Called by ``Engine.step`` on the engine thread (``encode_missing``) with the model's vision encoder:
 each prompt's images to encode are all of them, or with prefix caching those not wholly in its
 cached prefix (those get ``ImageEmbedding.skipped`` stand-ins, encoded after all if a recompute finds
-less of the prompt cached). All
+less of the prompt cached). An image to encode that came ``deferred`` (``ImageInput.deferred``: a
+PIXELS stage left its pixels unmade because its placeholders were in the cached prefix when the
+request came, and the hint went stale) is decoded and preprocessed first, here, on the engine thread:
+rare, and a failure fails that request alone. All
 images go to the encoder in one call; if that raises, each prompt's images are encoded in a call of
 their own, so the error lands on the prompt that caused it. A prompt whose embeddings do not fill
 exactly its image placeholders (the encoder disagrees with the image processor) fails too, by name.
@@ -64,7 +67,10 @@ def encode_missing(encode: Encoder, media_token_ids: Collection[int], requests: 
     for request in requests:
         if request.prompt.images:
             wanted = _images_to_encode(request, media_token_ids)
-            if wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
+            failed = load_deferred(request.prompt.images, wanted)
+            if failed is not None:
+                errors[request.request_id] = failed
+            elif wanted or request.prompt.embeddings is None:  # none wanted: stand-ins only
                 pending.append((request, wanted))
     encoded = encode_prompts(encode, [[r.prompt.images[i] for i in wanted] for r, wanted in pending])
     for (request, wanted), result in zip(pending, encoded):
@@ -75,6 +81,24 @@ def encode_missing(encode: Encoder, media_token_ids: Collection[int], requests: 
         request.prompt.embeddings = [embeddings[i] if i in embeddings else had[i] if had is not None
                                      else ImageEmbedding.skipped(image)
                                      for i, image in enumerate(request.prompt.images)]
+
+
+def load_deferred(images: list[ImageInput], wanted: list[int]) -> str | None:
+    """Make the pixels of the deferred images among ``wanted`` (indexes into ``images``), replacing
+    them in ``images`` (so a later recompute finds them made). Runs on the engine thread: only for an
+    image a stale prefix hint left unmade, which is rare. Returns why one failed (the others of the
+    list are then left as they are), or None."""
+    for i in wanted:
+        if not images[i].is_deferred:
+            continue
+        try:
+            images[i] = images[i].loaded()
+        except Exception as exc:
+            log.warning("image %d, deferred while its prefix was cached, could not be made: %s: %s",
+                        i, type(exc).__name__, exc)
+            return f"image {i} could not be decoded and preprocessed: {type(exc).__name__}: {exc}"
+        log.info("image %d made late: the cached prefix that covered it was gone at admission", i)
+    return None
 
 
 def _images_to_encode(request: Request, media_token_ids: Collection[int]) -> list[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,11 +16,38 @@ class ImageInput:
 
     ``pixel_values``: Qwen-VL: [patches, patch_dim] with ``grid_thw`` (t, h, w) in patches (t > 1: a video);
     LLaVA: [3, H, W] with ``grid_thw`` None. ``num_tokens``: placeholder tokens it fills in the prompt.
+
+    ``load``: set on a ``deferred`` image only (its pixels not made yet: a PIXELS stage found its
+    placeholders in the cached prefix, ``stages.api.chat``); ``loaded`` makes them.
     """
 
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int] | None
     num_tokens: int
+    load: Callable[[], ImageInput] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def deferred(cls, num_tokens: int, grid_thw: tuple[int, int, int] | None,
+                 load: Callable[[], ImageInput]) -> ImageInput:
+        """An image whose pixels are not made yet (no pixel decoded nor preprocessed): its placeholder
+        count and grid (from its size), and ``load``, which decodes and preprocesses it when called."""
+        return cls(torch.empty(0), grid_thw, num_tokens, load)
+
+    @property
+    def is_deferred(self) -> bool:
+        return self.load is not None
+
+    def loaded(self) -> ImageInput:
+        """This image with its pixels: itself, or for a deferred one what ``load()`` makes (whatever it
+        raises passes). ValueError if that fills another count of placeholders or has another grid than
+        the deferred image claimed (the prompt was built from them)."""
+        if self.load is None:
+            return self
+        image = self.load()
+        if (image.num_tokens, image.grid_thw) != (self.num_tokens, self.grid_thw):
+            raise ValueError(f"the image's pixels fill {image.num_tokens} placeholder tokens with grid "
+                             f"{image.grid_thw}, its size claimed {self.num_tokens} with grid {self.grid_thw}")
+        return image
 
 
 @dataclass(frozen=True)

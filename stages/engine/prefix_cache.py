@@ -21,6 +21,17 @@ from collections.abc import Collection, Sequence
 ROOT = b""  # the parent of a prompt's first block
 
 
+def covered_items(token_ids: Sequence[int], media_token_ids: Collection[int], image_tokens: Sequence[int],
+                  cached_tokens: int) -> frozenset[int]:
+    """Indexes of the items (images, videos) whose placeholders lie wholly in the prompt's first
+    ``cached_tokens``: a prefix hit holds their KV, so nothing of them is needed. ValueError as
+    ``image_spans``."""
+    if cached_tokens <= 0:
+        return frozenset()
+    spans = image_spans(token_ids, media_token_ids, image_tokens)
+    return frozenset(i for i, (_, end) in enumerate(spans) if end <= cached_tokens)
+
+
 def image_spans(token_ids: Sequence[int], media_token_ids: Collection[int],
                 image_tokens: Sequence[int]) -> list[tuple[int, int]]:
     """``(first, end)`` prompt positions of each image's (or video's) placeholders, the tokens in

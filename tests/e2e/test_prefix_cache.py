@@ -3,7 +3,9 @@ The second turn hits exactly the first turn's full blocks it shares; its answer 
 generate() token for token (so prefix caching changes nothing but the work done); the hit reaches
 the client as ``usage.prompt_tokens_details.cached_tokens`` (streamed and not; in PD and EPD from
 the prefill, through the decode); the decode's own cache holds the first turn's blocks, so only the
-blocks after them travel; /metrics counts it; blocks in use come back to 0."""
+blocks after them travel; /metrics counts it; blocks in use come back to 0. A colocated server and a
+PD prefill neither decode nor preprocess the image a later turn's hit covers
+(``epd_images_preprocess_skipped_total``), and still answer exactly."""
 
 from __future__ import annotations
 
@@ -125,6 +127,7 @@ def test_colocated_second_turn_hits_the_first(colocated, reference):
     assert values["epd_prefix_cache_queries_total"] == len(ids_1) + 2 * len(ids_2)
     assert values["epd_prefix_cache_hit_tokens_total"] == second["usage"]["prompt_tokens_details"]["cached_tokens"] + again
     assert values["epd_kv_blocks_used"] == 0 and values["epd_kv_blocks_cached"] >= len(ids_2) // BLOCK
+    assert values["epd_images_preprocess_skipped_total"] == 2  # turn 2's image, twice: covered by the hit
     assert info(colocated)["kv_blocks"]["cached"] == values["epd_kv_blocks_cached"]
 
 
@@ -173,6 +176,8 @@ async def test_pd_second_turn_hits_on_the_prefill_and_the_decode_reports_it(pd_p
     prompt_blocks = -(-second["usage"]["prompt_tokens"] // BLOCK)
     assert info(prefill)["transfer"]["bytes"] - moved == (prompt_blocks - cached // BLOCK) * block_bytes
     assert metric_values(decode.url)["epd_kv_blocks_cached"] > 0
+    assert metric_values(prefill.url)["epd_images_preprocess_skipped_total"] == 1  # turn 2's image: covered
+    assert metric_values(decode.url)["epd_images_preprocess_skipped_total"] == 0  # a decode takes sizes only
 
 
 def info(server) -> dict:

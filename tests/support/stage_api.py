@@ -12,6 +12,7 @@ import struct
 import zlib
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -23,7 +24,7 @@ from stages.api.routes import create_app
 from stages.api.schemas import ChatCompletionRequest
 from stages.engine.outputs import EngineStats
 from stages.engine.outputs import RequestOutput
-from stages.engine.multimodal import Prompt
+from stages.engine.multimodal import ImageInput, Prompt
 from stages.engine.request import FinishReason
 from stages.metrics import Metrics
 from stages.generation_defaults import GenerationDefaults
@@ -68,7 +69,8 @@ LIMITS = ImageLimits(max_images=3, max_pixels=10_000, max_bytes=4_000)
 
 
 class FakeEngine:
-    """The prompt builder and engine limits ``chat.Preparer`` uses: a prompt of 4 tokens + 10 per image."""
+    """The prompt builder and engine limits ``chat.Preparer`` uses: a prompt of 4 tokens + 10 per image;
+    ``built``: each prompt's messages and the images preprocessed for it. Its prefix cache holds nothing."""
 
     max_model_len = 64
     vocab_size = 1000
@@ -78,9 +80,19 @@ class FakeEngine:
     def __init__(self) -> None:
         self.built: list[tuple[list, list]] = []
 
-    def build(self, messages: list[dict], images: list) -> Prompt:
-        self.built.append((messages, images))
-        return Prompt(token_ids=[1] * (4 + 10 * len(images)))
+    def build_from_sizes(self, messages: list[dict], sizes: list) -> Prompt:
+        self.built.append((messages, []))
+        return Prompt(token_ids=[1] * (4 + 10 * len(sizes)), image_tokens=[10] * len(sizes))
+
+    def image_grid(self, width: int, height: int) -> None:
+        return None
+
+    def preprocess_item(self, image: Image.Image) -> ImageInput:
+        self.built[-1][1].append(image)
+        return ImageInput(torch.zeros(3, 2, 2), None, 10)
+
+    def prefix_hint(self, prompt: Prompt) -> int:
+        return 0
 
     def num_image_tokens(self, width: int, height: int) -> int:
         if max(width, height) > 200 * min(width, height):

@@ -47,7 +47,7 @@ from contract.video import VideoPlan
 from stages.api.message_schemas import ImageRef
 from stages.disagg.errors import DisaggError
 from stages.engine.multimodal import ImageEmbedding, Prompt
-from stages.engine.prefix_cache import image_spans
+from stages.engine.prefix_cache import covered_items
 from stages.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,8 @@ class ImageInputs:
     def covered(self, prompt: Prompt, cached_tokens: int) -> frozenset[int]:
         """The indexes of the prompt's images whose placeholders lie wholly inside its first
         ``cached_tokens`` (a prefix hit: their KV is there, their embeddings are not needed)."""
-        spans = image_spans(prompt.token_ids, self.prompts.adapter.media_token_ids, prompt.image_tokens)
-        return frozenset(i for i, (_, end) in enumerate(spans) if end <= cached_tokens)
+        return covered_items(prompt.token_ids, self.prompts.adapter.media_token_ids, prompt.image_tokens,
+                             cached_tokens)
 
     def stand_ins(self, refs: Refs) -> list[ImageEmbedding]:
         """Each reference's ``pending`` stand-in (the placeholders it fills and its grid), in order.

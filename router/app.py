@@ -107,7 +107,7 @@ async def _serve(router: Router, path: str, request: Request) -> Response | Stre
 def _request_span(router: Router, request: Request, path: str) -> Span:
     """The request's span (``chat``, the trace's root or the child of the client's ``traceparent``),
     begun now; ``router.dispatch.trace`` has the spans under it."""
-    return router.tracing.start_span("chat", request.headers.get("traceparent"), time.time(),
+    return router.tracing.start_span("chat", request.headers.first(b"traceparent"), time.time(),
                                      {"http.request.method": "POST", "url.path": path, "epd.mode": router.config.mode})
 
 

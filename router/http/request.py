@@ -62,6 +62,14 @@ class Headers:
                 by_name[key] = f"{by_name[key]}, {value}" if key in by_name else value
         return by_name.get(name.lower(), default)
 
+    def first(self, name: bytes) -> str | None:
+        """The first value of header ``name`` (lower-case bytes), found without decoding the others:
+        for a header read on every request (a traced router's ``traceparent``)."""
+        for raw_name, raw_value in self.raw:
+            if len(raw_name) == len(name) and raw_name.lower() == name:
+                return raw_value.decode("latin-1")
+        return None
+
 
 class Request:
     """Made by the connection, read by one handler; the handler never closes anything (the connection

@@ -23,6 +23,7 @@ from router.runtime import Router
 from router.fleet.breaker import CircuitBreaker
 from router.upstream.client import Upstream
 from router.fleet.workers import Worker
+from router.plan.modes import Target
 from process.ports import free_port
 from tests.conftest import REPO
 from tests.support.router_helpers import arm, ask, data_url, messages, metric, png, wait_metric
@@ -301,7 +302,7 @@ async def test_tcp_nodelay_on_accepted_and_upstream_connections(colocated):
         # long enough that the stream is still open when the headers arrive
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256, "ignore_eos": True, "stream": True}
         worker = Worker(colocated.url, "colocated", CircuitBreaker(3, 10.0))
-        response = await upstream.post("colocated", worker, json.dumps(body).encode())
+        response = await upstream.post(Target("colocated", worker, json.dumps(body).encode()))
         sock = response.connection.transport.get_extra_info("socket")  # the hot path's own connection
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         await upstream.read("colocated", worker, response)

@@ -61,12 +61,12 @@ from typing import Any
 from stages.config import DisaggConfig
 from stages.disagg.errors import DisaggError, bad_gateway, conflict, internal, timed_out, transfer_failed
 from stages.disagg.hooks import PrefillHooks
-from stages.disagg.input_feed import InputFeed
+from stages.disagg.input_feed import InputFeed, feed_engine
 from stages.disagg.ready import ready_message
 from stages.disagg.runtime import StageRuntime
 from stages.engine.block_allocator import blocks_for_tokens
 from stages.engine.outputs import RequestOutput
-from stages.engine.multimodal import ImageEmbedding, Prompt
+from stages.engine.multimodal import Prompt
 from stages.engine.sampling_params import SamplingParams
 from stages.supervisor import Supervisor
 from stages.timeline import RoomTimeline
@@ -81,7 +81,6 @@ EXPIRE_EVERY_S = 0.5
 EVENTS = {RoomStatus.WaitingForInput: "paired", RoomStatus.Success: "ready_sent", RoomStatus.Failed: "failed"}
 IN_FLIGHT_SLACK_S = 5.0  # after a write timed out with bytes possibly in flight, wait this much longer
 CLOSED_ERRORS = 4096  # rooms closed with an error before their decode came: their errors kept for it
-ADMISSION_POLL_S = 0.002  # how often a room whose images the prefix cache covered asks if it is admitted
 
 
 @dataclass(frozen=True)
@@ -407,42 +406,14 @@ class PrefillCoordinator:
                        f"{error or f'it ended with {len(outputs)} of its {local.params.n} sequences'}")
 
     async def _feed(self, room: int, local: _Local) -> None:
-        """Hand the room's embeddings to its engine request as they land, and once it is admitted read
-        the covered images it needs after all (``InputFeed.read_late``); when a read fails, abort the
-        request (its stream ends, ``_forward`` raises the read's error); ``embeddings_ready`` (with
-        ``overlap_s`` and ``computed_tokens``) once all are read."""
+        """The room's embeddings into its engine request (``input_feed.feed_engine``): a late read's
+        failure kept for ``_forward`` to raise, ``embeddings_ready`` marked once all are in."""
         assert local.feed is not None and local.inputs is not None
-        request_id, started, computed = _request_id(room), time.monotonic(), [0]
-
-        async def provide(index: int, embedding: ImageEmbedding) -> None:
-            had = await self.engine.call(lambda engine: engine.provide(request_id, index, embedding))
-            computed[0] = max(computed[0], had or 0)
-
-        try:
-            await local.feed.attach(provide)
-            if local.feed.covered:
-                await local.feed.read_late(await self._admitted_needs(request_id))
-        except DisaggError as exc:  # a late read failed: the room fails with its error
-            local.late_error = exc
-            self.engine.abort(request_id)
-            return
-        except Exception:  # the engine refused an embedding (or is gone): the request cannot finish
-            log.exception("room %d: could not hand its embeddings to the engine", room)
-            self.engine.abort(request_id)
-            return
-        await asyncio.wait({local.inputs})
-        if local.inputs.cancelled() or local.inputs.exception() is not None:
-            self.engine.abort(request_id)
-            return
-        self.timeline.mark(room, "embeddings_ready", overlap_s=round(time.monotonic() - started, 6),
-                           computed_tokens=computed[0])
-
-    async def _admitted_needs(self, request_id: str) -> list[int]:
-        """Once the engine has admitted ``request_id`` (polled every ``ADMISSION_POLL_S``): the pending
-        images it needs (``Engine.admitted_needs``; [] if it is gone)."""
-        while (needs := await self.engine.call(lambda engine: engine.admitted_needs(request_id))) is None:
-            await asyncio.sleep(ADMISSION_POLL_S)
-        return needs
+        fed = await feed_engine(local.feed, local.inputs, self.engine, _request_id(room))
+        if fed.error is not None:
+            local.late_error = fed.error
+        elif fed.overlap_s is not None:
+            self.timeline.mark(room, "embeddings_ready", overlap_s=fed.overlap_s, computed_tokens=fed.computed_tokens)
 
     async def _fail(self, state: Room, local: _Local, exc: Exception) -> None:
         """Fail the room (an aborted one keeps its first reason) and answer both halves with what

@@ -29,8 +29,8 @@ Measures:
   concurrent burst (``--burst-requests`` requests at ``--burst-concurrency``, each with 1-4 images
   from a pool of ``--burst-unique`` new ones, the first ``--burst-concurrency`` all holding one hot
   image). Goal: exactly 1.0. Each TTFT request also checks its own delta (N for a miss, 0 for a hit).
-- Wake: for every miss whose prefill waited (its ``epd_cache_misses_total`` moved and it was paired
-  before the last image landed), the prefill's ``embeddings_ready`` room event (``GET /rooms/{room}``:
+- Wake: for every miss whose prefill waited (its ``epd_cache_misses_total`` moved and it was queued,
+  when its read starts, before the last image landed), the prefill's ``embeddings_ready`` room event (``GET /rooms/{room}``:
   its room's inputs are in hand and the request goes to the engine next) minus the landing time of
   the request's last image. Landing = the kernel's receive stamp (``SO_TIMESTAMPNS``) of the image's
   ``ready`` event on this process's own subscriber socket (``LandingClock``): the event is the last

@@ -16,16 +16,15 @@ HIT_GOAL = 0.5
 
 def wake(reply: dict, events: dict[str, float]) -> dict:
     """The miss's wake figures: did the prefill wait for the last image (its cache misses moved, and it
-    was queued and paired before that image landed), and from its landing (``wake_ms``) and from its
+    was queued, when its read starts, before that image landed), and from its landing (``wake_ms``) and from its
     entry's ``created_at`` (the encoder's clock before it sent the write: an upper bound;
     ``wake_upper_ms``) to ``embeddings_ready``, in ms."""
     ready, landed = events.get("embeddings_ready"), reply["landed_at"] or reply["created_at"]
     if reply["case"] != "miss" or ready is None or landed is None:
         return {"waited": False}
-    waited = reply["prefill_cache_misses"] > 0 and events.get("queued", 1e18) <= landed \
-        and events.get("paired", 1e18) <= landed
+    waited = reply["prefill_cache_misses"] > 0 and events.get("queued", 1e18) <= landed
     out = {"waited": waited, "wake_upper_ms": round(1e3 * (ready - reply["created_at"]), 3),
-           "paired_before_landing_ms": round(1e3 * (landed - events.get("paired", landed)), 3)}
+           "queued_before_landing_ms": round(1e3 * (landed - events.get("queued", landed)), 3)}
     if reply["landed_at"] is not None:
         out["wake_ms"] = round(1e3 * (ready - reply["landed_at"]), 3)
     return out
@@ -84,10 +83,10 @@ def _epd_summary(runs: dict[str, list[dict]], epd: list[dict], counts: list[int]
             "upper_bound_per_n": {str(n): describe([s["wake_upper_ms"] for s in waited if s["n"] == n]) for n in counts},
             "misses": sum(1 for s in epd if s["case"] == "miss"), "waited": len(waited),
             "not_waited": [{"n": s["n"], "room": s["room"], "prefill_cache_misses": s["prefill_cache_misses"],
-                            "paired_before_landing_ms": s.get("paired_before_landing_ms")}
+                            "queued_before_landing_ms": s.get("queued_before_landing_ms")}
                            for s in epd if s["case"] == "miss" and not s.get("waited")]}
-    hit_read = [1e3 * (s["prefill_events"]["embeddings_ready"] - s["prefill_events"]["paired"])
-                for s in epd if s["case"] == "hit" and {"paired", "embeddings_ready"} <= s["prefill_events"].keys()]
+    hit_read = [1e3 * (s["prefill_events"]["embeddings_ready"] - s["prefill_events"]["queued"])
+                for s in epd if s["case"] == "hit" and {"queued", "embeddings_ready"} <= s["prefill_events"].keys()]
     return {
         "ratio_hit_vs_miss": ratios,
         "ratio_hit_vs_miss_paired": paired,
@@ -101,7 +100,7 @@ def _epd_summary(runs: dict[str, list[dict]], epd: list[dict], counts: list[int]
             "overall_calls_per_unique_image": round((ttft_encoded + burst_encoded) / (ttft_unique + burst_unique), 4),
             "requests_with_a_wrong_count": wrong},
         "wake_ms": wake,
-        "hit_paired_to_embeddings_ready_ms": describe(hit_read),
+        "hit_queued_to_embeddings_ready_ms": describe(hit_read),
     }
 
 

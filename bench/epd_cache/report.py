@@ -70,8 +70,8 @@ def print_table(summary: dict, counts: list[int]) -> None:
             if a["n"]:
                 print(f"{name} -> waiting prefill starts: p50 {a['median']:.2f} ms, p90 {a['p90']:.2f}, "
                       f"min {a['min']:.2f}, max {a['max']:.2f} (goal p50 < {WAKE_GOAL_MS:g} ms)")
-        h = summary["hit_paired_to_embeddings_ready_ms"]
-        print(f"hits, paired -> embeddings_ready (the cached entries read and checked): p50 {h['median']:.2f} ms")
+        h = summary["hit_queued_to_embeddings_ready_ms"]
+        print(f"hits, queued -> embeddings_ready (the cached entries read and checked): p50 {h['median']:.2f} ms")
 
 
 def plot(summary: dict, runs: dict[str, list[dict]], counts: list[int], path: Path, title: str) -> None:

@@ -34,7 +34,7 @@ Measures, per N:
 - From the prefill's room timeline (``GET /rooms/{room}``, the room from the router's ``x-epd-room``
   header), ``embeddings_ready``: ``overlap_s`` (how long the request had been in the engine when its
   last embedding came) and ``computed_tokens`` (the prompt tokens computed by then); without overlap
-  the wait for the embeddings (paired -> ``embeddings_ready``); the forward (the request in the
+  the wait for the embeddings (queued -> ``embeddings_ready``); the forward (the request in the
   engine -> ``prefilled``); and the encoder's time for the room (its ``queued`` -> last ``encoded``). Medians.
 - Whether overlap and no_overlap answer every request with the same text (greedy; colocated too).
 

@@ -13,18 +13,19 @@ GOALS = {"overlap / no_overlap": 0.75, "overlap / colocated": 1.0}  # TTFT media
 
 def prefill_figures(events: list[dict] | None) -> dict[str, float | None]:
     """From a prefill's room events: ``embeddings_ready``'s ``overlap_s`` (ms) and ``computed_tokens``
-    (None where absent: without overlap they are not marked); ``wait_ms``, paired -> embeddings_ready
+    (None where absent: without overlap they are not marked); ``wait_ms``, queued -> embeddings_ready
     without overlap (the request waits out of the engine; with overlap: None); ``forward_ms``, from
-    when the request entered the engine (paired with overlap, embeddings_ready without) to prefilled."""
+    when the request entered the engine (queued with overlap: a prefill's forward pass starts on its
+    HTTP half's arrival; embeddings_ready without) to prefilled."""
     by_name = {e["event"]: e for e in events or []}
     ready = by_name.get("embeddings_ready", {})
     overlapped = "overlap_s" in ready
     out: dict[str, float | None] = {"overlap_ms": round(1e3 * ready["overlap_s"], 3) if overlapped else None,
                                     "computed_tokens": ready.get("computed_tokens"), "wait_ms": None,
                                     "forward_ms": None}
-    if "paired" in by_name and ready and not overlapped:
-        out["wait_ms"] = round(1e3 * (ready["t"] - by_name["paired"]["t"]), 3)
-    entered = by_name.get("paired") if overlapped or not ready else ready
+    if "queued" in by_name and ready and not overlapped:
+        out["wait_ms"] = round(1e3 * (ready["t"] - by_name["queued"]["t"]), 3)
+    entered = by_name.get("queued") if overlapped or not ready else ready
     if entered is not None and "prefilled" in by_name:
         out["forward_ms"] = round(1e3 * (by_name["prefilled"]["t"] - entered["t"]), 3)
     return out

@@ -53,7 +53,7 @@ def print_table(summary: dict, counts: list[int]) -> None:
         print()
     print("TTFT in ms through the router (medians); goals: overlap/no_overlap <= 0.75x, overlap/colocated <= 1.0x.\n"
           "computed: prompt tokens the prefill had computed when the last embedding came (embeddings_ready); "
-          "ovl ms: how long its request had been in the engine by then;\nP wait: paired -> embeddings_ready "
+          "ovl ms: how long its request had been in the engine by then;\nP wait: queued -> embeddings_ready "
           "without overlap; P fwd ms: in the engine -> prefilled; "
           f"enc ms: the encoder's queued -> last encoded (medians). same text as overlap: {summary['same_text']}")
 

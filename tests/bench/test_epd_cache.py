@@ -43,13 +43,13 @@ def _miss(landed, created, misses=2.0, **events):
 
 
 def test_wake_of_a_miss_that_waited():
-    reply, events = _miss(100.0, 99.998, queued=99.5, paired=99.6, embeddings_ready=100.0015)
+    reply, events = _miss(100.0, 99.998, queued=99.5, paired=100.01, embeddings_ready=100.0015)
     assert wake(reply, events) == {"waited": True, "wake_ms": 1.5, "wake_upper_ms": 3.5,
-                                    "paired_before_landing_ms": 400.0}
+                                    "queued_before_landing_ms": 500.0}  # pairing late holds nothing up
 
 
-def test_wake_of_a_miss_paired_after_the_landing_or_without_a_cache_miss_did_not_wait():
-    reply, events = _miss(100.0, 99.998, queued=99.5, paired=100.01, embeddings_ready=100.011)
+def test_wake_of_a_miss_queued_after_the_landing_or_without_a_cache_miss_did_not_wait():
+    reply, events = _miss(100.0, 99.998, queued=100.005, paired=100.01, embeddings_ready=100.011)
     assert wake(reply, events)["waited"] is False
     reply, events = _miss(100.0, 99.998, misses=0.0, queued=99.5, paired=99.6, embeddings_ready=100.0015)
     assert wake(reply, events)["waited"] is False
@@ -57,7 +57,7 @@ def test_wake_of_a_miss_paired_after_the_landing_or_without_a_cache_miss_did_not
 
 def test_wake_falls_back_to_created_at_and_skips_hits():
     reply, events = _miss(None, 99.998, queued=99.5, paired=99.6, embeddings_ready=100.0015)
-    assert wake(reply, events) == {"waited": True, "wake_upper_ms": 3.5, "paired_before_landing_ms": 398.0}
+    assert wake(reply, events) == {"waited": True, "wake_upper_ms": 3.5, "queued_before_landing_ms": 498.0}
     assert wake({**reply, "case": "hit"}, events) == {"waited": False}
 
 
@@ -74,7 +74,7 @@ def _sample(n, case, ttft_ms, cpu, index=0, warmup=False, encoded=None, wake_ms=
     out = {"n": n, "case": case, "round": 1, "index": index, "warmup": warmup, "ttft_s": ttft_ms / 1e3,
            "cpu_ms": cpu, "prompt_tokens": 27 + 64 * n, "text": text, "room": 7,
            "encoded": n if encoded is None and case == "miss" else (encoded or 0),
-           "prefill_events": {"paired": 1.0, "embeddings_ready": 1.002}, "prefill_cache_misses": 1.0,
+           "prefill_events": {"queued": 1.0, "embeddings_ready": 1.002}, "prefill_cache_misses": 1.0,
            "waited": wake_ms is not None}
     if wake_ms is not None:
         out |= {"wake_ms": wake_ms, "wake_upper_ms": wake_ms + 1.0}

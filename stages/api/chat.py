@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import TemplateError
-from PIL import Image
 
 from cache.keys import image_key, video_key
 from contract.errors import Code
@@ -169,21 +168,10 @@ def guide(request: ChatCompletionRequest, guides: GuideCompiler | None) -> Guide
                           "invalid_response_format") from None
 
 
-def load_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[tuple[Image.Image, str]]:
-    """Decode every image, after checking how many there are (before decoding any); each with its
-    content key (``cache.keys.image_key`` of its bytes under ``LOCAL_FINGERPRINT``)."""
-    check_images(request, limits, ImageMode.PIXELS)
-    images = []
-    for url, param in image_sources(request):
-        data = decode_data_url(url, limits, param)
-        images.append((open_image(data, limits, param), image_key(data, LOCAL_FINGERPRINT)))
-    return images
-
-
 @dataclass(frozen=True)
 class ReadImage:
     """One image_url image read as far as its header: its bytes, its (width, height), its content key
-    (as ``load_images``'s) and the ``param`` naming its part."""
+    (``cache.keys.image_key`` of its bytes under ``LOCAL_FINGERPRINT``) and the ``param`` naming its part."""
 
     data: bytes
     size: tuple[int, int]
@@ -192,8 +180,9 @@ class ReadImage:
 
 
 def read_images(request: ChatCompletionRequest, limits: ImageLimits) -> list[ReadImage]:
-    """Every image_url image read as far as its header, after checking how many there are: no pixel
-    decoded. The same checks and errors as ``load_images`` but for pixel data broken past a header."""
+    """Every image_url image read as far as its header, after checking how many there are (before
+    reading any): no pixel decoded (``make_image`` decodes one; a file broken past its header is its
+    400)."""
     check_images(request, limits, ImageMode.PIXELS)
     read = []
     for url, param in image_sources(request):
@@ -211,15 +200,11 @@ def make_image(prompts: Any, limits: ImageLimits, image: ReadImage) -> ImageInpu
 def image_sizes(request: ChatCompletionRequest, limits: ImageLimits,
                 mode: ImageMode) -> list[tuple[tuple[int, int], str]]:
     """(width, height) of every image without decoding pixels, and its content key: from the file
-    header and the bytes' key (SIZES, as ``load_images``) or from the reference (REFS). Checks the
+    header and the bytes' key (SIZES: ``read_images``) or from the reference (REFS). Checks the
     count and kinds first, and each size against the limits."""
+    if mode is not ImageMode.REFS:
+        return [(image.size, image.key) for image in read_images(request, limits)]
     check_images(request, limits, mode)
-    if mode is ImageMode.SIZES:
-        sized = []
-        for url, param in image_sources(request):
-            data = decode_data_url(url, limits, param)
-            sized.append((header_size(data, limits, param), image_key(data, LOCAL_FINGERPRINT)))
-        return sized
     refs = []
     for part, param in image_parts(request):
         if part.type != "image_ref":
@@ -398,7 +383,7 @@ class Preparer:
         """Give a prompt built from sizes its pixels (``Prompt.images``), item by item: each video's
         planned frames decoded and preprocessed; each image decoded and preprocessed unless its
         placeholders lie wholly in the prefix the engine's cache holds now (``prefix_hint``, a hint):
-        that one stays ``ImageInput.deferred`` (counted in ``observe_skipped``). 400 as ``load_images``
+        that one stays ``ImageInput.deferred`` (counted in ``observe_skipped``). 400 as ``make_image``
         and the prompt builder refuse an image or video (a file broken past its header: ``invalid_image``)."""
         prompt.images = [self._processed(functools.partial(self._video_input, source))
                          if isinstance(source, PlannedVideo) else self._deferred(source, count)

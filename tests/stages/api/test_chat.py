@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from stages.api.chat import hf_messages, image_sources, load_images, sampling_params
+from stages.api.chat import hf_messages, image_sources, read_images, sampling_params
+from stages.api.images import open_image
 from stages.api.errors import param_name
 from tests.support.stage_api import LIMITS, data_url, image_part, png, raises_api_error, request
 
@@ -29,7 +30,8 @@ def test_messages_convert_in_order_with_images_as_placeholders():
     ]
     assert [param for _, param in image_sources(req)] == [
         "messages[1].content[0].image_url", "messages[1].content[2].image_url", "messages[3].content[1].image_url"]
-    assert [im.getpixel((0, 0)) for im, _ in load_images(req, LIMITS)] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
+    assert [open_image(im.data, LIMITS, im.param).getpixel((0, 0)) for im in read_images(req, LIMITS)] == [
+        (1, 1, 1), (2, 2, 2), (3, 3, 3)]
 
 
 def test_developer_is_the_system_role():
@@ -47,7 +49,7 @@ def test_images_are_counted_before_any_is_decoded():
     bad = "data:image/png;base64,@@@"  # would be a 400 invalid_base64 if it were decoded
     req = request(messages=[{"role": "user", "content": [image_part(bad)] * 2},
                             {"role": "user", "content": [image_part(bad)] * 2}])
-    error = raises_api_error(load_images, req, LIMITS)
+    error = raises_api_error(read_images, req, LIMITS)
     assert (error.status, error.code, error.param) == (400, "too_many_images", "messages")
     assert "4 images" in error.message and "at most 3" in error.message
 

@@ -78,9 +78,9 @@ class AttemptSpans:
         for entry in self.calls:
             if entry is not None:
                 target, span, _ = entry
-                blamed = failure is not None and failure.url == target.worker.url and failure.stage == target.stage
-                span.end(now, failure.message if blamed and failure is not None else None,
-                         {"epd.cancelled": not blamed})
+                error = failure.message if failure is not None and (failure.url, failure.stage) == (
+                    target.worker.url, target.stage) else None
+                span.end(now, error, {"epd.cancelled": error is None})
         self.calls = []
         if record.stream and record.first_byte is not None:
             self.span.child("router.stream", record.first_byte).end(record.done or now)
